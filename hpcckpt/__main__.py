@@ -1,0 +1,3 @@
+from hpcckpt.cli import main
+
+raise SystemExit(main())

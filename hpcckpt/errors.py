@@ -1,0 +1,58 @@
+"""One exception hierarchy. Each error also inherits the matching built-in so callers
+that only know the built-ins still catch it (zarr's errors.py does the same)."""
+
+
+class HpcckptError(Exception):
+    """Base of every error hpcckpt raises on purpose; its message is meant for users."""
+
+    exit_code = 1
+
+
+class ConfigError(HpcckptError, ValueError):
+    """The job configuration (file, --set or environment) is unusable."""
+
+    exit_code = 2
+
+
+class TopologyError(ConfigError):
+    """A partner map or erasure-group scheme cannot be built for this job's shape."""
+
+
+class DataError(HpcckptError, ValueError):
+    """Training data is missing or malformed."""
+
+    exit_code = 2
+
+
+class StorageError(HpcckptError, OSError):
+    """A storage path is missing, unwritable or full."""
+
+    exit_code = 3
+
+
+class FormatError(HpcckptError, ValueError):
+    """A checkpoint file is not in a format this version can read."""
+
+    exit_code = 3
+
+
+class ChecksumError(FormatError):
+    """Bytes read back do not match the checksum written with them."""
+
+
+class CheckpointError(HpcckptError, RuntimeError):
+    """Saving or restoring a checkpoint failed; carries failures by rank when collective."""
+
+    exit_code = 4
+
+    def __init__(self, message, failures_by_rank=None):
+        super().__init__(message)
+        self.failures_by_rank = dict(failures_by_rank or {})
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """A stored version does not fit the model or job it is being restored into."""
+
+
+class UnrecoverableError(CheckpointError):
+    """No version can be rebuilt from the pieces that survive."""
