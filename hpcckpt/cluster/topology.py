@@ -1,0 +1,123 @@
+"""Where ranks live: node of each rank, partner map and erasure groups.
+
+Pure functions over a list "node of rank r", no MPI, so every shape can be tested without
+processes. A node is a failure domain: its ranks die together and its local storage with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from hpcckpt.errors import TopologyError
+
+
+def simulated_node_of_rank(world_size: int, nodes: int) -> tuple[int, ...]:
+    """Place ranks on `nodes` simulated nodes in blocks; the first world % nodes get one more."""
+    if nodes < 1:
+        raise TopologyError(f"cluster.simulated_nodes must be >= 1, got {nodes}")
+    if nodes > world_size:
+        raise TopologyError(
+            f"cluster.simulated_nodes = {nodes} but only {world_size} ranks run; "
+            f"use at most {world_size} simulated nodes or start more ranks"
+        )
+    base, extra = divmod(world_size, nodes)
+    placement: list[int] = []
+    for node in range(nodes):
+        placement.extend([node] * (base + (1 if node < extra else 0)))
+    return tuple(placement)
+
+
+def node_ids_from_hostnames(hostnames: Sequence[str]) -> tuple[int, ...]:
+    """Number nodes in order of their first rank, so node 0 holds rank 0."""
+    numbering: dict[str, int] = {}
+    return tuple(numbering.setdefault(name, len(numbering)) for name in hostnames)
+
+
+@dataclass(frozen=True)
+class Topology:
+    node_of_rank: tuple[int, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.node_of_rank)
+
+    @property
+    def node_count(self) -> int:
+        return len(set(self.node_of_rank))
+
+    def ranks_on_node(self, node: int) -> tuple[int, ...]:
+        return tuple(r for r, n in enumerate(self.node_of_rank) if n == node)
+
+    def local_index(self, rank: int) -> int:
+        """Position of `rank` among the ranks of its node."""
+        return self.ranks_on_node(self.node_of_rank[rank]).index(rank)
+
+    def partner_of(self) -> tuple[int, ...]:
+        """partner_of()[r] stores rank r's replica: same local index on the next node (wrapping
+        within that node's ranks when it has fewer), so a replica never shares r's node and the
+        load stays even when nodes have equal rank counts."""
+        nodes = sorted(set(self.node_of_rank))
+        if len(nodes) < 2:
+            raise TopologyError(
+                "partner replication needs ranks on at least 2 nodes, but all ranks run on one node; "
+                "remove 'partner' from resilience.levels or set cluster.simulated_nodes >= 2"
+            )
+        partners = []
+        for rank, node in enumerate(self.node_of_rank):
+            next_node = nodes[(nodes.index(node) + 1) % len(nodes)]
+            candidates = self.ranks_on_node(next_node)
+            partners.append(candidates[self.local_index(rank) % len(candidates)])
+        return tuple(partners)
+
+    def erasure_groups(self, group_size: int, parity: int) -> tuple[tuple[int, ...], ...]:
+        """Groups of at least `group_size` ranks, each on distinct nodes (SCR redset style).
+
+        Ranks are dealt round-robin over G = world // group_size groups, node after node, so a
+        node with at most G ranks never puts two in one group; leftover ranks make the last
+        groups larger instead of going unprotected.
+        """
+        if parity < 1 or parity >= group_size:
+            raise TopologyError(
+                f"resilience.parity = {parity} must be >= 1 and smaller than resilience.group_size = {group_size}"
+            )
+        if group_size > self.node_count:
+            raise TopologyError(
+                f"resilience.group_size = {group_size} needs ranks on {group_size} distinct nodes, but the job "
+                f"has {self.node_count} node(s); lower group_size or run on more nodes"
+            )
+        group_count = self.world_size // group_size
+        busiest = max(len(self.ranks_on_node(n)) for n in set(self.node_of_rank))
+        if group_count == 0 or busiest > group_count:
+            raise TopologyError(
+                f"cannot build erasure groups of {group_size} ranks on distinct nodes: a node holds {busiest} "
+                f"ranks but only {group_count} group(s) fit in {self.world_size} ranks; lower "
+                "resilience.group_size or spread ranks more evenly over nodes"
+            )
+        members: list[list[int]] = [[] for _ in range(group_count)]
+        cursor = 0
+        for node in sorted(set(self.node_of_rank)):
+            for rank in self.ranks_on_node(node):
+                # Deal from the last group backwards so the extra ranks land in the last groups.
+                members[group_count - 1 - cursor % group_count].append(rank)
+                cursor += 1
+        return tuple(tuple(sorted(g)) for g in members)
+
+    def group_of(self, groups: Sequence[Sequence[int]], rank: int) -> int:
+        for index, group in enumerate(groups):
+            if rank in group:
+                return index
+        raise KeyError(rank)
+
+
+def expand_dir_template(template: str, *, run_dir: str, node: int, rank: int, job: str) -> str:
+    return template.format(run_dir=run_dir, node=node, rank=rank, job=job)
+
+
+def job_id(environ) -> str:
+    """The batch system's job id names node-local directories so concurrent jobs never collide."""
+    for name in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID"):
+        value = environ.get(name)
+        if value:
+            return value.split(".")[0]
+    return "local"

@@ -1,0 +1,354 @@
+"""Job configuration: one TOML file per job, read into frozen dataclasses.
+
+Precedence, highest first: ``--set section.key=VALUE`` > ``HPCCKPT_SECTION_KEY`` environment
+variables > the file > the defaults below. Every problem is a ConfigError naming the source
+(file, --set or environment variable), the key and what is allowed, so a job script fails
+before any rank starts training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, get_args, get_origin, get_type_hints
+
+from hpcckpt.errors import ConfigError
+
+LEVEL_ORDER = ("local", "partner", "erasure", "pfs")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = "run"
+    steps: int = 300
+    seed: int = 0
+    device: str = "auto"
+    log_every: int = 20
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: str = "mlp"
+    hidden: tuple[int, ...] = (128, 64)
+    activation: str = "relu"
+    conv_channels: tuple[int, ...] = (16, 32)
+    kernel_size: int = 5
+    pool: int = 2
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "digits"
+    path: str = ""
+    samples: int = 4096
+    features: int = 64
+    classes: int = 10
+    val_fraction: float = 0.2
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    bucket_kb: int = 256
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 50
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    # 0 turns checkpoints off; "auto" is reserved for the overhead-bounded policy.
+    every_steps: int | str = 0
+    keep_local: int = 2
+    keep_pfs: int = 3
+    keep_best: str = ""
+    max_overhead: float = 0.035
+    mtbf_hours: float = 0.0
+    split_threshold_kb: int = 1024
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    local_dir: str = "{run_dir}/local/node{node}"
+    pfs_dir: str = "{run_dir}/pfs"
+    pfs_every: int = 1
+    pfs_bandwidth_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class ResilienceConfig:
+    levels: tuple[str, ...] = ("local", "pfs")
+    group_size: int = 4
+    parity: int = 2
+    partner_every: int = 1
+    erasure_every: int = 1
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    # 0: nodes are the real shared-memory domains; N > 0: ranks placed on N simulated nodes.
+    simulated_nodes: int = 0
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    source: str = "<defaults>"
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir)
+
+    def replace(self, **sections) -> "JobConfig":
+        return dataclasses.replace(self, **sections)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return out
+
+
+SECTIONS: dict[str, type] = {
+    f.name: f.type if isinstance(f.type, type) else get_type_hints(JobConfig)[f.name]
+    for f in dataclasses.fields(JobConfig)
+    if f.name != "source"
+}
+
+# Allowed values, checked after types; each entry: (predicate, description of what is allowed).
+_CHOICES = {
+    ("run", "device"): ("auto", "gpu", "cpu"),
+    ("model", "kind"): ("mlp", "conv1d"),
+    ("model", "activation"): ("relu", "tanh"),
+    ("model", "dtype"): ("float32", "float64"),
+    ("data", "source"): ("digits", "synthetic", "hdf5"),
+    ("optimizer", "kind"): ("sgd", "adam"),
+}
+_POSITIVE = {
+    ("run", "steps"), ("run", "log_every"), ("data", "samples"), ("data", "features"),
+    ("data", "batch_size"), ("optimizer", "bucket_kb"), ("model", "kernel_size"), ("model", "pool"),
+    ("storage", "pfs_every"), ("resilience", "group_size"), ("resilience", "parity"),
+    ("resilience", "partner_every"), ("resilience", "erasure_every"), ("checkpoint", "keep_local"),
+    ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"),
+}
+_NON_NEGATIVE = {
+    ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
+    ("storage", "pfs_bandwidth_mb"), ("checkpoint", "mtbf_hours"), ("optimizer", "momentum"),
+    ("optimizer", "weight_decay"),
+}
+
+
+def _type_name(tp) -> str:
+    origin = get_origin(tp)
+    if origin is tuple:
+        return f"list of {_type_name(get_args(tp)[0])}"
+    if origin is not None:  # a union such as int | str
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    return {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp, where: str):
+    """Check `value` against the annotation `tp`; lists become tuples so configs stay frozen."""
+    origin = get_origin(tp)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a {_type_name(tp)}, got {value!r}")
+        item_tp = get_args(tp)[0]
+        return tuple(_coerce(v, item_tp, where) for v in value)
+    if origin is not None:
+        for alternative in get_args(tp):
+            try:
+                return _coerce(value, alternative, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected a {_type_name(tp)}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where}: expected a {_type_name(tp)}, got {value!r}")
+
+
+def _check_value(section: str, key: str, value: Any, where: str) -> None:
+    choices = _CHOICES.get((section, key))
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not allowed; use one of {', '.join(choices)}")
+    if (section, key) in _POSITIVE and isinstance(value, (int, float)) and value <= 0:
+        raise ConfigError(f"{where}: must be > 0, got {value!r}")
+    if (section, key) in _NON_NEGATIVE and isinstance(value, (int, float)) and value < 0:
+        raise ConfigError(f"{where}: must be >= 0, got {value!r}")
+
+
+def _field_types(section_cls) -> dict[str, Any]:
+    return get_type_hints(section_cls)
+
+
+def _merge_layer(merged: dict, layer: Mapping[str, Any], origin: str) -> None:
+    """Validate one source's keys and lay them over `merged` (section -> key -> value)."""
+    for section, values in layer.items():
+        if section not in SECTIONS:
+            raise ConfigError(
+                f"{origin}: unknown section [{section}]; allowed sections: {', '.join(SECTIONS)}"
+            )
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{origin}: [{section}] must be a table of keys")
+        types = _field_types(SECTIONS[section])
+        for key, value in values.items():
+            where = f"{origin}: {section}.{key}"
+            if key not in types:
+                raise ConfigError(
+                    f"{origin}: unknown key {section}.{key}; keys of [{section}]: {', '.join(types)}"
+                )
+            coerced = _coerce(value, types[key], where)
+            _check_value(section, key, coerced, where)
+            merged.setdefault(section, {})[key] = coerced
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.key=VALUE` with VALUE read as a TOML value; a bare word is taken as a string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected section.key=VALUE, e.g. --set run.steps=100")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    return section, key, _parse_value(raw.strip())
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        # Paths and words (run.dir=/scratch/x, run.device=cpu) need no quotes on a command line.
+        return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """HPCCKPT_SECTION_KEY variables; other HPCCKPT_* names (not a section) are left alone."""
+    layer: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith("HPCCKPT_"):
+            continue
+        rest = name[len("HPCCKPT_"):].lower()
+        section, _, key = rest.partition("_")
+        if section in SECTIONS and key:
+            layer.setdefault(section, {})[key] = _parse_value(raw)
+    return layer
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> JobConfig:
+    """Read a job config; `path` None gives the embedded default job (jobs/local.toml)."""
+    environ = os.environ if environ is None else environ
+    merged: dict[str, dict[str, Any]] = {}
+    if path is None:
+        origin = "<embedded jobs/local.toml>"
+        text = default_job_text()
+    else:
+        origin = str(path)
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"config file {origin} does not exist; pass an existing TOML file with -c") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {origin} cannot be read: {exc.strerror}") from None
+    try:
+        file_layer = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+    _merge_layer(merged, file_layer, origin)
+    env_layer = env_overrides(environ)
+    for section, values in env_layer.items():
+        for key, value in values.items():
+            _merge_layer(merged, {section: {key: value}}, f"environment HPCCKPT_{section.upper()}_{key.upper()}")
+    for text_override in overrides:
+        section, key, value = parse_override(text_override)
+        _merge_layer(merged, {section: {key: value}}, f"--set {text_override}")
+    sections = {name: SECTIONS[name](**merged.get(name, {})) for name in SECTIONS}
+    config = JobConfig(**sections, source=origin)
+    _check_consistency(config, origin)
+    return config
+
+
+def _check_consistency(config: JobConfig, origin: str) -> None:
+    """Rules that involve more than one key."""
+    levels = config.resilience.levels
+    for level in levels:
+        if level not in LEVEL_ORDER:
+            raise ConfigError(
+                f"{origin}: resilience.levels: unknown level {level!r}; allowed: {', '.join(LEVEL_ORDER)}"
+            )
+    if len(set(levels)) != len(levels):
+        raise ConfigError(f"{origin}: resilience.levels lists a level twice: {list(levels)}")
+    if list(levels) != sorted(levels, key=LEVEL_ORDER.index):
+        raise ConfigError(
+            f"{origin}: resilience.levels must be in the order {', '.join(LEVEL_ORDER)}; got {list(levels)}"
+        )
+    if levels and "local" not in levels and ("partner" in levels or "erasure" in levels):
+        raise ConfigError(f"{origin}: resilience.levels: 'partner' and 'erasure' build on 'local'; add it")
+    if config.resilience.parity >= config.resilience.group_size:
+        raise ConfigError(
+            f"{origin}: resilience.parity ({config.resilience.parity}) must be smaller than "
+            f"resilience.group_size ({config.resilience.group_size})"
+        )
+    every = config.checkpoint.every_steps
+    if isinstance(every, str) and every != "auto":
+        raise ConfigError(f"{origin}: checkpoint.every_steps: use an integer >= 0 or \"auto\", got {every!r}")
+    if isinstance(every, int) and every < 0:
+        raise ConfigError(f"{origin}: checkpoint.every_steps: must be >= 0 (0 = off), got {every}")
+    if every == "auto":
+        raise ConfigError(f"{origin}: checkpoint.every_steps = \"auto\" is not available yet; give a step count")
+    if not 0.0 < config.data.val_fraction < 1.0:
+        raise ConfigError(f"{origin}: data.val_fraction must be between 0 and 1, got {config.data.val_fraction}")
+    if config.data.source == "hdf5" and not config.data.path:
+        raise ConfigError(f"{origin}: data.source = 'hdf5' needs data.path (make one with `hpcckpt make-data`)")
+    if config.data.source == "hdf5" and not Path(config.data.path).is_file():
+        raise ConfigError(
+            f"{origin}: data.path {config.data.path!r} does not exist; write one with `hpcckpt make-data -o PATH`"
+        )
+    for template_key in ("local_dir", "pfs_dir"):
+        template = getattr(config.storage, template_key)
+        try:
+            template.format(run_dir="r", node=0, rank=0, job="j")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"{origin}: storage.{template_key} = {template!r}: bad template field {exc}; "
+                "allowed fields: {run_dir} {node} {rank} {job}"
+            ) from None
+
+
+def default_job_path() -> Path:
+    return Path(__file__).parent / "jobs" / "local.toml"
+
+
+def default_job_text() -> str:
+    return default_job_path().read_text()
