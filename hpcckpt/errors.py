@@ -6,12 +6,16 @@ class HpcckptError(Exception):
     """Base of every error hpcckpt raises on purpose; its message is meant for users."""
 
     exit_code = 1
+    # True when every rank raises the same error at the same point (e.g. a bad config read by
+    # all), so ranks can exit together; otherwise the job is aborted to free the other ranks.
+    collective = False
 
 
 class ConfigError(HpcckptError, ValueError):
     """The job configuration (file, --set or environment) is unusable."""
 
     exit_code = 2
+    collective = True
 
 
 class TopologyError(ConfigError):
@@ -22,6 +26,7 @@ class DataError(HpcckptError, ValueError):
     """Training data is missing or malformed."""
 
     exit_code = 2
+    collective = True
 
 
 class StorageError(HpcckptError, OSError):

@@ -1,0 +1,83 @@
+"""Per-rank logs, rank 0's console lines and the metrics file of a run.
+
+Every rank logs to <run.dir>/log/rank<R>.log; rank 0 also prints to the console and appends
+one JSON object per metrics record to <run.dir>/metrics.jsonl, so a job script can tail it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from hpcckpt.errors import StorageError
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path, rank: int, world_size: int, console: bool = True):
+        self.rank = rank
+        self.run_dir = Path(run_dir)
+        try:
+            (self.run_dir / "log").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"run.dir {str(self.run_dir)!r} cannot be created: {exc.strerror}; "
+                               "point run.dir at a writable directory") from None
+        self.logger = logging.getLogger(f"hpcckpt.rank{rank}")
+        self.logger.setLevel(logging.INFO)
+        self.logger.propagate = False
+        for handler in list(self.logger.handlers):
+            self.logger.removeHandler(handler)
+            handler.close()
+        file_handler = logging.FileHandler(self.run_dir / "log" / f"rank{rank}.log")
+        file_handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank}/{world_size} %(levelname)s %(message)s"))
+        self.logger.addHandler(file_handler)
+        self.console = console and rank == 0
+        self._progress_on_screen = False
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+
+    def info(self, message: str, *, console: bool = False) -> None:
+        """Log on this rank; `console` also prints it on rank 0's terminal."""
+        self.logger.info(message)
+        if console and self.console:
+            self._clear_progress()
+            print(message, flush=True)
+
+    def warning(self, message: str) -> None:
+        self.logger.warning(message)
+        if self.console:
+            self._clear_progress()
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    def error(self, message: str) -> None:
+        self.logger.error(message)
+
+    def metrics(self, record: dict) -> None:
+        """(rank 0 only writes) Append one metrics record."""
+        if self.rank != 0:
+            return
+        record = {"time": round(time.time(), 3), **record}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def progress(self, step: int, total: int, text: str) -> None:
+        """A one-line bar, only on an interactive terminal so batch logs stay clean."""
+        if not (self.console and sys.stdout.isatty()):
+            return
+        width = 30
+        done = int(width * step / max(total, 1))
+        sys.stdout.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} {text}")
+        sys.stdout.flush()
+        self._progress_on_screen = True
+
+    def _clear_progress(self) -> None:
+        if self._progress_on_screen:
+            sys.stdout.write("\r\033[K")
+            self._progress_on_screen = False
+
+    def close(self) -> None:
+        self._clear_progress()
+        for handler in list(self.logger.handlers):
+            self.logger.removeHandler(handler)
+            handler.close()

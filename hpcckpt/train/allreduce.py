@@ -1,0 +1,110 @@
+"""Gradient averaging with non-blocking allreduce, bucketed Horovod-style.
+
+Gradients arrive from the backward pass output layer first. Small tensors are fused into
+buckets (one message each) and a bucket's Iallreduce starts as soon as its last gradient is in,
+so the reduction of upper layers overlaps the backward pass of the layers below. On a GPU the
+buckets live in pinned host memory (the MPI need not be CUDA-aware).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+@dataclass
+class _Slot:
+    name: str
+    offset: int  # in elements, within the bucket
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass
+class _Bucket:
+    dtype: np.dtype
+    slots: list[_Slot] = field(default_factory=list)
+    send: np.ndarray | None = None
+    recv: np.ndarray | None = None
+    filled: int = 0
+    request: object = None
+
+
+def _host_buffer(count: int, dtype, pinned: bool) -> np.ndarray:
+    if not pinned:
+        return np.empty(count, dtype)
+    import cupy
+
+    nbytes = max(1, count * np.dtype(dtype).itemsize)
+    memory = cupy.cuda.alloc_pinned_memory(nbytes)
+    return np.frombuffer(memory, dtype, count)
+
+
+class GradientAllreduce:
+    """(all ranks) One per training job; every rank must add the same gradients in the same order."""
+
+    def __init__(self, comm, parameters: Sequence[tuple[str, object]], bucket_bytes: int, backend):
+        self.comm = comm
+        self.backend = backend
+        self._bucket_of: dict[str, tuple[_Bucket, _Slot]] = {}
+        self.buckets: list[_Bucket] = []
+        current: _Bucket | None = None
+        current_bytes = 0
+        # Reverse order: buckets fill in the order backward produces gradients.
+        for name, array in reversed(list(parameters)):
+            dtype = np.dtype(array.dtype)
+            nbytes = array.size * dtype.itemsize
+            if current is None or current.dtype != dtype or (current_bytes and current_bytes + nbytes > bucket_bytes):
+                current = _Bucket(dtype)
+                self.buckets.append(current)
+                current_bytes = 0
+            offset = sum(s.size for s in current.slots)
+            slot = _Slot(name, offset, tuple(array.shape))
+            current.slots.append(slot)
+            self._bucket_of[name] = (current, slot)
+            current_bytes += nbytes
+        for bucket in self.buckets:
+            count = sum(s.size for s in bucket.slots)
+            bucket.send = _host_buffer(count, bucket.dtype, backend.is_gpu)
+            bucket.recv = _host_buffer(count, bucket.dtype, backend.is_gpu)
+
+    def add(self, name: str, grad) -> None:
+        """Stage one gradient; starts its bucket's allreduce once the bucket is complete."""
+        from mpi4py import MPI
+
+        bucket, slot = self._bucket_of[name]
+        view = bucket.send[slot.offset: slot.offset + slot.size].reshape(slot.shape)
+        if self.backend.is_gpu:
+            grad.get(out=view)
+        else:
+            np.copyto(view, grad)
+        bucket.filled += 1
+        if bucket.filled == len(bucket.slots):
+            bucket.request = self.comm.Iallreduce(bucket.send, bucket.recv, op=MPI.SUM)
+        self._progress()
+
+    def _progress(self) -> None:
+        # MPICH advances non-blocking collectives only inside MPI calls; poke them between layers.
+        from mpi4py import MPI
+
+        pending = [b.request for b in self.buckets if b.request is not None]
+        if pending:
+            MPI.Request.Testall(pending)
+
+    def reduced(self) -> Iterator[tuple[str, object]]:
+        """Yield (name, summed gradient) bucket by bucket as each completes, output layer first."""
+        for bucket in self.buckets:
+            if bucket.request is None:
+                missing = len(bucket.slots) - bucket.filled
+                raise RuntimeError(f"gradient bucket incomplete: {missing} gradient(s) never added")
+            bucket.request.Wait()
+            bucket.request = None
+            bucket.filled = 0
+            for slot in bucket.slots:
+                view = bucket.recv[slot.offset: slot.offset + slot.size].reshape(slot.shape)
+                yield slot.name, (self.backend.from_host(view) if self.backend.is_gpu else view)

@@ -1,0 +1,137 @@
+"""The SPMD data-parallel training loop (all ranks run it in lockstep).
+
+Each step: the global batch is split across ranks, every rank runs forward and backward on
+its part, gradients are summed with bucketed non-blocking allreduce (pre-scaled so the sum is
+the global mean) and every rank applies the same update, so weights stay identical everywhere.
+The trainer knows checkpoints only through the small library API (protect, register_state,
+checkpoint, restart), the same one outside code uses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcckpt.train.allreduce import GradientAllreduce
+from hpcckpt.train.data import ResumableBatches, load_dataset, rank_slice
+from hpcckpt.train.kernels import softmax_cross_entropy
+from hpcckpt.train.models import build_model
+from hpcckpt.train.optim import build_optimizer
+
+EVAL_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float | None  # global mean loss, only on steps where it was reduced
+    seconds: float
+    samples: int
+
+
+class Trainer:
+    def __init__(self, config, comm, backend, log, step_hooks=()):
+        self.config = config
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+        self.backend = backend
+        self.xp = backend.xp
+        self.log = log
+        self.step_hooks = tuple(step_hooks)
+        self.dataset = load_dataset(config.data, config.run.seed)
+        init_rng = np.random.default_rng([config.run.seed, 0x1417])
+        self.model = build_model(config.model, self.dataset.input_shape, self.dataset.n_classes, self.xp, init_rng)
+        self.parameters = dict(self.model.parameters())
+        self.optimizer = build_optimizer(config.optimizer, self.model.parameters(), self.xp)
+        self.batches = ResumableBatches(self.dataset.train.size, config.data.batch_size, config.run.seed)
+        self.allreduce = GradientAllreduce(
+            comm, self.model.parameters(), config.optimizer.bucket_kb * 1024, backend
+        )
+        # Reserved for random choices made during training (e.g. augmentation); saved and restored.
+        self.rng = np.random.default_rng([config.run.seed, 0x7A1])
+        self.step = 0
+
+    # -- state the checkpoint engine saves -------------------------------------------------
+    def protected_arrays(self) -> list[tuple[str, object]]:
+        return [(f"model/{n}", a) for n, a in self.model.parameters()] + [
+            (f"optim/{n}", a) for n, a in self.optimizer.state_arrays()
+        ]
+
+    def training_state(self) -> dict:
+        return {
+            "step": self.step,
+            "data": self.batches.state(),
+            "rng": self.rng.bit_generator.state,
+            "optimizer": self.optimizer.scalar_state(),
+        }
+
+    def load_training_state(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.batches.load_state(state["data"])
+        self.rng.bit_generator.state = state["rng"]
+        self.optimizer.load_scalar_state(state["optimizer"])
+
+    # -- one step --------------------------------------------------------------------------
+    def train_step(self, reduce_loss: bool) -> StepResult:
+        started = time.perf_counter()
+        global_batch = self.batches.next_global_batch()
+        local = global_batch[rank_slice(len(global_batch), self.world_size, self.rank)]
+        inputs, labels = self.dataset.train.rows(local)
+        x = self.backend.from_host(inputs)
+        y = self.backend.from_host(labels)
+        logits = self.model.forward(x, train=True)
+        if len(local):
+            local_loss, grad_logits = softmax_cross_entropy(logits, y)
+        else:
+            local_loss, grad_logits = 0.0, self.xp.zeros_like(logits)
+        # Weight by this rank's share so the allreduce SUM is the exact global mean, even for
+        # the smaller last batch of an epoch split unevenly across ranks.
+        share = len(local) / len(global_batch)
+        grad_logits *= share
+        for name, grad in self.model.backward(grad_logits):
+            self.allreduce.add(name, grad)
+        for name, reduced_grad in self.allreduce.reduced():
+            self.optimizer.update(name, self.parameters[name], reduced_grad)
+            for hook in self.step_hooks:
+                hook.after_update(name)
+        self.step += 1
+        loss = None
+        if reduce_loss:
+            loss = self.comm.allreduce(float(local_loss) * share)
+        self.backend.synchronize()
+        return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch))
+
+    # -- evaluation ------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        """(all ranks) Validation split across ranks; sums combined with one allreduce."""
+        val = self.dataset.val
+        mine = np.arange(val.size)[rank_slice(val.size, self.world_size, self.rank)]
+        totals = np.zeros(3)  # loss sum, correct, count
+        for start in range(0, len(mine), EVAL_BATCH):
+            indices = mine[start: start + EVAL_BATCH]
+            inputs, labels = val.rows(indices)
+            logits = self.model.forward(self.backend.from_host(inputs), train=False)
+            loss, _ = softmax_cross_entropy(logits, self.backend.from_host(labels))
+            predicted = self.backend.to_host(logits.argmax(axis=1))
+            totals += (loss * len(indices), float(np.sum(predicted == labels)), len(indices))
+        from mpi4py import MPI
+
+        summed = np.empty_like(totals)
+        self.comm.Allreduce(totals, summed, op=MPI.SUM)
+        return {"val_loss": summed[0] / summed[2], "val_accuracy": summed[1] / summed[2]}
+
+    def weights_on_host(self) -> dict[str, np.ndarray]:
+        return {n: self.backend.to_host(a) for n, a in self.model.parameters()}
+
+    def weights_digest(self) -> str:
+        """xxh3-128 over every parameter's bytes in order: equal digests mean bit-equal weights."""
+        import xxhash
+
+        digest = xxhash.xxh3_128()
+        for name, array in self.weights_on_host().items():
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(array).view(np.uint8))
+        return digest.hexdigest()

@@ -1,0 +1,101 @@
+import pytest
+
+from hpcckpt.config import JobConfig, load_config, parse_override
+from hpcckpt.errors import ConfigError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def test_embedded_default_job_is_valid():
+    config = load_config(None, environ={})
+    assert config.cluster.simulated_nodes == 4
+    assert config.data.source == "digits"
+    assert config.model.kind == "mlp"
+
+
+def test_defaults_fill_missing_keys(tmp_path):
+    config = load_config(write(tmp_path, "[run]\nsteps = 7\n"), environ={})
+    assert config.run.steps == 7
+    assert config.run.dir == "run"
+    assert config.storage.local_dir == "{run_dir}/local/node{node}"
+    assert config.resilience.levels == ("local", "pfs")
+    assert isinstance(config, JobConfig)
+
+
+def test_precedence_set_over_env_over_file(tmp_path):
+    path = write(tmp_path, "[run]\nsteps = 7\nseed = 1\nlog_every = 3\n")
+    env = {"HPCCKPT_RUN_STEPS": "11", "HPCCKPT_RUN_SEED": "5"}
+    config = load_config(path, ["run.steps=13"], environ=env)
+    assert config.run.steps == 13  # --set beats environment
+    assert config.run.seed == 5  # environment beats file
+    assert config.run.log_every == 3  # file beats default
+
+
+def test_set_parses_toml_values_lists_and_bare_words(tmp_path):
+    config = load_config(
+        write(tmp_path, ""),
+        ['resilience.levels=["local","partner","pfs"]', "run.dir=/tmp/x y", "optimizer.lr=1e-3",
+         "model.hidden=[8]"],
+        environ={},
+    )
+    assert config.resilience.levels == ("local", "partner", "pfs")
+    assert config.run.dir == "/tmp/x y"
+    assert config.optimizer.lr == 1e-3
+    assert config.model.hidden == (8,)
+
+
+def test_env_with_underscored_key(tmp_path):
+    config = load_config(write(tmp_path, ""), environ={"HPCCKPT_CHECKPOINT_EVERY_STEPS": "5",
+                                                       "HPCCKPT_UNRELATED": "x"})
+    assert config.checkpoint.every_steps == 5
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("[run]\nstepz = 3\n", "unknown key run.stepz"),
+        ("[runn]\nsteps = 3\n", "unknown section [runn]"),
+        ("[run]\nsteps = \"many\"\n", "run.steps: expected a integer"),
+        ("[run]\nsteps = 0\n", "run.steps: must be > 0"),
+        ("[run]\ndevice = \"tpu\"\n", "use one of auto, gpu, cpu"),
+        ("[model]\nhidden = 3\n", "model.hidden: expected a list of integer"),
+        ("[resilience]\nlevels = [\"pfs\", \"local\"]\n", "must be in the order"),
+        ("[resilience]\nlevels = [\"tape\"]\n", "unknown level 'tape'"),
+        ("[resilience]\ngroup_size = 2\nparity = 2\n", "parity (2) must be smaller"),
+        ("[data]\nsource = \"hdf5\"\npath = \"/nonexistent/x.h5\"\n", "does not exist"),
+        ("[storage]\nlocal_dir = \"{scratch}/x\"\n", "bad template field"),
+        ("[run\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_file_key_and_allowed(tmp_path, text, fragment):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, environ={})
+    message = str(excinfo.value)
+    assert fragment in message
+    assert str(path) in message
+
+
+def test_bad_override_and_env_name_their_source(tmp_path):
+    path = write(tmp_path, "")
+    with pytest.raises(ConfigError, match=r"--set run.steps=abc: run.steps"):
+        load_config(path, ["run.steps=abc"], environ={})
+    with pytest.raises(ConfigError, match="environment HPCCKPT_RUN_STEPS"):
+        load_config(path, environ={"HPCCKPT_RUN_STEPS": "-4"})
+    with pytest.raises(ConfigError, match="expected section.key=VALUE"):
+        parse_override("steps=3")
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_config_is_frozen():
+    config = load_config(None, environ={})
+    with pytest.raises(Exception):
+        config.run.steps = 3
