@@ -1,0 +1,625 @@
+"""Shard file format: one rank's pieces of one version, in one self-describing file.
+
+    offset 0      header codeword  HEADER_CODEWORD_BYTES: 72-byte fixed header + 32 RS bytes
+    offset 104    tensor table     JSON, Reed-Solomon encoded in 255-byte codewords
+    (zero padding up to a multiple of 4096)
+    payload       each piece's raw bytes (C order, axis-major as layout.extract_piece
+                  gives them), at offsets aligned to 64 bytes, 4096 for large pieces
+
+Header and table are small and everything else depends on them, so they carry
+Reed-Solomon parity: a few flipped bytes there are corrected on read instead of costing the
+whole shard. An xxh3_64 of the decoded header and table catches what RS cannot fix
+(or miscorrects). Payload bytes are large; each piece has its own xxh3_64 instead, and a
+mismatch sends recovery to another copy (invariant 4).
+
+The header codeword's size, and the position of magic and format version inside it, stay
+the same in every format version, so any later reader can tell "not a shard" from
+"a shard of a version I do not know".
+
+Files are written once and never overwritten (invariant 3): bytes go to `path + ".tmp"`,
+are fsynced, then published under `path`, and the directory is fsynced.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO, Iterable, Sequence
+
+import numpy as np
+import reedsolo
+import xxhash
+
+from hpcckpt.errors import ChecksumError, FormatError, StorageError
+
+MAGIC = b"HPCKSHRD"
+FORMAT_VERSION = 1  # what write_shard writes
+SUPPORTED_VERSIONS = (1,)  # what read_shard_table accepts
+
+# magic, version, flags, table_nsym, reserved, step, rank, world_size, table_len,
+# table_encoded_len, payload_offset, file_size, meta_checksum
+_HEADER = struct.Struct("<8sHHHHQIIQQQQQ")
+HEADER_NSYM = 32  # corrects up to 16 wrong bytes in the header
+HEADER_CODEWORD_BYTES = _HEADER.size + HEADER_NSYM
+TABLE_NSYM = 32  # corrects up to 16 wrong bytes per 255-byte table codeword
+RS_CODEWORD_BYTES = 255  # GF(2^8) Reed-Solomon limit
+
+PAYLOAD_ALIGNMENT = 4096
+SMALL_PIECE_ALIGNMENT = 64
+LARGE_PIECE_BYTES = 1 << 16  # pieces this big start on a 4096-byte boundary
+
+# Linux moves at most 0x7ffff000 bytes per write call and IOV_MAX buffers per writev.
+_MAX_BYTES_PER_CALL = 0x7FFFF000
+try:
+    _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if os.sysconf("SC_IOV_MAX") > 0 else 1024
+except (AttributeError, ValueError, OSError):
+    _IOV_MAX = 1024
+_READ_CHUNK = 16 << 20
+_ZEROS = bytes(PAYLOAD_ALIGNMENT)
+
+
+class ShardExistsError(StorageError, FileExistsError):
+    """The shard path already exists; shards are never overwritten."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What write_shard produced; checksums are xxh3_64 hex digests by tensor name."""
+
+    path: str
+    size: int
+    checksums: dict[str, str]
+    step: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One piece in a shard: `shape` is the stored (axis-major) piece shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int  # absolute file offset of the first payload byte
+    nbytes: int
+    checksum: str  # xxh3_64 hex digest of the nbytes payload bytes
+
+
+@dataclass(frozen=True)
+class ShardTable:
+    path: str
+    format_version: int
+    flags: int
+    step: int
+    rank: int
+    world_size: int
+    payload_offset: int
+    file_size: int
+    entries: tuple[ShardEntry, ...]
+    extra: dict
+    corrected_bytes: int = 0  # header/table bytes Reed-Solomon had to repair
+
+    def entry(self, name: str) -> ShardEntry:
+        for entry in self.entries:
+            if entry.name == name:
+                return entry
+        raise FormatError(f"{self.path}: shard has no tensor named {name!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(entry.name for entry in self.entries)
+
+
+# ---------------------------------------------------------------------------------------
+# Reed-Solomon, systematic, compatible with reedsolo.RSCodec(nsym) (default GF(2^8),
+# prim 0x11d, generator 2, fcr 0). Encoding runs on every checkpoint, so it is done for all
+# codewords at once with NumPy; decoding only happens when the cheap checksum fails, and
+# uses reedsolo itself.
+
+def _gf_tables() -> tuple[np.ndarray, np.ndarray]:
+    exp = np.zeros(512, dtype=np.int32)
+    log = np.zeros(256, dtype=np.int32)
+    value = 1
+    for power in range(255):
+        exp[power] = value
+        log[value] = power
+        value <<= 1
+        if value & 0x100:
+            value ^= 0x11D
+    exp[255:510] = exp[:255]
+    return exp, log
+
+
+_GF_EXP, _GF_LOG = _gf_tables()
+
+
+def _gf_mul_table() -> np.ndarray:
+    a = np.arange(256)
+    product = _GF_EXP[(_GF_LOG[a][:, None] + _GF_LOG[a][None, :]) % 255].astype(np.uint8)
+    product[0, :] = 0
+    product[:, 0] = 0
+    return product
+
+
+_GF_MUL = _gf_mul_table()
+_GENERATORS: dict[int, np.ndarray] = {}
+
+
+def _generator_poly(nsym: int) -> np.ndarray:
+    if nsym not in _GENERATORS:
+        poly = np.array([1], dtype=np.uint8)
+        for i in range(nsym):  # multiply by (x - 2**i); minus is xor in GF(2^8)
+            root = _GF_EXP[i]
+            shifted = np.append(poly, 0)
+            scaled = np.insert(_GF_MUL[poly, root], 0, 0)
+            poly = shifted ^ scaled
+        _GENERATORS[nsym] = poly
+    return _GENERATORS[nsym]
+
+
+def rs_encode(data: bytes, nsym: int) -> bytes:
+    """Same bytes as reedsolo.RSCodec(nsym).encode(data): each (255 - nsym)-byte chunk
+    followed by its nsym parity bytes."""
+    block = RS_CODEWORD_BYTES - nsym
+    if not data:
+        return b""
+    count = -(-len(data) // block)
+    message = np.zeros((count, block), dtype=np.uint8)
+    flat = np.frombuffer(data, dtype=np.uint8)
+    full = len(data) // block
+    message[:full] = flat[:full * block].reshape(full, block)
+    tail = len(data) - full * block
+    if tail:
+        # A shortened last chunk behaves as if prefixed by zeros, which do not change
+        # the remainder, so right-aligning it gives the parity reedsolo computes.
+        message[full, block - tail:] = flat[full * block:]
+    generator = _generator_poly(nsym)[1:]
+    remainder = np.zeros((count, nsym), dtype=np.uint8)
+    for column in range(block):
+        feedback = message[:, column] ^ remainder[:, 0]
+        remainder[:, :-1] = remainder[:, 1:]
+        remainder[:, -1] = 0
+        remainder ^= _GF_MUL[feedback[:, None], generator[None, :]]
+    out = bytearray()
+    for index in range(count):
+        start = index * block
+        out += data[start:start + block]
+        out += remainder[index].tobytes()
+    return bytes(out)
+
+
+def rs_encoded_size(length: int, nsym: int) -> int:
+    return length + -(-length // (RS_CODEWORD_BYTES - nsym)) * nsym
+
+
+def _rs_message_bytes(encoded: bytes, nsym: int) -> bytes:
+    """The data bytes of a systematic encoding, as stored (no correction)."""
+    parts = []
+    for start in range(0, len(encoded), RS_CODEWORD_BYTES):
+        parts.append(encoded[start:start + RS_CODEWORD_BYTES][:-nsym])
+    return b"".join(parts)
+
+
+def _rs_decode(encoded: bytes, nsym: int) -> tuple[bytes, int]:
+    """Corrected data bytes and how many bytes were repaired; ReedSolomonError if it can't."""
+    decoded, _, errata = reedsolo.RSCodec(nsym).decode(bytearray(encoded))
+    return bytes(decoded), len(errata)
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def _as_bytes_view(array: np.ndarray) -> memoryview:
+    """A flat byte view of a C-contiguous array without copying it."""
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
+                pieces: Sequence[tuple[str, np.ndarray]], extra: dict | None = None,
+                fsync: bool = True) -> ShardInfo:
+    """Write one rank's pieces as a new shard file; never replaces an existing file.
+
+    `pieces` are (name, NumPy array) in the order to store them (CuPy arrays must be
+    copied to the host first); arrays are written as
+    they are (shape and dtype recorded), so pass axis-major pieces from
+    layout.extract_piece. Non-contiguous arrays are copied first; contiguous ones are
+    handed to the kernel directly. `extra` must be JSON-serializable.
+    """
+    path = os.fspath(path)
+    if step < 0 or world_size < 1 or not 0 <= rank < world_size:
+        raise FormatError(f"shard {path}: step {step}, rank {rank}, world size {world_size} "
+                          "cannot be stored (need step >= 0 and 0 <= rank < world size)")
+    if os.path.lexists(path):
+        raise _exists_error(path)
+
+    arrays = []
+    seen = set()
+    for name, array in pieces:
+        if name in seen:
+            raise FormatError(f"tensor {name!r} given twice for shard {path}")
+        seen.add(name)
+        array = np.asarray(array)
+        if array.dtype.hasobject:
+            raise FormatError(f"tensor {name!r} has dtype {array.dtype}, which holds Python objects")
+        # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+        arrays.append((name, array if array.flags.c_contiguous else array.copy(order="C")))
+
+    checksums = [xxhash.xxh3_64_hexdigest(_as_bytes_view(a)) for _, a in arrays]
+    # The payload starts after the table, whose length depends on the offsets' digits:
+    # size the table with offsets as wide as any uint64, the real one is never longer.
+    widest_table = _table_bytes(arrays, [10 ** 19] * len(arrays), checksums, extra)
+    meta_end = HEADER_CODEWORD_BYTES + rs_encoded_size(len(widest_table), TABLE_NSYM)
+    payload_offset = _align(meta_end, PAYLOAD_ALIGNMENT)
+
+    offsets = []
+    position = payload_offset
+    for _, array in arrays:
+        alignment = PAYLOAD_ALIGNMENT if array.nbytes >= LARGE_PIECE_BYTES else SMALL_PIECE_ALIGNMENT
+        position = _align(position, alignment)
+        offsets.append(position)
+        position += array.nbytes
+    file_size = position
+
+    table = _table_bytes(arrays, offsets, checksums, extra)
+    encoded_table = rs_encode(table, TABLE_NSYM)
+    header = _pack_header(FORMAT_VERSION, 0, step, rank, world_size, table, len(encoded_table),
+                          payload_offset, file_size)
+    encoded_header = rs_encode(header, HEADER_NSYM)
+
+    buffers: list[memoryview | bytes] = [encoded_header, encoded_table]
+    position = HEADER_CODEWORD_BYTES + len(encoded_table)
+    buffers.extend(_padding(payload_offset - position))
+    position = payload_offset
+    for (_, array), offset in zip(arrays, offsets):
+        buffers.extend(_padding(offset - position))
+        buffers.append(_as_bytes_view(array))
+        position = offset + array.nbytes
+
+    _write_buffers_atomically(path, buffers, fsync=fsync, overwrite=False)
+    return ShardInfo(path, file_size, {name: c for (name, _), c in zip(arrays, checksums)},
+                     int(step), int(rank))
+
+
+def _table_bytes(arrays, offsets, checksums, extra) -> bytes:
+    record = {
+        "entries": [
+            {"name": name, "dtype": array.dtype.str, "shape": list(array.shape),
+             "offset": offset, "nbytes": array.nbytes, "xxh3_64": checksum}
+            for (name, array), offset, checksum in zip(arrays, offsets, checksums)
+        ],
+        "extra": extra or {},
+    }
+    try:
+        return json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"shard extra data is not JSON-serializable: {exc}") from exc
+
+
+def _pack_header(version: int, flags: int, step: int, rank: int, world_size: int, table: bytes,
+                 table_encoded_len: int, payload_offset: int, file_size: int) -> bytes:
+    fields = (MAGIC, version, flags, TABLE_NSYM, 0, step, rank, world_size, len(table),
+              table_encoded_len, payload_offset, file_size)
+    unsummed = _HEADER.pack(*fields, 0)
+    checksum = xxhash.xxh3_64_intdigest(unsummed + table)
+    return _HEADER.pack(*fields, checksum)
+
+
+def _padding(count: int) -> list[memoryview]:
+    zeros = memoryview(_ZEROS)
+    return [zeros[:min(len(zeros), count - start)] for start in range(0, max(count, 0), len(zeros))]
+
+
+def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = True,
+                           overwrite: bool = False) -> None:
+    """Publish `data` under `path` all at once: temp name, fsync, rename, fsync directory.
+
+    Refuses to replace an existing file unless `overwrite` (for pointer-like records, not
+    checkpoint data: invariant 3).
+    """
+    path = os.fspath(path)
+    if not overwrite and os.path.lexists(path):
+        raise _exists_error(path)
+    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite)
+
+
+def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrite: bool) -> None:
+    temporary = path + ".tmp"
+    fd = None
+    published = False
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        _writev_all(fd, buffers)
+        if fsync:
+            os.fsync(fd)
+        os.close(fd)
+        fd = None
+        _publish(temporary, path, overwrite)
+        published = True
+        if fsync:
+            _fsync_directory(os.path.dirname(os.path.abspath(path)))
+    except ShardExistsError:
+        raise
+    except OSError as exc:
+        raise _storage_error(exc, path) from exc
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if not published:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+
+
+def _publish(temporary: str, path: str, overwrite: bool) -> None:
+    if overwrite:
+        os.replace(temporary, path)
+        return
+    # link() fails if `path` exists, so a concurrent writer can never be overwritten;
+    # rename() would silently replace. Some file systems lack hard links: fall back.
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise _exists_error(path) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):
+            raise _exists_error(path) from None
+        os.rename(temporary, path)
+        return
+    os.unlink(temporary)
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some network file systems refuse fsync on directories; the data is already safe.
+        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _storage_error(exc: OSError, path: str) -> StorageError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        message = f"no space left writing {path} ({exc.strerror})"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        message = f"cannot write {path}: directory not writable ({exc.strerror})"
+    elif exc.errno == errno.ENOENT:
+        message = f"cannot write {path}: directory {os.path.dirname(path) or '.'} does not exist"
+    else:
+        message = f"cannot write {path}: {exc.strerror or exc}"
+    error = StorageError(message)
+    error.errno = exc.errno  # kept for callers that branch on it; str() stays the message
+    return error
+
+
+def _exists_error(path: str) -> ShardExistsError:
+    error = ShardExistsError(f"{path} already exists; checkpoint files are never overwritten")
+    error.errno = errno.EEXIST
+    return error
+
+
+def _writev_all(fd: int, buffers: Iterable) -> None:
+    """Write every buffer in order, in as few writev calls as the kernel limits allow."""
+    pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+    index = 0
+    while index < len(pending):
+        batch = []
+        batch_bytes = 0
+        for view in pending[index:index + _IOV_MAX]:
+            if batch_bytes + len(view) > _MAX_BYTES_PER_CALL:
+                if not batch:  # one buffer larger than a call can take: write a slice of it
+                    batch.append(view[:_MAX_BYTES_PER_CALL])
+                break
+            batch.append(view)
+            batch_bytes += len(view)
+        written = os.writev(fd, batch)
+        if written == 0:
+            raise OSError(errno.EIO, "writev wrote nothing")
+        # Drop what was written; a partial write leaves the rest of one buffer pending.
+        while written:
+            if written >= len(pending[index]):
+                written -= len(pending[index])
+                index += 1
+            else:
+                pending[index] = pending[index][written:]
+                written = 0
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+
+def read_shard_table(path: str | os.PathLike) -> ShardTable:
+    """Header and tensor table of a shard, repaired by Reed-Solomon where needed.
+
+    Raises FormatError for a file that is not a shard, a shard of an unsupported format
+    version, a truncated file, or header/table damage beyond repair.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(PAYLOAD_ALIGNMENT)
+            actual_size = os.fstat(stream.fileno()).st_size
+            header, corrected = _decode_header(head, path)
+            fields = _HEADER.unpack(header)
+            (_, version, flags, table_nsym, _, step, rank, world_size, table_len,
+             table_encoded_len, payload_offset, file_size, checksum) = fields
+            if table_nsym <= 0 or table_nsym >= RS_CODEWORD_BYTES or \
+                    rs_encoded_size(table_len, table_nsym) != table_encoded_len:
+                raise FormatError(f"{path}: shard header is corrupted (inconsistent table size)")
+            stream.seek(HEADER_CODEWORD_BYTES)
+            encoded_table = stream.read(table_encoded_len)
+    except OSError as exc:
+        raise StorageError(f"cannot read shard {path}: {exc.strerror or exc}") from exc
+    if len(encoded_table) != table_encoded_len:
+        raise FormatError(f"{path}: shard is truncated inside its tensor table")
+
+    unsummed = _HEADER.pack(*fields[:-1], 0)
+    table = _rs_message_bytes(encoded_table, table_nsym)
+    if xxhash.xxh3_64_intdigest(unsummed + table) != checksum:
+        try:
+            table, table_corrected = _rs_decode(encoded_table, table_nsym)
+        except reedsolo.ReedSolomonError:
+            raise FormatError(f"{path}: shard tensor table is corrupted beyond repair") from None
+        corrected += table_corrected
+        if xxhash.xxh3_64_intdigest(unsummed + table) != checksum:
+            raise FormatError(f"{path}: shard header/table checksum mismatch after repair; "
+                              "too many corrupted bytes")
+    if actual_size < file_size:
+        raise FormatError(f"{path}: shard is truncated: {actual_size} bytes, "
+                          f"header says {file_size}")
+    if flags:
+        raise FormatError(f"{path}: shard uses flags {flags:#x} this version does not know")
+
+    try:
+        record = json.loads(table)
+        entries = tuple(
+            ShardEntry(str(e["name"]), str(e["dtype"]), tuple(int(d) for d in e["shape"]),
+                       int(e["offset"]), int(e["nbytes"]), str(e["xxh3_64"]))
+            for e in record["entries"])
+        extra = dict(record["extra"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FormatError(f"{path}: shard tensor table is malformed: {exc!r}") from exc
+    return ShardTable(path, version, flags, step, rank, world_size, payload_offset, file_size,
+                      entries, extra, corrected)
+
+
+def _decode_header(head: bytes, path: str) -> tuple[bytes, int]:
+    codeword = head[:HEADER_CODEWORD_BYTES]
+    looks_like_shard = head[:len(MAGIC)] == MAGIC
+    if len(codeword) < HEADER_CODEWORD_BYTES:
+        if looks_like_shard:
+            raise FormatError(f"{path}: shard is truncated inside its header")
+        raise FormatError(f"{path}: not an hpcckpt shard file")
+    try:
+        header, corrected = _rs_decode(codeword, HEADER_NSYM)
+    except reedsolo.ReedSolomonError:
+        if looks_like_shard:
+            raise FormatError(f"{path}: shard header is corrupted beyond repair") from None
+        raise FormatError(f"{path}: not an hpcckpt shard file") from None
+    if header[:len(MAGIC)] != MAGIC:
+        raise FormatError(f"{path}: not an hpcckpt shard file")
+    version = struct.unpack_from("<H", header, len(MAGIC))[0]
+    if version not in SUPPORTED_VERSIONS:
+        supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
+        raise FormatError(f"{path}: shard format version {version} is not supported "
+                          f"(this hpcckpt reads version {supported})")
+    return header, corrected
+
+
+def _readinto_exactly(stream: BinaryIO, buffer: memoryview, what: str) -> None:
+    done = 0
+    while done < len(buffer):
+        count = stream.readinto(buffer[done:])
+        if not count:
+            raise FormatError(f"{what}: file ends {len(buffer) - done} bytes early")
+        done += count
+
+
+def read_tensor(path_or_fileobj, table: ShardTable, name: str, out: np.ndarray | None = None,
+                byte_range: tuple[int, int] | None = None, verify: bool = True) -> np.ndarray:
+    """Read one piece, or part of it, straight into `out` (or a new array).
+
+    Whole piece: returned with its stored dtype and shape (or `out`, which must be
+    C-contiguous with the same number of bytes), checksum verified unless verify=False.
+
+    byte_range=(offset, nbytes) within the piece: returned as a flat uint8 array (or in
+    `out`). The checksum covers the whole piece, so a partial read cannot be verified; the
+    re-partitioning restore relies on verification elsewhere (e.g. verify_shard) or accepts it.
+    """
+    entry = table.entry(name)
+    if byte_range is None:
+        start, nbytes = 0, entry.nbytes
+    else:
+        start, nbytes = (int(v) for v in byte_range)
+        if start < 0 or nbytes < 0 or start + nbytes > entry.nbytes:
+            raise ValueError(f"byte range {byte_range} outside tensor {name!r} of {entry.nbytes} bytes")
+
+    if out is None:
+        if byte_range is None:
+            out = np.empty(entry.shape, dtype=np.dtype(entry.dtype))
+        else:
+            out = np.empty(nbytes, dtype=np.uint8)
+    elif not out.flags.c_contiguous or out.nbytes != nbytes:
+        raise ValueError(f"out buffer for tensor {name!r} must be C-contiguous with {nbytes} bytes, "
+                         f"got {out.nbytes} bytes")
+    buffer = memoryview(out.reshape(-1).view(np.uint8))
+
+    what = f"{table.path}: tensor {name!r}"
+    if isinstance(path_or_fileobj, (str, os.PathLike)):
+        try:
+            with open(path_or_fileobj, "rb", buffering=0) as stream:
+                stream.seek(entry.offset + start)
+                _readinto_exactly(stream, buffer, what)
+        except OSError as exc:
+            raise StorageError(f"cannot read {what}: {exc.strerror or exc}") from exc
+    else:
+        path_or_fileobj.seek(entry.offset + start)
+        _readinto_exactly(path_or_fileobj, buffer, what)
+
+    if verify and byte_range is None:
+        actual = xxhash.xxh3_64_hexdigest(buffer)
+        if actual != entry.checksum:
+            raise ChecksumError(f"{table.path}: tensor {name!r} checksum mismatch "
+                                f"(expected {entry.checksum}, got {actual})")
+    return out
+
+
+def verify_shard(path: str | os.PathLike) -> list[str]:
+    """Every problem found in a shard, reading all of it; an empty list means it is sound."""
+    path = os.fspath(path)
+    try:
+        table = read_shard_table(path)
+    except (FormatError, StorageError) as exc:
+        return [str(exc)]
+    problems = []
+    previous_end = table.payload_offset
+    for entry in sorted(table.entries, key=lambda e: e.offset):
+        try:
+            expected = int(np.prod(entry.shape, dtype=np.int64)) * np.dtype(entry.dtype).itemsize
+        except TypeError:
+            problems.append(f"{path}: tensor {entry.name!r} has unknown dtype {entry.dtype!r}")
+            continue
+        if expected != entry.nbytes:
+            problems.append(f"{path}: tensor {entry.name!r}: {entry.nbytes} bytes recorded, "
+                            f"shape {entry.shape} of {entry.dtype} needs {expected}")
+        if entry.offset < previous_end or entry.offset + entry.nbytes > table.file_size:
+            problems.append(f"{path}: tensor {entry.name!r}: payload range "
+                            f"[{entry.offset}, {entry.offset + entry.nbytes}) overlaps or lies outside the file")
+            continue
+        previous_end = entry.offset + entry.nbytes
+    if problems:
+        return problems
+    try:
+        with open(path, "rb", buffering=0) as stream:
+            chunk = bytearray(min(_READ_CHUNK, max((e.nbytes for e in table.entries), default=0)) or 1)
+            for entry in table.entries:
+                hasher = xxhash.xxh3_64()
+                stream.seek(entry.offset)
+                remaining = entry.nbytes
+                while remaining:
+                    view = memoryview(chunk)[:min(remaining, len(chunk))]
+                    count = stream.readinto(view)
+                    if not count:
+                        problems.append(f"{path}: tensor {entry.name!r}: file ends early")
+                        break
+                    hasher.update(view[:count])
+                    remaining -= count
+                else:
+                    if hasher.hexdigest() != entry.checksum:
+                        problems.append(f"{path}: tensor {entry.name!r} checksum mismatch "
+                                        f"(expected {entry.checksum}, got {hasher.hexdigest()})")
+    except OSError as exc:
+        problems.append(f"cannot read shard {path}: {exc.strerror}")
+    return problems

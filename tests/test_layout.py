@@ -1,0 +1,281 @@
+"""Shard layout and N->M re-partitioning, checked exhaustively without processes."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hpcckpt.ckpt.layout import (
+    Layout, ReadRequest, TensorLayout, TensorSpec, extract_piece, insert_piece, piece_view_slices,
+    place_read, plan_layout, read_requests,
+)
+from hpcckpt.errors import ConfigError, FormatError, IncompatibleCheckpointError
+
+SHAPES = [(), (1,), (3,), (7,), (2, 3), (5, 4), (4, 5), (3, 3), (9, 2, 2), (2, 11, 3),
+          (2, 3, 4, 5), (0,), (3, 0), (13, 1)]
+DTYPES = ["float32", "int64", "uint8", "float64"]
+
+
+def _random_array(spec: TensorSpec, rng) -> np.ndarray:
+    return (rng.standard_normal(spec.shape) * 100).astype(spec.dtype)
+
+
+def _specs(shapes, prefix="t"):
+    return [TensorSpec(f"{prefix}{i}", DTYPES[i % len(DTYPES)], shape) for i, shape in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("world_size", range(1, 10))
+@pytest.mark.parametrize("threshold", [0, 40, 1 << 20])
+def test_pieces_cover_every_element_exactly_once(world_size, threshold):
+    rng = np.random.default_rng(world_size)
+    specs = _specs(SHAPES)
+    layout = plan_layout(specs, world_size, split_threshold_bytes=threshold)
+    assert [t.spec for t in layout.tensors] == specs
+    for tensor_layout in layout.tensors:
+        original = _random_array(tensor_layout.spec, rng)
+        rebuilt = np.zeros_like(original)
+        hits = np.zeros(tensor_layout.spec.shape, dtype=np.int64)
+        for rank in range(world_size):
+            piece = extract_piece(original, tensor_layout, rank)
+            assert piece.flags.c_contiguous
+            assert piece.shape == layout.piece_shape(tensor_layout.name, rank)
+            assert piece.nbytes == tensor_layout.piece_nbytes(rank)
+            insert_piece(rebuilt, tensor_layout, rank, piece)
+            insert_piece(hits, tensor_layout, rank, extract_piece(hits, tensor_layout, rank) + 1)
+        np.testing.assert_array_equal(rebuilt, original)
+        assert (hits == 1).all()
+        assert sum(tensor_layout.piece_nbytes(r) for r in range(world_size)) == tensor_layout.spec.nbytes
+
+
+def test_split_rules_uneven_and_small_dims():
+    spec = TensorSpec("w", "float32", (3, 10, 10))  # tie between axes 1 and 2: lowest wins
+    layout = plan_layout([spec], 4, split_threshold_bytes=0)
+    tensor = layout.tensor("w")
+    assert tensor.axis == 1
+    assert tensor.bounds == ((0, 3), (3, 6), (6, 8), (8, 10))
+    assert layout.piece_shape("w", 0) == (3, 3, 10)
+
+    narrow = plan_layout([TensorSpec("n", "float32", (3, 2))], 5, split_threshold_bytes=0).tensor("n")
+    assert narrow.axis == 0
+    assert narrow.bounds == ((0, 1), (1, 2), (2, 3), (3, 3), (3, 3))
+    layout = plan_layout([TensorSpec("n", "float32", (3, 2))], 5, split_threshold_bytes=0)
+    assert [t.name for t in layout.rank_pieces(3)] == []
+    assert layout.bytes_of_rank(3) == 0
+
+
+def test_small_tensors_whole_and_balanced_by_bytes():
+    big = TensorSpec("big", "float32", (999, 300))  # 1.2 MB: split evenly over 3 ranks
+    smalls = [TensorSpec(f"s{i}", "float64", (n,)) for i, n in enumerate([500, 400, 300, 300, 200, 100, 7])]
+    scalar = TensorSpec("scalar", "float32", ())
+    layout = plan_layout([big] + smalls + [scalar], 3)
+    assert layout.tensor("big").is_split
+    owners = {}
+    for t in layout.tensors[1:]:
+        holders = [r for r in range(3) if t.rows(r) > 0]
+        assert len(holders) == 1, t
+        owners[t.name] = holders[0]
+        owner_start, owner_stop = t.bounds[holders[0]]
+        assert (owner_start, owner_stop) == (0, t.logical_shape[t.axis])
+    # Greedy, largest first, onto the least-loaded rank (lowest on ties); loads start
+    # equal. s0 4000 -> 0, s1 3200 -> 1, s2 2400 -> 2, s3 2400 -> 2 (2400 < 3200),
+    # s4 1600 -> 1 (3200 < 4000 < 4800), s5 800 -> 0 (4000 < 4800 = 4800), s6 -> 1 or 2 ...
+    assert [owners[f"s{i}"] for i in range(6)] == [0, 1, 2, 2, 1, 0]
+    loads = [layout.bytes_of_rank(r) for r in range(3)]
+    assert max(loads) - min(loads) <= max(s.nbytes for s in smalls)
+    assert sum(loads) == sum(s.nbytes for s in [big] + smalls + [scalar])
+    assert layout.tensor("scalar").logical_shape == (1,)
+    assert layout.tensor("scalar").axis == 0
+    # Same inputs, same layout: every rank computes it independently.
+    assert plan_layout([big] + smalls + [scalar], 3) == layout
+
+
+def test_zero_d_tensor_round_trip():
+    spec = TensorSpec("lr", "float64", ())
+    layout = plan_layout([spec], 3)
+    tensor = layout.tensor("lr")
+    value = np.array(0.125)
+    target = np.array(0.0)
+    for rank in range(3):
+        piece = extract_piece(value, tensor, rank)
+        assert piece.shape == tensor.piece_shape(rank)
+        insert_piece(target, tensor, rank, piece)
+    assert target == value
+
+
+def test_piece_view_slices_match_extract():
+    spec = TensorSpec("w", "float32", (4, 9, 2))
+    tensor = plan_layout([spec], 4, split_threshold_bytes=0).tensor("w")
+    array = np.arange(72, dtype=np.float32).reshape(4, 9, 2)
+    for rank in range(4):
+        manual = np.ascontiguousarray(np.moveaxis(array[piece_view_slices(tensor, rank)], tensor.axis, 0))
+        np.testing.assert_array_equal(manual, extract_piece(array, tensor, rank))
+
+
+def test_json_round_trip_exact():
+    specs = _specs(SHAPES) + [TensorSpec("big_endian", ">f8", (5,))]
+    for world_size in (1, 4, 7):
+        layout = plan_layout(specs, world_size, split_threshold_bytes=48)
+        text = layout.to_json()
+        again = Layout.from_json(text)
+        assert again == layout
+        assert again.to_json() == text
+        assert Layout.from_dict(layout.to_dict()) == layout
+    assert Layout.from_json(text).tensor("big_endian").spec.dtype == ">f8"
+
+
+def test_from_json_rejects_garbage():
+    layout = plan_layout(_specs([(8, 3)]), 2, split_threshold_bytes=0)
+    data = layout.to_dict()
+    data["tensors"][0]["bounds"] = [[0, 3], [4, 8]]  # leaves a hole
+    with pytest.raises(FormatError):
+        Layout.from_dict(data)
+    with pytest.raises(FormatError):
+        Layout.from_json("{not json")
+    with pytest.raises(FormatError):
+        Layout.from_dict({"format": 1})
+
+
+def test_invalid_inputs():
+    with pytest.raises(ConfigError):
+        plan_layout(_specs([(2,)]), 0)
+    with pytest.raises(ConfigError):
+        plan_layout([TensorSpec("a", "f4", (2,)), TensorSpec("a", "f4", (3,))], 2)
+    with pytest.raises(ConfigError):
+        TensorSpec("o", object, (2,))
+
+
+def test_same_tensors_reports_differences():
+    base = plan_layout([TensorSpec("a", "float32", (4, 4)), TensorSpec("b", "int64", (3,)),
+                        TensorSpec("c", "uint8", (2,))], 2)
+    assert base.same_tensors(plan_layout(base.specs(), 5, split_threshold_bytes=0)) == []
+    other = plan_layout([TensorSpec("a", "float64", (4, 4)), TensorSpec("b", "int64", (3, 1)),
+                         TensorSpec("d", "uint8", (2,))], 3)
+    problems = base.same_tensors(other)
+    assert len(problems) == 4
+    text = "\n".join(problems)
+    assert "'a'" in text and "float64" in text
+    assert "(3,)" in text and "(3, 1)" in text
+    assert "'c' is in the checkpoint but not in the model" in text
+    assert "'d' is in the model but not in the checkpoint" in text
+
+
+# ---------------------------------------------------------------------------------------
+# Re-partitioning
+
+REPARTITION_SPECS = [
+    TensorSpec("rows", "float32", (37, 6)),        # split along axis 0
+    TensorSpec("cols", "float64", (3, 29, 2)),     # split along axis 1
+    TensorSpec("last", "int64", (2, 3, 17)),       # split along axis 2
+    TensorSpec("narrow", "float32", (2, 1)),       # big enough to split, fewer rows than ranks
+    TensorSpec("bias", "float32", (5,)),           # small: whole on one rank
+    TensorSpec("table", "uint8", (4, 3)),          # small: whole
+    TensorSpec("step", "int64", ()),               # 0-d: whole
+]
+THRESHOLD = 8
+
+
+def _old_shards(arrays, layout):
+    """Each old rank's stored pieces as raw bytes, as they would be in its shard file."""
+    return {(t.name, rank): extract_piece(arrays[t.name], t, rank).tobytes()
+            for t in layout.tensors for rank in range(layout.world_size)}
+
+
+def _rebuild_new_pieces(arrays, old, new, new_rank):
+    stored = _old_shards(arrays, old)
+    requests = read_requests(old, new, new_rank)
+    pieces = {t.name: np.zeros(t.piece_shape(new_rank), dtype=t.spec.dtype)
+              for t in new.rank_pieces(new_rank)}
+    for request in requests:
+        blob = stored[(request.name, request.old_rank)]
+        data = blob[request.byte_offset_in_piece:request.byte_offset_in_piece + request.nbytes]
+        assert len(data) == request.nbytes
+        place_read(pieces[request.name], request, data, old, new, new_rank)
+    return requests, pieces
+
+
+@pytest.mark.parametrize("old_world,new_world", [(4, 2), (4, 6), (3, 5), (1, 4), (6, 1), (2, 2), (5, 3)])
+def test_repartition_reads_exactly_what_is_needed(old_world, new_world):
+    rng = np.random.default_rng(old_world * 10 + new_world)
+    arrays = {s.name: _random_array(s, rng) for s in REPARTITION_SPECS}
+    old = plan_layout(REPARTITION_SPECS, old_world, split_threshold_bytes=THRESHOLD)
+    new = plan_layout(REPARTITION_SPECS, new_world, split_threshold_bytes=THRESHOLD)
+    assert {t.name: t.axis for t in old.tensors} == {t.name: t.axis for t in new.tensors}
+    for new_rank in range(new_world):
+        requests, pieces = _rebuild_new_pieces(arrays, old, new, new_rank)
+        assert not any(r.reslice for r in requests)
+        for t in new.tensors:
+            expected = extract_piece(arrays[t.name], t, new_rank)
+            if t.rows(new_rank):
+                np.testing.assert_array_equal(pieces[t.name], expected)
+            else:
+                assert t.name not in pieces
+        assert sum(r.nbytes for r in requests) == new.bytes_of_rank(new_rank)
+        # Every destination row of every piece is written exactly once.
+        for t in new.rank_pieces(new_rank):
+            spans = sorted((r.dest_start, r.dest_stop) for r in requests if r.name == t.name)
+            assert spans[0][0] == 0 and spans[-1][1] == t.rows(new_rank)
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_repartition_whole_to_split_and_back():
+    spec = [TensorSpec("w", "float32", (10, 3))]
+    rng = np.random.default_rng(0)
+    arrays = {"w": _random_array(spec[0], rng)}
+    whole = plan_layout(spec, 3)  # below the default threshold: one owner
+    split = plan_layout(spec, 4, split_threshold_bytes=0)
+    for old, new in [(whole, split), (split, whole)]:
+        for new_rank in range(new.world_size):
+            requests, pieces = _rebuild_new_pieces(arrays, old, new, new_rank)
+            t = new.tensor("w")
+            if t.rows(new_rank):
+                np.testing.assert_array_equal(pieces["w"], extract_piece(arrays["w"], t, new_rank))
+            assert sum(r.nbytes for r in requests) == new.bytes_of_rank(new_rank)
+
+
+def test_repartition_request_values():
+    spec = [TensorSpec("w", "float32", (10, 3))]
+    old = plan_layout(spec, 4, split_threshold_bytes=0)   # rows 0-3, 3-6, 6-8, 8-10
+    new = plan_layout(spec, 2, split_threshold_bytes=0)   # rows 0-5, 5-10
+    row = 3 * 4
+    assert read_requests(old, new, 1) == [
+        ReadRequest("w", 1, 2 * row, 1 * row, 0, 1),
+        ReadRequest("w", 2, 0, 2 * row, 1, 3),
+        ReadRequest("w", 3, 0, 2 * row, 3, 5),
+    ]
+
+
+def test_repartition_fallback_when_axes_differ():
+    """A layout cut along another axis (e.g. written by other rules) is read whole."""
+    spec = TensorSpec("w", "int64", (4, 6))
+    arrays = {"w": np.arange(24, dtype=np.int64).reshape(4, 6)}
+    old = Layout(2, (TensorLayout(spec, 0, ((0, 2), (2, 4))),))
+    new = plan_layout([spec], 3, split_threshold_bytes=0)
+    assert new.tensor("w").axis == 1
+    for new_rank in range(3):
+        requests, pieces = _rebuild_new_pieces(arrays, old, new, new_rank)
+        assert all(r.reslice and r.byte_offset_in_piece == 0 for r in requests)
+        assert sum(r.nbytes for r in requests) == spec.nbytes
+        np.testing.assert_array_equal(pieces["w"], extract_piece(arrays["w"], new.tensor("w"), new_rank))
+
+
+def test_repartition_rejects_different_tensors():
+    old = plan_layout([TensorSpec("w", "float32", (4, 4))], 2)
+    new = plan_layout([TensorSpec("w", "float32", (4, 5))], 2)
+    with pytest.raises(IncompatibleCheckpointError, match="shape"):
+        read_requests(old, new, 0)
+
+
+def test_many_random_repartitions():
+    rng = np.random.default_rng(7)
+    for old_world, new_world in itertools.product([1, 2, 3, 5, 8], repeat=2):
+        shapes = [tuple(int(d) for d in rng.integers(0, 12, size=rng.integers(0, 4))) for _ in range(5)]
+        specs = _specs(shapes, prefix="r")
+        arrays = {s.name: _random_array(s, rng) for s in specs}
+        threshold = int(rng.integers(0, 200))
+        old = plan_layout(specs, old_world, split_threshold_bytes=threshold)
+        new = plan_layout(specs, new_world, split_threshold_bytes=int(rng.integers(0, 200)))
+        for new_rank in range(new_world):
+            requests, pieces = _rebuild_new_pieces(arrays, old, new, new_rank)
+            assert sum(r.nbytes for r in requests) == new.bytes_of_rank(new_rank)
+            for t in new.rank_pieces(new_rank):
+                np.testing.assert_array_equal(pieces[t.name], extract_piece(arrays[t.name], t, new_rank))
