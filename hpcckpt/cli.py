@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="run the data-parallel training job")
     _add_config_arguments(train)
+    train.add_argument("--restart", choices=("auto", "never", "require"), default="auto",
+                       help="auto: resume from the newest checkpoint if any (default); require: fail if none; "
+                            "never: start fresh (refuses if checkpoints exist)")
+    train.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                       help="fault injection for tests/demos: rank-kill:rank=R:step=S[:phase=P] or "
+                            "node-loss:node=N:step=S[:phase=P] (repeatable)")
 
     make_data = commands.add_parser("make-data", help="write a synthetic HDF5 data set (datasets x, y)")
     make_data.add_argument("-o", "--output", required=True, help="HDF5 file to write")
@@ -48,9 +54,11 @@ def _world():
 
 def _command_train(args) -> int:
     from hpcckpt.config import load_config
+    from hpcckpt.faults import parse_fault
     from hpcckpt.train.loop import run_training
 
     config = load_config(args.config, args.overrides)
+    faults = [parse_fault(text) for text in args.inject]
     comm = _world()
     if config.cluster.simulated_nodes > comm.Get_size():
         from hpcckpt.errors import ConfigError
@@ -59,7 +67,7 @@ def _command_train(args) -> int:
             f"{config.source}: cluster.simulated_nodes = {config.cluster.simulated_nodes} but only "
             f"{comm.Get_size()} ranks run; use at most {comm.Get_size()} or start more ranks with mpiexec -n"
         )
-    run_training(config, comm)
+    run_training(config, comm, restart=args.restart, faults=faults)
     return 0
 
 

@@ -6,7 +6,9 @@ import time
 from dataclasses import dataclass
 
 from hpcckpt.cluster.backend import select_backend
-from hpcckpt.cluster.placement import discover_topology
+from hpcckpt.ckpt.engine import Checkpointer
+from hpcckpt.cluster.placement import discover_topology, local_dir_of
+from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
 from hpcckpt.train.trainer import Trainer
 
@@ -20,8 +22,8 @@ class TrainSummary:
     weights_digest: str
 
 
-def run_training(config, comm) -> TrainSummary:
-    """(all ranks) Train for run.steps steps."""
+def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary:
+    """(all ranks) Train for run.steps steps, resuming from a checkpoint per `restart`."""
     rank, world_size = comm.Get_rank(), comm.Get_size()
     topology = discover_topology(comm, config.cluster.simulated_nodes)
     log = RunLog(config.run.dir, rank, world_size)
@@ -39,12 +41,28 @@ def run_training(config, comm) -> TrainSummary:
             console=True,
         )
         log.info(f"this rank runs on node {node} (local rank {local_rank})")
-        return _step_loop(config, trainer, log)
+        checkpointer = None
+        injector = FaultInjector(faults, rank, node, local_dir_of(
+            config.storage.local_dir, str(config.run.dir), topology, rank))
+        if config.checkpoint.every_steps:
+            checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)
+            for name, array in trainer.protected_arrays():
+                checkpointer.protect(name, array)
+            checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
+            restored = checkpointer.restart(restart)
+            if restored is None:
+                log.info("starting from scratch (no checkpoint to resume from)", console=True)
+        try:
+            summary = _step_loop(config, trainer, log, checkpointer, injector)
+        finally:
+            if checkpointer is not None:
+                checkpointer.close()
+        return summary
     finally:
         log.close()
 
 
-def _step_loop(config, trainer: Trainer, log: RunLog) -> TrainSummary:
+def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector) -> TrainSummary:
     total_steps = config.run.steps
     log_every = config.run.log_every
     eval_every = config.eval.every_steps
@@ -71,14 +89,20 @@ def _step_loop(config, trainer: Trainer, log: RunLog) -> TrainSummary:
                          "samples_per_s": rate, "ms_per_step": ms_per_step})
             window_time, window_samples, window_steps = 0.0, 0, 0
         if (eval_every and result.step % eval_every == 0) or result.step == total_steps:
-            last_eval = trainer.evaluate()
+            last_eval = {"step": result.step, **trainer.evaluate()}
             log.info(
                 f"step {result.step:6d}  val_loss {last_eval['val_loss']:.4f}  "
                 f"val_accuracy {100 * last_eval['val_accuracy']:.2f} %",
                 console=True,
             )
-            log.metrics({"step": result.step, **last_eval})
+            log.metrics(last_eval)
+        injector.strike(result.step)
+        if checkpointer is not None and _checkpoint_due(config, result.step):
+            metrics = last_eval if last_eval.get("step") == result.step else {}
+            checkpointer.checkpoint(result.step, metrics, final=result.step == total_steps)
         log.progress(result.step, total_steps, f"loss {result.loss:.4f}" if result.loss is not None else "")
+    if checkpointer is not None:
+        checkpointer.wait()
     seconds = time.perf_counter() - started
     digest = trainer.weights_digest()
     # One small collective proves the data-parallel invariant: every rank holds the same weights.
@@ -95,3 +119,8 @@ def _step_loop(config, trainer: Trainer, log: RunLog) -> TrainSummary:
                  "weights_identical_on_ranks": identical, "train_seconds": seconds,
                  "val_accuracy": summary.val_accuracy, "val_loss": summary.val_loss})
     return summary
+
+
+def _checkpoint_due(config, step: int) -> bool:
+    every = config.checkpoint.every_steps
+    return bool(every) and (step % every == 0 or step == config.run.steps)

@@ -1,0 +1,357 @@
+"""The checkpointer: the library API and the save flow.
+
+    ckpt = Checkpointer(comm, config)        # (all ranks)
+    ckpt.protect("w", w)                     # NumPy or CuPy array, filled in place on restart
+    ckpt.register_state("loop", get, set)    # small JSON-able state
+    start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
+    ckpt.checkpoint(step, metrics)           # (all ranks) returns once the snapshot is taken
+    ckpt.close()                             # (all ranks) drains what is in flight
+
+Save flow: snapshot (this rank's slice of every tensor, into reused buffers; the only part
+that blocks training) -> L1 node-local write -> L1 commit -> L4 flush -> L4 commit ->
+retention, all in one background thread. At most one checkpoint is in flight: the next
+snapshot first waits for the previous persist. Checkpoint traffic uses its own communicator
+(a duplicate), never interleaved with the gradient allreduce. A failure on any rank becomes
+the same CheckpointError on every rank (carrying the failures by rank) at the next call.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from hpcckpt.ckpt.layout import Layout, TensorSpec, piece_view_slices, plan_layout
+from hpcckpt.ckpt.manifest import Manifest, ShardRecord
+from hpcckpt.ckpt.retention import steps_to_delete
+from hpcckpt.cluster.backend import array_module
+from hpcckpt.cluster.placement import discover_topology, local_dir_of
+from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
+from hpcckpt.faults import NO_FAULTS
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.pfs import PfsLevel
+
+ENGINE_STATE_KEY = "_hpcckpt"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent copy of this rank's shard of one step, handed to the persist stage."""
+
+    step: int
+    ordinal: int  # 1-based count of checkpoints of this job, for every-Nth levels
+    pieces: tuple[tuple[str, np.ndarray], ...]
+    state: dict
+    metrics: dict
+    final: bool
+
+
+@dataclass
+class _Protected:
+    name: str
+    array: object
+    replicated: bool
+
+
+@dataclass
+class PersistReport:
+    """Timings of one persist, for logs and benchmarks (seconds since the snapshot began)."""
+
+    step: int
+    snapshot_s: float = 0.0
+    durable_s: dict = field(default_factory=dict)
+
+
+def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
+    """A barrier that sleeps while it waits: MPICH's blocking barrier spins, and on shared cores
+    a spinning background thread steals time from training and from the ranks doing I/O."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll_s)
+
+
+class Checkpointer:
+    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS):
+        """(all ranks) Collective: checks storage on every rank and fails together."""
+        from mpi4py import MPI
+
+        self.config = config
+        self.comm = comm.Dup()  # checkpoint traffic apart from the application's collectives
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+        self.topology = topology or discover_topology(comm, config.cluster.simulated_nodes)
+        self.node = self.topology.node_of_rank[self.rank]
+        self.log = log
+        self.faults = faults
+        self.levels_enabled = tuple(config.resilience.levels)
+        run_dir = str(config.run.dir)
+        self.local_dir = local_dir_of(config.storage.local_dir, run_dir, self.topology, self.rank)
+        self.local_dirs = tuple(self.comm.allgather(self.local_dir))
+        self.pfs_dir = config.storage.pfs_dir.format(run_dir=run_dir, node=0, rank=0, job="")
+        self.local = LocalLevel(self.local_dir, self.rank) if "local" in self.levels_enabled else None
+        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb)
+                    if "pfs" in self.levels_enabled else None)
+        self._protected: dict[str, _Protected] = {}
+        self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
+        self._layout: Layout | None = None
+        self._buffers: dict[str, np.ndarray] | None = None
+        self._ordinal = 0
+        self._worker: threading.Thread | None = None
+        self._worker_error: BaseException | None = None
+        self.last_report: PersistReport | None = None
+        self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        self._prepare_storage()
+
+    # -- set-up --------------------------------------------------------------------------
+    def _prepare_storage(self) -> None:
+        error = None
+        try:
+            if not self.levels_enabled:
+                raise ConfigError("resilience.levels is empty; list at least one of local, partner, erasure, pfs")
+            for level in (self.local, self.pfs):
+                if level is not None:
+                    level.prepare()
+        except HpcckptError as exc:
+            error = str(exc)
+        self._raise_if_any_failed("storage check", error, StorageError)
+
+    def _raise_if_any_failed(self, phase: str, error: str | None, error_type=CheckpointError, step=None):
+        """(all ranks) Turn a failure on any rank into the same exception on every rank."""
+        quiet_barrier(self.comm)
+        errors = self.comm.allgather(error)
+        failures = {rank: e for rank, e in enumerate(errors) if e}
+        if not failures:
+            return
+        first_rank, first_error = next(iter(failures.items()))
+        where = f" of step {step}" if step is not None else ""
+        message = (f"{phase}{where} failed on rank(s) {sorted(failures)}: {first_error}"
+                   if len(failures) < self.world_size else first_error)
+        if issubclass(error_type, CheckpointError):
+            exc = error_type(message, failures)
+        else:
+            exc = error_type(message)
+        exc.collective = True
+        raise exc
+
+    # -- the library API -----------------------------------------------------------------
+    def protect(self, name: str, array, replicated: bool = True) -> None:
+        """Protect a NumPy/CuPy array, restored in place. Replicated arrays (the same on every
+        rank, like data-parallel weights) are sharded across ranks; others are stored whole
+        by their own rank (restart must then use the same number of ranks)."""
+        if self._layout is not None:
+            raise CheckpointError(f"protect({name!r}) after the first checkpoint or restart; protect everything first")
+        if name in self._protected:
+            raise CheckpointError(f"an array named {name!r} is already protected")
+        if not hasattr(array, "dtype") or not hasattr(array, "shape"):
+            raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
+        self._protected[name] = _Protected(name, array, replicated)
+
+    def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
+        """Small JSON-able state (step, iterator position, RNG states) saved with every version."""
+        if name in self._states or name == ENGINE_STATE_KEY:
+            raise CheckpointError(f"state {name!r} is already registered")
+        self._states[name] = (get, set)
+
+    def checkpoint(self, step: int, metrics: dict | None = None, final: bool = False) -> PersistReport | None:
+        """(all ranks) Take a snapshot of `step` and persist it in the background.
+
+        Returns once the snapshot is taken. Raises here if the previous checkpoint failed.
+        Returns the report of the previous checkpoint (its durability times), if any.
+        """
+        previous = self._finish_in_flight()
+        started = time.perf_counter()
+        self.faults.strike(step, "snapshot")
+        self._ordinal += 1
+        snapshot = self._snapshot(step, metrics or {}, final)
+        report = PersistReport(step, snapshot_s=time.perf_counter() - started)
+        if self._threaded:
+            self._worker = threading.Thread(target=self._persist_guarded, args=(snapshot, report, started),
+                                            name=f"hpcckpt-persist-{step}", daemon=True)
+            self._worker.start()
+        else:
+            self._persist_guarded(snapshot, report, started)
+        return previous
+
+    def wait(self) -> PersistReport | None:
+        """(all ranks) Block until the checkpoint in flight is durable; raise if it failed."""
+        return self._finish_in_flight()
+
+    def close(self) -> None:
+        """(all ranks) Drain what is in flight and release the communicator."""
+        try:
+            self._finish_in_flight()
+        finally:
+            if self.comm is not None:
+                self.comm.Free()
+                self.comm = None
+
+    def restart(self, mode: str = "auto", step: int | None = None) -> int | None:
+        """(all ranks) Restore the newest version every rank can load; None when there is none.
+
+        mode: "auto" (resume if a version exists), "require" (fail if none), "never" (start
+        fresh; refuses to if versions exist, so nothing is overwritten). `step` restores that
+        version instead of the newest.
+        """
+        from hpcckpt.recovery import restore
+
+        self._finish_in_flight()
+        self._ensure_layout()
+        return restore(self, mode, step)
+
+    # -- snapshot (blocks training) ------------------------------------------------------
+    def _ensure_layout(self) -> Layout:
+        if self._layout is None:
+            specs = [TensorSpec.of(p.name, p.array) for p in self._protected.values() if p.replicated]
+            threshold = self.config.checkpoint.split_threshold_kb * 1024
+            self._layout = plan_layout(specs, self.world_size, threshold)
+            self._buffers = {}
+            for tl in self._layout.rank_pieces(self.rank):
+                self._buffers[tl.name] = np.empty(tl.piece_shape(self.rank), dtype=tl.spec.dtype)
+            for p in self._protected.values():
+                if not p.replicated:
+                    self._buffers[p.name] = np.empty(p.array.shape, dtype=p.array.dtype)
+        return self._layout
+
+    @property
+    def layout(self) -> Layout:
+        return self._ensure_layout()
+
+    @property
+    def local_array_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self._protected.values() if not p.replicated)
+
+    def _snapshot(self, step: int, metrics: dict, final: bool) -> Snapshot:
+        layout = self._ensure_layout()
+        pieces = []
+        for tl in layout.rank_pieces(self.rank):
+            source = self._protected[tl.name].array
+            region = source.reshape(tl.logical_shape)[piece_view_slices(tl, self.rank)]
+            region = array_module(source).moveaxis(region, tl.axis, 0) if tl.axis else region
+            buffer = self._buffers[tl.name]
+            _copy_to_host(region, buffer)
+            pieces.append((tl.name, buffer))
+        for name in self.local_array_names:
+            buffer = self._buffers[name]
+            _copy_to_host(self._protected[name].array, buffer)
+            pieces.append((name, buffer))
+        state = {name: get() for name, (get, _) in self._states.items()}
+        state[ENGINE_STATE_KEY] = {"ordinal": self._ordinal}
+        # A JSON round trip freezes the state as it is now and proves it is serialisable.
+        try:
+            state = json.loads(json.dumps(state))
+        except TypeError as exc:
+            raise CheckpointError(f"registered state is not JSON-serialisable: {exc}") from None
+        return Snapshot(step, self._ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
+
+    # -- persist (background) ------------------------------------------------------------
+    def _finish_in_flight(self) -> PersistReport | None:
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
+        if self._worker_error is not None:
+            error, self._worker_error = self._worker_error, None
+            raise error
+        report, self.last_report = self.last_report, None
+        return report
+
+    def _persist_guarded(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
+        try:
+            self._persist(snapshot, report, started)
+            self.last_report = report
+        except BaseException as exc:  # surfaces on the next call on this thread's owner
+            self._worker_error = exc
+            if self.log:
+                self.log.error(f"checkpoint of step {snapshot.step} failed: {exc}")
+
+    def levels_due(self, snapshot: Snapshot) -> tuple[str, ...]:
+        due = []
+        for level in self.levels_enabled:
+            if level == "pfs":
+                if snapshot.final or snapshot.ordinal % self.config.storage.pfs_every == 0:
+                    due.append(level)
+            elif level in ("local",):
+                due.append(level)
+        return tuple(due)
+
+    def _persist(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
+        step = snapshot.step
+        due = self.levels_due(snapshot)
+        extra = {"node": self.node}
+        infos = {}
+        for level in (self.local, self.pfs):
+            if level is None or level.name not in due:
+                continue
+            self.faults.strike(step, level.name)
+            error, info = None, None
+            try:
+                info = level.write_shard(step, self.world_size, snapshot.pieces, extra)
+            except HpcckptError as exc:
+                error = str(exc)
+            except OSError as exc:
+                error = f"{level.label}: {exc}"
+            self._raise_if_any_failed(f"{level.label} write", error, step=step)
+            infos[level.name] = self.comm.allgather((info.size, info.checksums))
+            manifest = self._manifest(snapshot, infos[level.name])
+            self.faults.strike(step, "commit")
+            error = None
+            try:
+                if level is self.local:
+                    level.commit(manifest)
+                elif self.rank == 0:
+                    level.commit(manifest)
+            except (HpcckptError, OSError) as exc:
+                error = f"{level.label} commit: {exc}"
+            self._raise_if_any_failed(f"{level.label} commit", error, step=step)
+            report.durable_s[level.name] = time.perf_counter() - started
+            if self.log:
+                self.log.info(f"step {step}: version durable on {level.label} after "
+                              f"{report.durable_s[level.name]:.3f} s ({info.size} bytes from this rank)")
+        self._apply_retention(step)
+
+    def _manifest(self, snapshot: Snapshot, shard_infos) -> Manifest:
+        return Manifest(
+            step=snapshot.step,
+            world_size=self.world_size,
+            layout=self._layout,
+            shards=tuple(ShardRecord(r, size, checksums) for r, (size, checksums) in enumerate(shard_infos)),
+            state=snapshot.state,
+            metrics=snapshot.metrics,
+            node_of_rank=self.topology.node_of_rank,
+            local_dirs=self.local_dirs,
+            local_arrays=self.local_array_names,
+            created=time.time(),
+        )
+
+    def _apply_retention(self, newest: int) -> None:
+        """Delete old whole versions; uncommitted leftovers older than `newest` go too."""
+        cfg = self.config.checkpoint
+        if self.local is not None:
+            for step in self._deletable(self.local, cfg.keep_local, newest):
+                self.local.remove(step)
+        if self.pfs is not None and self.rank == 0:
+            for step in self._deletable(self.pfs, cfg.keep_pfs, newest):
+                self.pfs.remove(step)
+
+    def _deletable(self, level, keep: int, newest: int) -> list[int]:
+        committed = level.committed_steps()
+        metrics = {}
+        if self.config.checkpoint.keep_best:
+            for step in committed:
+                try:
+                    metrics[step] = level.manifest(step).metrics
+                except HpcckptError:
+                    continue
+        stale = [s for s in level.uncommitted_steps() if s < newest]
+        return steps_to_delete(committed, keep, metrics, self.config.checkpoint.keep_best) + stale
+
+
+def _copy_to_host(region, buffer: np.ndarray) -> None:
+    if isinstance(region, np.ndarray):
+        np.copyto(buffer, region)
+    else:  # CuPy: gather the (possibly strided) region on the device, then one copy down
+        array_module(region).ascontiguousarray(region).get(out=buffer)

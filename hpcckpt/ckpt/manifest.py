@@ -1,0 +1,97 @@
+"""The commit record of a version: written last, atomically; a version without one does not exist.
+
+It holds everything needed to read the version back without the job that wrote it: the step,
+the world size, the layout (what each rank stored), every shard's checksums and size, the
+small JSON state (step, iterator, RNG), the metrics, and where each rank's node-local copy
+lives. A checksum over its own text detects a torn or edited record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from hpcckpt.ckpt.layout import Layout
+from hpcckpt.ckpt.shardfile import write_bytes_atomically
+from hpcckpt.errors import FormatError
+
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    rank: int
+    size: int
+    checksums: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    layout: Layout
+    shards: tuple[ShardRecord, ...]
+    state: dict
+    metrics: dict = field(default_factory=dict)
+    node_of_rank: tuple[int, ...] = ()
+    local_dirs: tuple[str, ...] = ()
+    local_arrays: tuple[str, ...] = ()  # per-rank (not replicated) arrays, stored whole by each rank
+    created: float = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "format": MANIFEST_FORMAT,
+            "step": self.step,
+            "world_size": self.world_size,
+            "layout": self.layout.to_dict(),
+            "shards": [{"rank": s.rank, "size": s.size, "checksums": s.checksums} for s in self.shards],
+            "state": self.state,
+            "metrics": self.metrics,
+            "node_of_rank": list(self.node_of_rank),
+            "local_dirs": list(self.local_dirs),
+            "local_arrays": list(self.local_arrays),
+            "created": self.created,
+        }
+        text = json.dumps(body, sort_keys=True)
+        return json.dumps({"checksum": xxhash.xxh3_64_hexdigest(text.encode()), "body": text}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, origin: str = "<manifest>") -> "Manifest":
+        try:
+            outer = json.loads(data)
+            text = outer["body"]
+            if xxhash.xxh3_64_hexdigest(text.encode()) != outer["checksum"]:
+                raise FormatError(f"{origin}: commit record checksum mismatch (torn or edited file)")
+            body = json.loads(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(f"{origin}: not a readable commit record ({exc})") from None
+        if body.get("format") != MANIFEST_FORMAT:
+            raise FormatError(
+                f"{origin}: commit record format {body.get('format')!r}; this hpcckpt reads format {MANIFEST_FORMAT}"
+            )
+        return cls(
+            step=int(body["step"]),
+            world_size=int(body["world_size"]),
+            layout=Layout.from_dict(body["layout"]),
+            shards=tuple(ShardRecord(int(s["rank"]), int(s["size"]), dict(s["checksums"])) for s in body["shards"]),
+            state=body["state"],
+            metrics=body.get("metrics", {}),
+            node_of_rank=tuple(body.get("node_of_rank", ())),
+            local_dirs=tuple(body.get("local_dirs", ())),
+            local_arrays=tuple(body.get("local_arrays", ())),
+            created=float(body.get("created", 0.0)),
+        )
+
+    def write(self, path: Path) -> None:
+        write_bytes_atomically(path, self.to_bytes())
+
+    @classmethod
+    def read(cls, path: Path) -> "Manifest":
+        return cls.from_bytes(Path(path).read_bytes(), str(path))

@@ -1,0 +1,66 @@
+"""What every storage level shares: version directories named by step, shard names, listing.
+
+A level never imports another level; the engine composes them. Each level answers the same
+questions (write a shard, commit, which versions are committed here, where a shard is,
+remove a version), and one conformance suite (tests/test_levels.py) holds them all to it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+from hpcckpt.errors import StorageError
+
+_VERSION_DIR = re.compile(r"^v(\d{12})$")
+
+
+def version_dir_name(step: int) -> str:
+    return f"v{step:012d}"
+
+
+def shard_file_name(rank: int) -> str:
+    return f"shard-r{rank:05d}.hck"
+
+
+def list_version_steps(root: Path) -> list[int]:
+    """Steps that have a version directory under `root` (complete or not), ascending."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, names) if m)
+
+
+def ensure_writable_dir(path: Path, what: str) -> None:
+    """Create `path` if needed and prove a file can be written there; clear error otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.ENOSPC:
+            reason = "no space left on device"
+        raise StorageError(f"{what} {str(path)!r} is not usable: {reason}; point it at a writable directory") from None
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a version directory; a concurrent delete by another rank is not an error."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_dir_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            raise
