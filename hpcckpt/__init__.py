@@ -1,3 +1,21 @@
-"""hpcckpt: multi-level checkpoint/restart for SPMD data-parallel training."""
+"""hpcckpt: multi-level checkpoint/restart for SPMD data-parallel training.
+
+Library use: ``from hpcckpt import Checkpointer, load_config`` (see README).
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["Checkpointer", "load_config", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy, so `import hpcckpt` (and the CLI's thread settings made before NumPy loads) stays cheap.
+    if name == "Checkpointer":
+        from hpcckpt.ckpt.engine import Checkpointer
+
+        return Checkpointer
+    if name == "load_config":
+        from hpcckpt.config import load_config
+
+        return load_config
+    raise AttributeError(f"module 'hpcckpt' has no attribute {name!r}")

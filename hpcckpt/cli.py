@@ -37,6 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fault injection for tests/demos: rank-kill:rank=R:step=S[:phase=P] or "
                             "node-loss:node=N:step=S[:phase=P] (repeatable)")
 
+    inspect = commands.add_parser("inspect", help="list checkpoint versions per level")
+    _add_config_arguments(inspect)
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+
+    export = commands.add_parser("export", help="write one version's full tensors to a self-describing HDF5 file")
+    _add_config_arguments(export)
+    export.add_argument("--version", default="latest", help="latest | best | STEP (default latest)")
+    export.add_argument("-o", "--output", required=True, help="HDF5 file to write (never overwritten)")
+
+    evaluate = commands.add_parser("evaluate", help="evaluate a checkpoint on the validation set (run under mpiexec)")
+    _add_config_arguments(evaluate)
+    evaluate.add_argument("--version", default="latest", help="latest | best | STEP (default latest)")
+
+    verify = commands.add_parser("verify", help="check the checksum of every stored piece")
+    _add_config_arguments(verify)
+
     make_data = commands.add_parser("make-data", help="write a synthetic HDF5 data set (datasets x, y)")
     make_data.add_argument("-o", "--output", required=True, help="HDF5 file to write")
     make_data.add_argument("--samples", type=int, default=4096)
@@ -86,7 +102,119 @@ def _command_make_data(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _command_train, "make-data": _command_make_data}
+def _command_inspect(args) -> int:
+    import json
+
+    from hpcckpt.ckpt.catalog import list_versions
+    from hpcckpt.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    entries = list_versions(config)
+    if args.json:
+        print(json.dumps([entry.__dict__ for entry in entries], indent=1))
+        return 0
+    if not entries:
+        print(f"no checkpoint versions under {config.run.dir!r}")
+        return 0
+    print(f"{'level':6} {'step':>8} {'complete':9} {'ranks':>5} {'size':>12}  metrics")
+    for e in entries:
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in e.metrics.items() if isinstance(v, (int, float)) and k != "step")
+        print(f"{e.level:6} {e.step:8d} {'yes' if e.complete else 'NO':9} {e.world_size or '?':>5} "
+              f"{e.size:12,d}  {metrics}")
+    return 0
+
+
+def _command_export(args) -> int:
+    from pathlib import Path
+
+    import h5py
+
+    from hpcckpt.ckpt.catalog import manifest_of, read_full_tensors, resolve_version
+    from hpcckpt.config import load_config
+    from hpcckpt.errors import ConfigError
+
+    config = load_config(args.config, args.overrides)
+    output = Path(args.output)
+    if output.exists():
+        raise ConfigError(f"export: {output} exists; choose another -o (nothing is overwritten)")
+    step = resolve_version(config, args.version)
+    manifest = manifest_of(config, step)
+    tensors = read_full_tensors(config, manifest)
+    temporary = output.with_name(output.name + ".tmp")
+    with h5py.File(temporary, "w") as f:
+        f.attrs["step"] = manifest.step
+        f.attrs["world_size"] = manifest.world_size
+        f.attrs["hpcckpt_version"] = __import__("hpcckpt").__version__
+        for key, value in manifest.metrics.items():
+            if isinstance(value, (int, float)):
+                f.attrs[f"metric_{key}"] = value
+        for name, array in tensors.items():
+            f.create_dataset(name, data=array)
+    temporary.rename(output)
+    total = sum(a.nbytes for a in tensors.values())
+    print(f"exported version {step} ({len(tensors)} tensors, {total:,} bytes) to {output}")
+    return 0
+
+
+def _command_evaluate(args) -> int:
+    from hpcckpt.ckpt.catalog import resolve_version
+    from hpcckpt.ckpt.engine import Checkpointer
+    from hpcckpt.cluster.backend import select_backend
+    from hpcckpt.cluster.placement import discover_topology
+    from hpcckpt.config import load_config
+    from hpcckpt.runlog import RunLog
+    from hpcckpt.train.trainer import Trainer
+
+    config = load_config(args.config, args.overrides)
+    comm = _world()
+    # Rank 0 decides which version (ranks may see different node-local directories); an error
+    # there is raised on every rank so the job ends together with one message.
+    resolved = None
+    if comm.Get_rank() == 0:
+        try:
+            resolved = resolve_version(config, args.version)
+        except HpcckptError as exc:
+            resolved = exc
+    resolved = comm.bcast(resolved, root=0)
+    if isinstance(resolved, HpcckptError):
+        resolved.collective = True
+        raise resolved
+    step = resolved
+    topology = discover_topology(comm, config.cluster.simulated_nodes)
+    log = RunLog(config.run.dir, comm.Get_rank(), comm.Get_size())
+    try:
+        backend = select_backend(config.run.device, topology.local_index(comm.Get_rank()))
+        trainer = Trainer(config, comm, backend, log)
+        checkpointer = Checkpointer(comm, config, topology=topology, log=log)
+        try:
+            for name, array in trainer.protected_arrays():
+                checkpointer.protect(name, array)
+            checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
+            checkpointer.restart("require", step=step)
+        finally:
+            checkpointer.close()
+        result = trainer.evaluate()
+        log.info(f"version {step}: val_loss {result['val_loss']:.4f}  val_accuracy "
+                 f"{100 * result['val_accuracy']:.2f} %  ({comm.Get_size()} ranks)", console=True)
+    finally:
+        log.close()
+    return 0
+
+
+def _command_verify(args) -> int:
+    from hpcckpt.ckpt.catalog import verify_all
+    from hpcckpt.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    checked, problems = verify_all(config)
+    for problem in problems:
+        print(problem)
+    print(f"verified {checked} shard file(s): {'all good' if not problems else f'{len(problems)} problem(s)'}")
+    return 0 if not problems else 1
+
+
+COMMANDS = {"train": _command_train, "make-data": _command_make_data, "inspect": _command_inspect,
+            "export": _command_export, "evaluate": _command_evaluate, "verify": _command_verify}
 
 
 def main(argv=None) -> int:

@@ -107,7 +107,8 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
     for step in candidates:
         restored = _try_restore(ckpt, step, mine)
         if restored:
-            _clear_newer(ckpt, step, mine)
+            if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
+                _clear_newer(ckpt, step, mine)
             return step
     raise _collective(UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({candidates}) failed verification; "
@@ -152,7 +153,7 @@ def _try_restore(ckpt, step: int, mine: Holdings) -> bool:
         for _, s in outcomes:
             counts[s] = counts.get(s, 0) + 1
         summary = ", ".join(f"{n} rank(s) from {'L1 local' if s == 'local' else 'L4 pfs'}" for s, n in counts.items())
-        ckpt.log.info(f"restart: resumed from version {step}: {summary}", console=True)
+        ckpt.log.info(f"restored version {step}: {summary}", console=True)
     return True
 
 
@@ -184,6 +185,7 @@ def _fetch(ckpt, level, manifest: Manifest) -> dict[str, np.ndarray]:
                 pieces[tl.name] = read_tensor(f, table, tl.name, out=ckpt._buffers[tl.name])
             for name in ckpt.local_array_names:
                 pieces[name] = read_tensor(f, table, name, out=ckpt._buffers[name])
+        _log_reads(ckpt, [path], sum(p.nbytes for p in pieces.values()))
         return pieces
     if level.name != "pfs":
         raise CheckpointError(f"version {manifest.step} was written by {manifest.world_size} ranks with another "
@@ -208,10 +210,18 @@ def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dic
             data = read_tensor(files[request.old_rank], table, request.name,
                                byte_range=None if verify_whole else (request.byte_offset_in_piece, request.nbytes))
             place_read(pieces[request.name], request, data, manifest.layout, layout, rank)
+        _log_reads(ckpt, [level.shard_path(manifest.step, r) for r in sorted(files)],
+                   sum(r.nbytes for r in read_requests(manifest.layout, layout, rank)))
     finally:
         for f in files.values():
             f.close()
     return pieces
+
+
+def _log_reads(ckpt, paths, payload_bytes: int) -> None:
+    if ckpt.log:
+        ckpt.log.info(f"restore read {payload_bytes} payload bytes from {len(paths)} file(s): "
+                      + ", ".join(str(p) for p in paths))
 
 
 def _check_table(table, manifest: Manifest, rank: int, path) -> None:

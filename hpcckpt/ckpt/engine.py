@@ -80,6 +80,10 @@ class Checkpointer:
         """(all ranks) Collective: checks storage on every rank and fails together."""
         from mpi4py import MPI
 
+        if not hasattr(config, "resilience"):  # a path to a job TOML, for library users
+            from hpcckpt.config import load_config
+
+            config = load_config(config)
         self.config = config
         self.comm = comm.Dup()  # checkpoint traffic apart from the application's collectives
         self.rank = comm.Get_rank()

@@ -232,9 +232,9 @@ class ErasureCode:
         for w in wanted:
             if not 0 <= w < self.n:
                 raise CodecError(f"wanted block {w} is out of range 0..{self.n - 1} for {self!r}")
-        if not available:
-            raise CodecError(f"{self!r} needs at least {self.k} of {self.n} blocks, got none")
-        first = next(iter(available.values()))
+        first = next((b for b in available.values() if b is not None), None)
+        if first is None:
+            raise CodecError(self._too_few(0))
         blocks = self._check_available(available, _as_bytes(first, "block").shape[0])
         result = {w: _readonly(blocks[w]) for w in wanted if w in blocks}
         todo = [w for w in wanted if w not in blocks]

@@ -1,0 +1,184 @@
+"""Offline view of a run's checkpoints, for one process (inspect, export, verify).
+
+It sees the PFS directory and whichever node-local directories this machine can reach: all of
+them with simulated nodes on one machine, only the ones of the node it runs on in a cluster.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpcckpt.ckpt.manifest import Manifest
+from hpcckpt.ckpt.retention import best_step
+from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard
+from hpcckpt.cluster.topology import job_id
+from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, UnrecoverableError
+from hpcckpt.levels.base import list_version_steps, shard_file_name, version_dir_name
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    level: str  # "local" or "pfs"
+    step: int
+    complete: bool
+    size: int  # bytes on this level that this process can see
+    world_size: int | None
+    metrics: dict
+    location: str
+
+
+def pfs_root(config) -> Path:
+    return Path(config.storage.pfs_dir.format(run_dir=str(config.run.dir), node=0, rank=0, job=""))
+
+
+def local_roots(config) -> list[Path]:
+    """Node-local roots reachable from here: the template with {node} and {rank} as wildcards."""
+    pattern = config.storage.local_dir.format(run_dir=str(config.run.dir), node="*", rank="*",
+                                              job=job_id(os.environ))
+    return sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file()) if path.is_dir() else 0
+
+
+def list_versions(config) -> list[VersionEntry]:
+    entries = []
+    root = pfs_root(config)
+    for step in list_version_steps(root):
+        directory = root / version_dir_name(step)
+        manifest = _try_manifest(directory / "manifest.json")
+        entries.append(VersionEntry("pfs", step, manifest is not None, _dir_size(directory),
+                                    manifest.world_size if manifest else None,
+                                    manifest.metrics if manifest else {}, str(directory)))
+    by_step: dict[int, list[Path]] = {}
+    for local_root in local_roots(config):
+        for step in list_version_steps(local_root):
+            by_step.setdefault(step, []).append(local_root / version_dir_name(step))
+    for step, directories in sorted(by_step.items()):
+        manifest = None
+        for directory in directories:
+            for commit in sorted(directory.glob("commit-r*.json")):
+                manifest = manifest or _try_manifest(commit)
+        complete = False
+        if manifest is not None:
+            committed_ranks = {int(p.name[len("commit-r"):-len(".json")]) for d in directories
+                               for p in d.glob("commit-r*.json")}
+            complete = committed_ranks >= set(range(manifest.world_size))
+        entries.append(VersionEntry("local", step, complete, sum(_dir_size(d) for d in directories),
+                                    manifest.world_size if manifest else None,
+                                    manifest.metrics if manifest else {},
+                                    ", ".join(str(d) for d in directories)))
+    return sorted(entries, key=lambda e: (e.step, e.level))
+
+
+def _try_manifest(path: Path) -> Manifest | None:
+    try:
+        return Manifest.read(path)
+    except (HpcckptError, OSError):
+        return None
+
+
+def resolve_version(config, spec: str) -> int:
+    """'latest', 'best' (by checkpoint.keep_best, default val_loss) or a step number."""
+    complete = [e for e in list_versions(config) if e.complete]
+    if not complete:
+        raise UnrecoverableError(f"no complete checkpoint version under {pfs_root(config)} or the node-local "
+                                 "directories; train with checkpoint.every_steps > 0 first")
+    if spec == "latest":
+        return max(e.step for e in complete)
+    if spec == "best":
+        metric = config.checkpoint.keep_best or "val_loss"
+        best = best_step({e.step: e.metrics for e in complete}, metric)
+        if best is None:
+            raise UnrecoverableError(f"no complete version has the metric {metric!r}; evaluate at checkpoint "
+                                     "steps (eval.every_steps) or pick --version latest")
+        return best
+    try:
+        step = int(spec)
+    except ValueError:
+        raise ConfigError(f"--version {spec!r}: use latest, best or a step number") from None
+    if step not in {e.step for e in complete}:
+        raise UnrecoverableError(f"--version {step}: no complete version with that step; complete ones: "
+                                 f"{sorted({e.step for e in complete})}")
+    return step
+
+
+def manifest_of(config, step: int) -> Manifest:
+    candidates = [pfs_root(config) / version_dir_name(step) / "manifest.json"]
+    for local_root in local_roots(config):
+        candidates.extend(sorted((local_root / version_dir_name(step)).glob("commit-r*.json")))
+    for path in candidates:
+        manifest = _try_manifest(path)
+        if manifest is not None:
+            return manifest
+    raise UnrecoverableError(f"no readable commit record for version {step}")
+
+
+def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
+    """Where rank's shard of this version may be: its node-local copy first, then L4."""
+    name = shard_file_name(rank)
+    version = version_dir_name(manifest.step)
+    paths = []
+    if rank < len(manifest.local_dirs):
+        paths.append(Path(manifest.local_dirs[rank]) / version / name)
+    paths.append(pfs_root(config) / version / name)
+    return paths
+
+
+def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
+    """Every replicated tensor of a version, reassembled from the first good copy of each shard."""
+    from hpcckpt.ckpt.layout import insert_piece
+
+    tensors = {tl.name: np.empty(tl.spec.shape, dtype=tl.spec.dtype) for tl in manifest.layout.tensors}
+    for rank in range(manifest.world_size):
+        pieces = manifest.layout.rank_pieces(rank)
+        if not pieces:
+            continue
+        problems = []
+        for path in shard_candidates(config, manifest, rank):
+            try:
+                table = read_shard_table(path)
+                with open(path, "rb") as f:
+                    read = {tl.name: read_tensor(f, table, tl.name) for tl in pieces}
+                for tl in pieces:
+                    if manifest.shards[rank].checksums.get(tl.name) != table.entry(tl.name).checksum:
+                        raise CheckpointError(f"{path}: {tl.name} differs from the commit record")
+                for tl in pieces:
+                    insert_piece(tensors[tl.name], tl, rank, read[tl.name])
+                break
+            except (HpcckptError, OSError) as exc:
+                problems.append(str(exc))
+        else:
+            raise UnrecoverableError(f"version {manifest.step}: no good copy of rank {rank}'s shard is reachable "
+                                     f"from here: {'; '.join(problems)}")
+    return tensors
+
+
+def verify_all(config) -> tuple[int, list[str]]:
+    """Check every stored piece against its checksum and commit record: (pieces checked, problems)."""
+    problems, checked = [], 0
+    for entry in list_versions(config):
+        if not entry.complete:
+            problems.append(f"{entry.level} version {entry.step}: incomplete (no commit record on every rank); "
+                            "it is ignored by restart and removed by retention")
+            continue
+        manifest = manifest_of(config, entry.step)
+        for directory in entry.location.split(", "):
+            for shard in sorted(Path(directory).glob("shard-r*.hck")):
+                checked += 1
+                found = verify_shard(shard)
+                rank = int(shard.name[len("shard-r"):-len(".hck")])
+                if not found:
+                    table = read_shard_table(shard)
+                    expected = manifest.shards[rank].checksums if rank < len(manifest.shards) else {}
+                    for e in table.entries:
+                        if expected.get(e.name) != e.checksum:
+                            found.append(f"{e.name}: checksum differs from the commit record")
+                problems.extend(f"{shard}: {p}" for p in found)
+    return checked, problems

@@ -1,0 +1,236 @@
+"""Checkpoint/restart of the trainer on real ranks: crashes, lost storage, N->M, corruption."""
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import assert_ok, final_record, run_mpi, small_job
+
+STEPS = 30
+
+
+def ckpt_job(tmp_path, **sections):
+    base = dict(
+        run={"steps": STEPS, "log_every": 5},
+        checkpoint={"every_steps": 5, "keep_local": 2, "keep_pfs": 3, "split_threshold_kb": 4},
+        storage={"pfs_every": 2},
+        resilience={"levels": ["local", "pfs"]},
+        cluster={"simulated_nodes": 2},
+    )
+    for key, values in sections.items():
+        base.setdefault(key, {}).update(values)
+    return small_job(tmp_path, **base)
+
+
+def train(tmp_path, job, n=4, *extra):
+    return run_mpi(n, ["train", "-c", str(job), *extra], cwd=tmp_path)
+
+
+def export(tmp_path, job, name, version="latest"):
+    out = tmp_path / name
+    assert_ok(run_mpi(1, ["export", "-c", str(job), "--version", version, "-o", str(out)], cwd=tmp_path))
+    with h5py.File(out, "r") as f:
+        tensors = {}
+        f.visititems(lambda n, obj: tensors.__setitem__(n, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        return tensors, dict(f.attrs)
+
+
+def rank_logs(tmp_path):
+    return {p.name: p.read_text() for p in sorted((tmp_path / "run" / "log").glob("rank*.log"))}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run: its final weights and export."""
+    tmp_path = tmp_path_factory.mktemp("reference")
+    job = ckpt_job(tmp_path)
+    assert_ok(train(tmp_path, job))
+    tensors, attrs = export(tmp_path, job, "ref.h5")
+    return final_record(tmp_path / "run")["weights_digest"], tensors, attrs
+
+
+def assert_same_export(tensors, reference_tensors):
+    assert sorted(tensors) == sorted(reference_tensors)
+    for name, array in tensors.items():
+        assert array.dtype == reference_tensors[name].dtype
+        assert array.tobytes() == reference_tensors[name].tobytes(), name
+
+
+@pytest.mark.parametrize("fault", [
+    "rank-kill:rank=1:step=12",                 # between checkpoints
+    "rank-kill:rank=2:step=15:phase=snapshot",  # inside each phase of a checkpoint
+    "rank-kill:rank=1:step=15:phase=local",
+    "rank-kill:rank=3:step=20:phase=pfs",
+    "rank-kill:rank=0:step=20:phase=commit",
+    "rank-kill:rank=1:step=16",                 # right after a checkpoint
+])
+def test_killed_run_resumes_bit_identically(tmp_path, reference, fault):
+    digest, ref_tensors, ref_attrs = reference
+    job = ckpt_job(tmp_path)
+    crashed = train(tmp_path, job, 4, "--inject", fault)
+    assert crashed.returncode != 0
+    assert "injected rank-kill" in crashed.stderr
+    resumed = train(tmp_path, job)
+    assert_ok(resumed)
+    assert "restored version" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == digest
+    tensors, attrs = export(tmp_path, job, "resumed.h5")
+    assert_same_export(tensors, ref_tensors)
+    assert attrs["step"] == ref_attrs["step"] == STEPS
+
+
+def test_all_node_local_storage_lost_restarts_from_pfs(tmp_path, reference):
+    digest = reference[0]
+    job = ckpt_job(tmp_path)
+    # The last step of a run always reaches L4; the interrupted job stops at 20 of 30.
+    assert_ok(train(tmp_path, job, 4, "--set", "run.steps=20"))
+    shutil.rmtree(tmp_path / "run" / "local")
+    resumed = train(tmp_path, job)
+    assert_ok(resumed)
+    assert "restored version 20: 4 rank(s) from L4 pfs" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == digest
+
+
+def test_node_loss_injection_deletes_that_nodes_directory(tmp_path, reference):
+    job = ckpt_job(tmp_path)
+    crashed = train(tmp_path, job, 4, "--inject", "node-loss:node=1:step=17")
+    assert crashed.returncode != 0
+    assert not (tmp_path / "run" / "local" / "node1").exists()
+    assert (tmp_path / "run" / "local" / "node0").exists()
+    resumed = train(tmp_path, job)
+    assert_ok(resumed)
+    # Step 15 is on L1 only (PFS every 2nd checkpoint) and node 1 lost it; step 10 is on L4 for
+    # certain (the snapshot of 15 waited for it), so the job agrees on step 10.
+    assert "restored version 10" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
+
+
+@pytest.mark.parametrize("new_ranks", [2, 6])
+def test_restart_on_a_different_number_of_ranks(tmp_path, new_ranks):
+    job = ckpt_job(tmp_path, run={"steps": 20})
+    assert_ok(train(tmp_path, job))
+    four_rank = final_record(tmp_path / "run")["weights_digest"]
+    resumed = train(tmp_path, job, new_ranks)  # same run.steps: nothing left to train
+    assert_ok(resumed)
+    assert f"restored version 20: {new_ranks} rank(s) from L4 pfs" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == four_rank
+    # Each new rank read only byte ranges it needs: never more than its share of the payload.
+    logs = rank_logs(tmp_path)
+    read_lines = [line for text in logs.values() for line in text.splitlines() if "restore read" in line]
+    assert len(read_lines) >= new_ranks
+    # ...and training continues from there on the new rank count.
+    more = train(tmp_path, job, new_ranks, "--set", "run.steps=26")
+    assert_ok(more)
+    assert final_record(tmp_path / "run")["weights_identical_on_ranks"] is True
+
+
+def test_same_size_restart_reads_only_own_shard(tmp_path):
+    job = ckpt_job(tmp_path, run={"steps": 10})
+    assert_ok(train(tmp_path, job))
+    assert_ok(train(tmp_path, job, 4, "--set", "run.steps=12"))
+    for rank in range(4):
+        text = rank_logs(tmp_path)[f"rank{rank}.log"]
+        line = [l for l in text.splitlines() if "restore read" in l][-1]
+        assert "1 file(s)" in line and f"shard-r{rank:05d}.hck" in line, line
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupted_payload_falls_through_and_header_flip_is_corrected(tmp_path, reference):
+    job = ckpt_job(tmp_path)
+    assert_ok(train(tmp_path, job, 4, "--set", "run.steps=20"))
+    v20 = "v000000000020"
+    shard1 = tmp_path / "run" / "local" / "node0" / v20 / "shard-r00001.hck"
+    _flip(shard1, shard1.stat().st_size - 3)  # payload byte
+    shard2 = tmp_path / "run" / "local" / "node1" / v20 / "shard-r00002.hck"
+    _flip(shard2, 20)  # header byte: corrected by Reed-Solomon
+    verify = run_mpi(1, ["verify", "-c", str(job)], cwd=tmp_path)
+    assert verify.returncode == 1 and "shard-r00001.hck" in verify.stdout
+    resumed = train(tmp_path, job)
+    assert_ok(resumed)
+    assert "restored version 20: 3 rank(s) from L1 local, 1 rank(s) from L4 pfs" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
+
+
+def test_version_without_commit_record_is_never_loaded(tmp_path):
+    job = ckpt_job(tmp_path, run={"steps": 20})
+    assert_ok(train(tmp_path, job))
+    # Remove every commit record of step 20 (L1 copies and the L4 manifest); shards stay.
+    for path in (tmp_path / "run").rglob("v000000000020/*"):
+        if path.name.startswith("commit-") or path.name == "manifest.json":
+            path.unlink()
+    resumed = train(tmp_path, job, 4, "--set", "run.steps=22")
+    assert_ok(resumed)
+    assert "restored version 15" in resumed.stdout
+
+
+def test_export_equals_weights_in_memory(tmp_path):
+    job = ckpt_job(tmp_path, run={"steps": 10})
+    assert_ok(train(tmp_path, job))
+    tensors, attrs = export(tmp_path, job, "out.h5")
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    final = final_record(tmp_path / "run")
+    names = [n for n in tensors if n.startswith("model/")]
+    # Parameter order is input->output: dense0.weight, dense0.bias, dense1...
+    order = sorted(names, key=lambda n: (int(n.split("dense")[1].split(".")[0]), n.endswith("bias")))
+    for name in order:
+        digest.update(name[len("model/"):].encode())
+        digest.update(np.ascontiguousarray(tensors[name]).view(np.uint8))
+    assert digest.hexdigest() == final["weights_digest"]
+    assert attrs["step"] == 10 and "metric_val_loss" in attrs
+    assert (tmp_path / "out.h5").exists()
+    again = run_mpi(1, ["export", "-c", str(job), "-o", str(tmp_path / "out.h5")], cwd=tmp_path)
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+def _storage_snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and "log" not in p.parts and p.name != "metrics.jsonl"}
+
+
+def test_bad_storage_path_and_incompatible_model_fail_clearly_and_delete_nothing(tmp_path):
+    job = ckpt_job(tmp_path, run={"steps": 10})
+    assert_ok(train(tmp_path, job))
+    before = _storage_snapshot(tmp_path / "run")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    bad_path = train(tmp_path, job, 4, "--set", f"storage.pfs_dir={blocker}/pfs")
+    assert bad_path.returncode == 3, bad_path.stderr
+    errors = [l for l in bad_path.stderr.splitlines() if "hpcckpt: error" in l]
+    assert len(errors) == 1 and "storage.pfs_dir" in errors[0]
+    incompatible = train(tmp_path, job, 4, "--set", "model.hidden=[48, 16]", "--set", "run.steps=12")
+    assert incompatible.returncode == 4, incompatible.stderr
+    errors = [l for l in incompatible.stderr.splitlines() if "hpcckpt: error" in l]
+    assert len(errors) == 1 and "incompatible" in errors[0] and "dense0.weight" in errors[0]
+    refused = train(tmp_path, job, 4, "--restart", "never")
+    assert refused.returncode == 2 and "--restart never" in refused.stderr
+    assert _storage_snapshot(tmp_path / "run") == before
+
+
+def test_restart_require_without_checkpoint_fails(tmp_path):
+    job = ckpt_job(tmp_path)
+    proc = train(tmp_path, job, 2, "--restart", "require")
+    assert proc.returncode == 4 and "--restart require" in proc.stderr
+
+
+def test_inspect_lists_levels_and_retention(tmp_path):
+    job = ckpt_job(tmp_path)
+    assert_ok(train(tmp_path, job))
+    proc = run_mpi(1, ["inspect", "-c", str(job), "--json"], cwd=tmp_path)
+    assert_ok(proc)
+    entries = json.loads(proc.stdout)
+    local = sorted(e["step"] for e in entries if e["level"] == "local")
+    pfs = sorted(e["step"] for e in entries if e["level"] == "pfs")
+    assert local == [25, 30]  # keep_local = 2
+    assert pfs == [10, 20, 30]  # every 2nd checkpoint plus the last, keep_pfs = 3
+    assert all(e["complete"] for e in entries)

@@ -1,0 +1,43 @@
+"""The README's library example, run as written on real ranks, then resumed after a crash."""
+
+import re
+
+import numpy as np
+
+from conftest import REPO, assert_ok, run_script
+
+
+def _readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Using it as a library", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_library_example_runs_and_resumes(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(_readme_example())
+    first = run_script(4, script, [], cwd=tmp_path)
+    assert_ok(first)
+    assert "finished at step 40" in first.stdout
+    expected_sum = sum(range(1, 41)) * 512 * 64 * 1.0
+    assert f"weights sum {expected_sum}" in first.stdout
+
+    # Crash after step 25 of a second run that resumed at 40 with a higher target: the third run
+    # resumes at step 30 and must end with the same numbers as an uninterrupted run.
+    crashing = tmp_path / "crash.py"
+    crashing.write_text(_readme_example().replace("range(start + 1, 41)", "range(start + 1, 61)").replace(
+        "    loop[\"step\"] = step\n",
+        "    loop[\"step\"] = step\n    if step == 55 and comm.rank == 1:\n        import os; os._exit(9)\n"))
+    crashed = run_script(4, crashing, [], cwd=tmp_path)
+    assert crashed.returncode != 0
+    resumed = run_script(4, crashing.with_name("crash.py"), [], cwd=tmp_path)
+    # The resumed run crashes again at 55 unless it started past it; it restarts from 50.
+    assert resumed.returncode != 0
+    finishing = tmp_path / "finish.py"
+    finishing.write_text(_readme_example().replace("range(start + 1, 41)", "range(start + 1, 61)").replace(
+        "print(\"finished", "print(\"mine\", mine[0], \"finished"))
+    done = run_script(4, finishing, [], cwd=tmp_path)
+    assert_ok(done)
+    assert f"weights sum {sum(range(1, 61)) * 512 * 64 * 1.0}" in done.stdout
+    assert "mine 60.0 finished at step 60" in done.stdout
+    assert np.isclose(float(re.search(r"mine (\S+)", done.stdout).group(1)), 60.0)
