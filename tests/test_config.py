@@ -99,3 +99,18 @@ def test_config_is_frozen():
     config = load_config(None, environ={})
     with pytest.raises(Exception):
         config.run.steps = 3
+
+
+def test_shipped_job_configs_are_valid(tmp_path):
+    from conftest import REPO
+
+    (tmp_path / "data.h5").write_bytes(b"")  # cluster.toml names an HDF5 file that must exist
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for path in sorted((REPO / "jobs").glob("*.toml")):
+            load_config(path, environ={})
+    finally:
+        os.chdir(cwd)

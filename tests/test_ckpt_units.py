@@ -1,0 +1,55 @@
+"""Pure pieces of the checkpoint engine: retention, commit record, fault parsing."""
+
+import pytest
+
+from hpcckpt.ckpt.layout import TensorSpec, plan_layout
+from hpcckpt.ckpt.manifest import Manifest, ShardRecord
+from hpcckpt.ckpt.retention import best_step, steps_to_delete
+from hpcckpt.errors import ConfigError, FormatError
+from hpcckpt.faults import Fault, parse_fault
+
+
+def test_retention_keeps_newest_and_best():
+    steps = [10, 20, 30, 40, 50]
+    assert steps_to_delete(steps, keep=2) == [10, 20, 30]
+    metrics = {10: {"val_loss": 0.5}, 20: {"val_loss": 0.1}, 30: {"val_loss": 0.3}}
+    assert steps_to_delete(steps, 2, metrics, "val_loss") == [10, 30]
+    assert steps_to_delete(steps, 0) == [10, 20, 30, 40]  # never the newest
+    assert steps_to_delete([], 3) == []
+
+
+def test_best_step_direction_follows_metric():
+    metrics = {1: {"val_loss": 0.2, "val_accuracy": 0.9}, 2: {"val_loss": 0.1, "val_accuracy": 0.8}}
+    assert best_step(metrics, "val_loss") == 2
+    assert best_step(metrics, "val_accuracy") == 1
+    assert best_step(metrics, "missing") is None
+
+
+def _manifest():
+    layout = plan_layout([TensorSpec("a", "float64", (10, 4)), TensorSpec("b", "int64", ())], 3, 64)
+    return Manifest(7, 3, layout, tuple(ShardRecord(r, 100 + r, {"a": f"{r:016x}"}) for r in range(3)),
+                    state={"trainer": {"step": 7}}, metrics={"val_loss": 0.25}, node_of_rank=(0, 0, 1),
+                    local_dirs=("x", "x", "y"))
+
+
+def test_manifest_round_trip(tmp_path):
+    manifest = _manifest()
+    manifest.write(tmp_path / "m.json")
+    assert Manifest.read(tmp_path / "m.json") == manifest
+
+
+def test_manifest_edit_is_detected(tmp_path):
+    path = tmp_path / "m.json"
+    _manifest().write(path)
+    path.write_text(path.read_text().replace("0.25", "0.35"))
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        Manifest.read(path)
+
+
+def test_parse_faults():
+    assert parse_fault("rank-kill:rank=2:step=10") == Fault("rank-kill", 2, 10, None)
+    assert parse_fault("node-loss:node=1:step=5:phase=pfs") == Fault("node-loss", 1, 5, "pfs")
+    for bad in ("rank-kill:rank=2", "meteor:rank=1:step=2", "rank-kill:rank=x:step=1",
+                "node-loss:node=1:step=2:phase=lunch", "rank-kill:node=1:step=2"):
+        with pytest.raises(ConfigError):
+            parse_fault(bad)

@@ -1,0 +1,100 @@
+"""One conformance suite that every storage level passes (zarr's StoreTests style)."""
+
+import numpy as np
+import pytest
+
+from hpcckpt.ckpt.layout import TensorSpec, plan_layout
+from hpcckpt.ckpt.manifest import Manifest, ShardRecord
+from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
+from hpcckpt.errors import StorageError
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.pfs import PfsLevel
+
+LEVELS = {
+    "local": lambda root, rank: LocalLevel(root, rank),
+    "pfs": lambda root, rank: PfsLevel(root, rank),
+}
+
+
+def manifest_for(step, infos, world_size=2):
+    layout = plan_layout([TensorSpec("w", "float32", (8, 3))], world_size, split_threshold_bytes=1)
+    return Manifest(step, world_size, layout, tuple(ShardRecord(r, i.size, i.checksums) for r, i in enumerate(infos)),
+                    state={"s": step}, metrics={"val_loss": 1.0 / step})
+
+
+@pytest.fixture(params=sorted(LEVELS))
+def make_level(request, tmp_path):
+    def make(rank=0):
+        level = LEVELS[request.param](tmp_path / "store", rank)
+        level.prepare()
+        return level
+    return make
+
+
+def write_version(levels, step):
+    infos = [lv.write_shard(step, len(levels), [("w", np.full((4, 3), step + lv.rank, np.float32))], {"node": 0})
+             for lv in levels]
+    manifest = manifest_for(step, infos, len(levels))
+    for lv in levels:
+        if lv.name == "local" or lv.rank == 0:
+            lv.commit(manifest)
+    return manifest
+
+
+def test_written_shard_reads_back(make_level):
+    levels = [make_level(0), make_level(1)]
+    write_version(levels, 5)
+    for lv in levels:
+        path = lv.shard_path(5)
+        table = read_shard_table(path)
+        assert table.step == 5 and table.rank == lv.rank
+        assert np.all(read_tensor(str(path), table, "w") == 5 + lv.rank)
+
+
+def test_only_committed_versions_are_listed(make_level):
+    levels = [make_level(0), make_level(1)]
+    write_version(levels, 5)
+    for lv in levels:
+        lv.write_shard(9, 2, [("w", np.zeros((4, 3), np.float32))], {})
+    for lv in levels:
+        assert lv.committed_steps() == [5]
+        assert lv.uncommitted_steps() == [9]
+        assert lv.manifest(5).state == {"s": 5}
+
+
+def test_shards_are_never_overwritten(make_level):
+    level = make_level(0)
+    level.write_shard(3, 1, [("w", np.zeros(2, np.float32))], {})
+    with pytest.raises(StorageError):
+        level.write_shard(3, 1, [("w", np.ones(2, np.float32))], {})
+
+
+def test_remove_deletes_a_whole_version_commit_first(make_level):
+    levels = [make_level(0), make_level(1)]
+    write_version(levels, 5)
+    write_version(levels, 10)
+    for lv in levels:
+        if lv.name == "local" or lv.rank == 0:
+            lv.remove(5)
+    for lv in levels:
+        assert lv.committed_steps() == [10]
+        assert not lv.shard_path(5).exists()
+    assert not levels[0].version_dir(5).exists()
+
+
+def test_unusable_root_is_a_clear_storage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for name, make in LEVELS.items():
+        with pytest.raises(StorageError, match="not usable"):
+            make(blocker / "sub", 0).prepare()
+
+
+def test_pfs_flush_respects_bandwidth_cap(tmp_path):
+    import time
+
+    level = PfsLevel(tmp_path / "pfs", 0, bandwidth_mb=2.0)
+    level.prepare()
+    started = time.perf_counter()
+    level.write_shard(1, 1, [("w", np.zeros(250_000, np.uint8))], {})
+    assert time.perf_counter() - started >= 0.12  # 0.25 MB at 2 MB/s
