@@ -234,3 +234,20 @@ def test_inspect_lists_levels_and_retention(tmp_path):
     assert local == [25, 30]  # keep_local = 2
     assert pfs == [10, 20, 30]  # every 2nd checkpoint plus the last, keep_pfs = 3
     assert all(e["complete"] for e in entries)
+
+
+def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
+    from conftest import REPO, run_script
+
+    proc = run_script(4, REPO / "tests" / "scripts" / "background_failure.py", [str(tmp_path / "run")], cwd=tmp_path)
+    assert_ok(proc)
+    import re
+
+    lines = re.findall(r"rank \d: surfaced: [^|]*\| failed ranks \[[0-9, ]*\]", proc.stdout)
+    assert sorted(l[:6] for l in lines) == ["rank 0", "rank 1", "rank 2", "rank 3"], proc.stdout
+    assert all("L4 pfs write of step 2 failed on all 4 ranks" in l for l in lines), lines
+    assert all("failed ranks [0, 1, 2, 3]" in l for l in lines)
+    for rank in range(4):
+        assert "checkpoint of step 2 failed" in (tmp_path / "run" / "log" / f"rank{rank}.log").read_text()
+    # Step 1 stays complete and loadable on both levels.
+    assert (tmp_path / "run" / "local" / "node0" / "v000000000001" / "commit-r00000.json").exists()

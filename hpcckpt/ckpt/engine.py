@@ -133,8 +133,9 @@ class Checkpointer:
             return
         first_rank, first_error = next(iter(failures.items()))
         where = f" of step {step}" if step is not None else ""
-        message = (f"{phase}{where} failed on rank(s) {sorted(failures)}: {first_error}"
-                   if len(failures) < self.world_size else first_error)
+        who = f"rank(s) {sorted(failures)}" if len(failures) < self.world_size else f"all {self.world_size} ranks"
+        message = f"{phase}{where} failed on {who}: {first_error}" if step is not None or len(failures) < self.world_size \
+            else first_error
         if issubclass(error_type, CheckpointError):
             exc = error_type(message, failures)
         else:

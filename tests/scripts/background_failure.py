@@ -1,0 +1,42 @@
+"""The PFS directory turns into a file mid-run: the background flush fails, and the failure
+must surface as the same CheckpointError on every rank at the next call, and in the log."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcckpt import Checkpointer, load_config
+from hpcckpt.errors import CheckpointError
+from hpcckpt.runlog import RunLog
+
+
+def main():
+    run_dir = Path(sys.argv[1])
+    comm = MPI.COMM_WORLD
+    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=2"], environ={})
+    log = RunLog(run_dir, comm.rank, comm.size, console=False)
+    weights = np.arange(4096, dtype=np.float64)
+    ckpt = Checkpointer(comm, config, log=log)
+    ckpt.protect("w", weights)
+    ckpt.checkpoint(1)
+    ckpt.wait()
+    comm.Barrier()
+    if comm.rank == 0:
+        pfs = run_dir / "pfs"
+        shutil.rmtree(pfs)
+        pfs.write_text("the PFS went away")
+    comm.Barrier()
+    ckpt.checkpoint(2)  # its flush fails in the background
+    try:
+        ckpt.checkpoint(3)  # the failure of step 2 surfaces here
+        print(f"rank {comm.rank}: no error surfaced", flush=True)
+    except CheckpointError as exc:
+        print(f"rank {comm.rank}: surfaced: {exc} | failed ranks {sorted(exc.failures_by_rank)}", flush=True)
+    ckpt.close()
+
+
+if __name__ == "__main__":
+    main()
