@@ -35,57 +35,78 @@ RESTART_MODES = ("auto", "require", "never")
 
 @dataclass(frozen=True)
 class Holdings:
-    """What one rank can reach: committed steps per level, with the world size that wrote them."""
+    """What one rank can reach, per level: the committed versions and who wrote them."""
 
-    local: dict  # step -> world size
+    local: dict  # step -> world size that wrote it (own shard + commit record here)
+    replicas: dict  # step -> source ranks whose replica this rank holds
+    parity: tuple  # steps whose parity pieces this rank holds
     pfs: dict  # step -> world size
 
 
 def _discover(ckpt) -> Holdings:
-    local, pfs = {}, {}
+    local, replicas, parity, pfs = {}, {}, [], {}
     if ckpt.local is not None:
         for step in ckpt.local.committed_steps():
             try:
-                local[step] = ckpt.local.manifest(step).world_size
+                manifest = ckpt.local.manifest(step)
             except HpcckptError as exc:
                 _warn(ckpt, f"ignoring L1 version {step}: {exc}")
+                continue
+            local[step] = manifest.world_size
+            # Replicas and parity follow the placement that wrote them; only the same one can use them.
+            if manifest.world_size == ckpt.world_size and manifest.node_of_rank == ckpt.topology.node_of_rank:
+                if ckpt.partner is not None and "partner" in manifest.levels:
+                    replicas[step] = tuple(ckpt.partner.held(step))
+                if ckpt.erasure is not None and "erasure" in manifest.levels and ckpt.erasure.has_parity(step):
+                    parity.append(step)
     if ckpt.pfs is not None:
         for step in ckpt.pfs.committed_steps():
             try:
                 pfs[step] = ckpt.pfs.manifest(step).world_size
             except HpcckptError as exc:
                 _warn(ckpt, f"ignoring L4 version {step}: {exc}")
-    return Holdings(local, pfs)
+    return Holdings(local, replicas, tuple(parity), pfs)
 
 
-def _sources(holdings: Holdings, step: int, world_size: int) -> list[str]:
-    """Levels from which a rank can load `step`, cheapest first."""
+def _erasure_lost(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[int]:
+    """Members of rank's group whose pieces of `step` are not all there."""
+    group = ckpt.groups[ckpt.topology.group_of(ckpt.groups, rank)]
+    return [m for m in group
+            if not (everyone[m].local.get(step) == ckpt.world_size and step in everyone[m].parity)]
+
+
+def _sources(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[str]:
+    """Levels from which `rank` can get its shard of `step`, cheapest first."""
+    mine = everyone[rank]
     sources = []
-    if holdings.local.get(step) == world_size:
+    if mine.local.get(step) == ckpt.world_size:
         sources.append("local")
-    if step in holdings.pfs:
+    if ckpt.partner is not None and rank in everyone[ckpt.partner_of[rank]].replicas.get(step, ()):
+        sources.append("partner")
+    if ckpt.erasure is not None and any(step in h.parity for h in everyone):
+        if len(_erasure_lost(ckpt, everyone, rank, step)) <= ckpt.config.resilience.parity:
+            sources.append("erasure")
+    if step in mine.pfs:
         sources.append("pfs")
     return sources
 
 
-def _candidates(all_holdings: list[Holdings], world_size: int, wanted: int | None) -> list[int]:
+def _candidates(ckpt, everyone: list[Holdings], wanted: int | None) -> list[int]:
     steps = set()
-    for h in all_holdings:
+    for h in everyone:
         steps.update(h.local)
         steps.update(h.pfs)
     if wanted is not None:
         steps &= {wanted}
     return [s for s in sorted(steps, reverse=True)
-            if all(_sources(h, s, world_size) for h in all_holdings)]
+            if all(_sources(ckpt, everyone, r, s) for r in range(ckpt.world_size))]
 
 
 def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
     if mode not in RESTART_MODES:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
     comm = ckpt.comm
-    world_size = ckpt.world_size
-    mine = _discover(ckpt)
-    everyone = comm.allgather(mine)
+    everyone = comm.allgather(_discover(ckpt))
     newest_anywhere = max([s for h in everyone for s in (*h.local, *h.pfs)], default=None)
     if mode == "never":
         if newest_anywhere is not None:
@@ -93,68 +114,191 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir"))
         return None
-    candidates = _candidates(everyone, world_size, wanted)
+    candidates = _candidates(ckpt, everyone, wanted)
     if not candidates:
-        if wanted is not None:
-            raise _collective(UnrecoverableError(_missing_message(everyone, wanted, world_size, ckpt)))
-        if newest_anywhere is not None:
-            raise _collective(UnrecoverableError(_missing_message(everyone, newest_anywhere, world_size, ckpt)))
+        if wanted is not None or newest_anywhere is not None:
+            step = wanted if wanted is not None else newest_anywhere
+            raise _collective(UnrecoverableError(_missing_message(ckpt, everyone, step)))
         if mode == "require":
             raise _collective(CheckpointError(
                 "--restart require, but no checkpoint version exists under "
                 f"{ckpt.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
         return None
     for step in candidates:
-        restored = _try_restore(ckpt, step, mine)
-        if restored:
+        if _try_restore(ckpt, step, everyone):
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
-                _clear_newer(ckpt, step, mine)
+                _clear_newer(ckpt, step)
             return step
     raise _collective(UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({candidates}) failed verification; "
         "see the rank logs for the pieces that were bad"))
 
 
-def _try_restore(ckpt, step: int, mine: Holdings) -> bool:
-    """(all ranks) Fetch and verify this rank's part of `step`; load it if every rank succeeded."""
+def _shared_manifest(ckpt, step: int, mine: Holdings) -> Manifest | None:
+    """(all ranks) The commit record of `step`: read locally where possible, else sent by a
+    rank that has it (a rank on a replacement node has no local copy)."""
+    manifest = None
+    for level, holds in ((ckpt.local, step in mine.local), (ckpt.pfs, step in mine.pfs)):
+        if manifest is None and level is not None and holds:
+            try:
+                manifest = level.manifest(step)
+            except HpcckptError:
+                manifest = None
+    have = ckpt.comm.allgather(manifest is not None)
+    if not any(have):
+        return None
+    root = have.index(True)
+    data = ckpt.comm.bcast(manifest.to_bytes() if ckpt.rank == root else None, root=root)
+    return manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
+
+
+def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
+    """(all ranks) Get every rank's shard of `step` from the cheapest source, verify, load."""
     comm = ckpt.comm
-    error, source, manifest, pieces = None, None, None, None
-    for level_name in _sources(mine, step, ckpt.world_size):
-        level = ckpt.local if level_name == "local" else ckpt.pfs
-        try:
-            manifest = level.manifest(step)
-            _check_compatible(ckpt, manifest)
-            pieces = _fetch(ckpt, level, manifest)
-            source = level_name
-            error = None
-            break
-        except IncompatibleCheckpointError as exc:
-            error = str(exc)
-            break  # the same on every level: no point falling through
-        except (HpcckptError, OSError) as exc:
-            error = f"{level.label}: {exc}"
-            _warn(ckpt, f"version {step} from {level.label} unusable on rank {ckpt.rank}: {exc}; trying the next level")
-    if source is None and error is None:
-        error = "no level holds this rank's shard"
-    outcomes = comm.allgather((error, source))
-    failures = {r: e for r, (e, _) in enumerate(outcomes) if e}
-    if failures:
-        incompatible = [e for e in failures.values() if "does not match" in e or "incompatible" in e.lower()]
-        if incompatible:
-            raise _collective(IncompatibleCheckpointError(incompatible[0], failures))
-        if ckpt.rank == 0:
-            _warn(ckpt, f"version {step} cannot be loaded on rank(s) {sorted(failures)}; trying an older one")
+    mine = everyone[ckpt.rank]
+    my_sources = _sources(ckpt, everyone, ckpt.rank, step)
+    manifest = _shared_manifest(ckpt, step, mine)
+    if manifest is None:
         return False
+    try:
+        _check_compatible(ckpt, manifest)
+        error = None
+    except IncompatibleCheckpointError as exc:
+        error = str(exc)
+    errors = comm.allgather(error)
+    if any(errors):
+        first = next(e for e in errors if e)
+        raise _collective(IncompatibleCheckpointError(first, {r: e for r, e in enumerate(errors) if e}))
+
+    pieces, source = None, None
+    if "local" in my_sources:
+        pieces = _attempt(ckpt, ckpt.local, manifest)
+        source = "local" if pieces is not None else None
+    needy = {r for r, ok in enumerate(comm.allgather(pieces is not None)) if not ok}
+    lost_initially = set(needy)
+    if needy and ckpt.partner is not None:
+        data = ckpt.partner.fetch(step, needy)
+        if data is not None:
+            pieces = _adopt(ckpt, manifest, data, "L2 partner replica")
+            source = "partner" if pieces is not None else None
+        needy = {r for r, ok in enumerate(comm.allgather(pieces is not None)) if not ok}
+    if needy and ckpt.erasure is not None:
+        pieces, source = _erasure_stage(ckpt, manifest, everyone, needy, pieces, source)
+        needy = {r for r, ok in enumerate(comm.allgather(pieces is not None)) if not ok}
+    if needy and ckpt.rank in needy and "pfs" in my_sources:
+        if ckpt.local is not None and manifest.world_size == ckpt.world_size and manifest.layout == ckpt.layout:
+            # Same layout: the L4 shard also puts this rank's L1 copy back.
+            data = _read_file(ckpt.pfs.shard_path(step, ckpt.rank))
+            pieces = _adopt(ckpt, manifest, data, "L4 pfs copy") if data is not None else None
+        else:
+            pieces = _attempt(ckpt, ckpt.pfs, manifest)
+        source = "pfs" if pieces is not None else None
+    outcomes = comm.allgather(source)
+    failed = [r for r, s in enumerate(outcomes) if s is None]
+    if failed:
+        if ckpt.rank == 0:
+            _warn(ckpt, f"version {step} cannot be loaded on rank(s) {failed}; trying an older one")
+        return False
+    if lost_initially and ckpt.local is not None and manifest.world_size == ckpt.world_size:
+        _reprotect(ckpt, manifest)
     _load(ckpt, manifest, pieces)
     if ckpt.log:
-        label = ckpt.local.label if source == "local" else ckpt.pfs.label
-        ckpt.log.info(f"restored version {step} from {label} (rank {ckpt.rank}, node {ckpt.node})")
-        counts = {}
-        for _, s in outcomes:
+        labels = {"local": "L1 local", "partner": "L2 partner", "erasure": "L3 erasure", "pfs": "L4 pfs"}
+        ckpt.log.info(f"restored version {step} from {labels[source]} (rank {ckpt.rank}, node {ckpt.node})")
+        counts: dict[str, int] = {}
+        for s in outcomes:
             counts[s] = counts.get(s, 0) + 1
-        summary = ", ".join(f"{n} rank(s) from {'L1 local' if s == 'local' else 'L4 pfs'}" for s, n in counts.items())
+        summary = ", ".join(f"{counts[s]} rank(s) from {labels[s]}" for s in labels if s in counts)
         ckpt.log.info(f"restored version {step}: {summary}", console=True)
     return True
+
+
+def _attempt(ckpt, level, manifest: Manifest):
+    """Read and verify this rank's pieces from one level; None (logged) when they are bad."""
+    try:
+        return _fetch(ckpt, level, manifest)
+    except (HpcckptError, OSError) as exc:
+        _warn(ckpt, f"version {manifest.step} from {level.label} unusable on rank {ckpt.rank}: {exc}; "
+                    "trying the next level")
+        return None
+
+
+def _read_file(path) -> np.ndarray | None:
+    try:
+        return np.fromfile(path, dtype=np.uint8)
+    except OSError:
+        return None
+
+
+def _adopt(ckpt, manifest: Manifest, data: np.ndarray, what: str):
+    """Make rebuilt shard bytes this rank's L1 copy again, then read and verify it as usual.
+    A bad copy (checksum) is removed again and counts as missing."""
+    path = ckpt.local.shard_path(manifest.step)
+    try:
+        path.unlink(missing_ok=True)  # a corrupt old copy; the rebuilt bytes replace it
+        ckpt.local.write_shard_bytes(manifest.step, data)
+    except (HpcckptError, OSError) as exc:
+        _warn(ckpt, f"version {manifest.step}: cannot store the shard from {what}: {exc}")
+        return None
+    pieces = _attempt(ckpt, ckpt.local, manifest)
+    if pieces is None:
+        path.unlink(missing_ok=True)
+    return pieces
+
+
+def _erasure_stage(ckpt, manifest: Manifest, everyone, needy: set[int], pieces, source):
+    """(all ranks, per group) Groups with needy members rebuild them from the survivors."""
+    erasure = ckpt.erasure
+    step = manifest.step
+    members = set(erasure.members)
+    lost_ranks = set(_erasure_lost(ckpt, everyone, ckpt.rank, step)) | (needy & members)
+    if not (needy & members) or len(lost_ranks) > erasure.p:
+        return pieces, source
+    # A survivor's parity pieces are checked before the group relies on them: a bad piece
+    # makes its holder one more lost member rather than a wrong rebuild.
+    parity_pieces = None
+    if ckpt.rank not in lost_ranks:
+        try:
+            parity_pieces = erasure.read_parity(step)
+        except (HpcckptError, OSError) as exc:
+            _warn(ckpt, f"version {step}: L3 parity of rank {ckpt.rank} unusable: {exc}")
+    bad = [r for r, ok in zip(erasure.members, erasure.comm.allgather(parity_pieces is not None)) if not ok]
+    lost_ranks |= set(bad)
+    if len(lost_ranks) > erasure.p:
+        _warn(ckpt, f"version {step}: group {erasure.members} lost {sorted(lost_ranks)}, more than L3 survives")
+        return pieces, source
+    lost = frozenset(erasure.members.index(r) for r in lost_ranks)
+    sizes = [record.size for record in manifest.shards]
+    shard = None if ckpt.rank in lost_ranks else np.fromfile(ckpt.local.shard_path(step), dtype=np.uint8)
+    error = None
+    try:
+        data = erasure.rebuild(step, lost, shard, parity_pieces, sizes, ckpt.world_size)
+    except (HpcckptError, OSError, ValueError) as exc:
+        data, error = None, str(exc)
+        _warn(ckpt, f"version {step}: L3 rebuild in group {erasure.members} failed: {exc}")
+    if ckpt.rank in needy and data is not None and error is None:
+        pieces = _adopt(ckpt, manifest, data, "L3 erasure rebuild")
+        source = "erasure" if pieces is not None else None
+    return pieces, source
+
+
+def _reprotect(ckpt, manifest: Manifest) -> None:
+    """(all ranks) After a loss, put back what the lost ranks held: replicas, parity pieces
+    and commit records, so the version survives the next failure right away."""
+    step = manifest.step
+    shard = np.fromfile(ckpt.local.shard_path(step), dtype=np.uint8)
+    sizes = [record.size for record in manifest.shards]
+    if ckpt.partner is not None and "partner" in manifest.levels:
+        ckpt.partner.protect(step, shard, only_missing=True)
+    if ckpt.erasure is not None and "erasure" in manifest.levels:
+        ckpt.erasure.protect(step, shard, sizes, ckpt.world_size, only_missing=True)
+    if not ckpt.local.commit_path(step).exists():
+        ckpt.local.commit(manifest)
+    from hpcckpt.ckpt.engine import quiet_barrier
+
+    quiet_barrier(ckpt.comm)
+    if ckpt.log:
+        ckpt.log.info(f"version {step} protected again on this rank's levels after the loss")
 
 
 def _check_compatible(ckpt, manifest: Manifest) -> None:
@@ -265,7 +409,7 @@ def _write_in_place(target, host: np.ndarray) -> None:
         target.set(np.ascontiguousarray(host.reshape(target.shape)))
 
 
-def _clear_newer(ckpt, restored: int, mine: Holdings) -> None:
+def _clear_newer(ckpt, restored: int) -> None:
     """Versions newer than the restored one can never be loaded (not complete on every rank,
     or failed verification); the resumed run will write those steps again, and shard files are
     never overwritten, so move them out of the way: uncommitted ones are deleted, committed
@@ -288,12 +432,13 @@ def _clear_newer(ckpt, restored: int, mine: Holdings) -> None:
     quiet_barrier(ckpt.comm)
 
 
-def _missing_message(everyone: list[Holdings], step: int, world_size: int, ckpt) -> str:
-    missing = [r for r, h in enumerate(everyone) if not _sources(h, step, world_size)]
+def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
+    missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
     nodes = sorted({ckpt.topology.node_of_rank[r] for r in missing})
+    lost_nodes = sorted({ckpt.topology.node_of_rank[r] for r, h in enumerate(everyone) if step not in h.local})
     return (f"checkpoint version {step} cannot be recovered: the shards of rank(s) {missing} on node(s) {nodes} "
-            "are on no surviving level (lost node-local storage and no L4 copy); restart from an older version "
-            "or enable the pfs level")
+            f"are on no surviving level (node-local copies missing on node(s) {lost_nodes}; not enough replicas "
+            "or parity left, and no L4 copy); restart from an older version or enable the pfs level")
 
 
 def _collective(exc: HpcckptError) -> HpcckptError:

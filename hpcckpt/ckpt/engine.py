@@ -33,7 +33,9 @@ from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
 from hpcckpt.faults import NO_FAULTS
+from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 
 ENGINE_STATE_KEY = "_hpcckpt"
@@ -100,6 +102,21 @@ class Checkpointer:
         self.local = LocalLevel(self.local_dir, self.rank) if "local" in self.levels_enabled else None
         self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb)
                     if "pfs" in self.levels_enabled else None)
+        self.partner = None
+        self.erasure = None
+        self.partner_of: tuple[int, ...] = ()
+        self.groups: tuple[tuple[int, ...], ...] = ()
+        if "partner" in self.levels_enabled:
+            # The topology validates the scheme (e.g. partners need two nodes) on every rank
+            # alike, so a bad one fails the same way everywhere before any collective.
+            self.partner_of = self.topology.partner_of()
+            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm)
+        if "erasure" in self.levels_enabled:
+            self.groups = self.topology.erasure_groups(config.resilience.group_size, config.resilience.parity)
+            group_index = self.topology.group_of(self.groups, self.rank)
+            members = self.groups[group_index]
+            group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
+            self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity)
         self._protected: dict[str, _Protected] = {}
         self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
         self._layout: Layout | None = None
@@ -191,6 +208,9 @@ class Checkpointer:
         try:
             self._finish_in_flight()
         finally:
+            if self.erasure is not None and self.erasure.comm is not None:
+                self.erasure.comm.Free()
+                self.erasure.comm = None
             if self.comm is not None:
                 self.comm.Free()
                 self.comm = None
@@ -279,46 +299,71 @@ class Checkpointer:
             if level == "pfs":
                 if snapshot.final or snapshot.ordinal % self.config.storage.pfs_every == 0:
                     due.append(level)
-            elif level in ("local",):
+            elif level == "local":
                 due.append(level)
+            else:
+                every = getattr(self.config.resilience, f"{level}_every")
+                if snapshot.final or snapshot.ordinal % every == 0:
+                    due.append(level)
         return tuple(due)
 
     def _persist(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
+        """(all ranks, background) Every due level in data-flow order; each stage ends with an
+        agreement, so a failure anywhere stops the version everywhere before its commit."""
         step = snapshot.step
         due = self.levels_due(snapshot)
-        extra = {"node": self.node}
-        infos = {}
-        for level in (self.local, self.pfs):
-            if level is None or level.name not in due:
-                continue
-            self.faults.strike(step, level.name)
-            error, info = None, None
-            try:
-                info = level.write_shard(step, self.world_size, snapshot.pieces, extra)
-            except HpcckptError as exc:
-                error = str(exc)
-            except OSError as exc:
-                error = f"{level.label}: {exc}"
-            self._raise_if_any_failed(f"{level.label} write", error, step=step)
-            infos[level.name] = self.comm.allgather((info.size, info.checksums))
-            manifest = self._manifest(snapshot, infos[level.name])
+        if self.local is not None:
+            info = self._stage(step, "local", lambda: self.local.write_shard(step, self.world_size, snapshot.pieces,
+                                                                           {"node": self.node}))
+            shard_infos = self.comm.allgather((info.size, info.checksums))
+            self._mark(report, step, "local", started, info.size)
+            if "partner" in due or "erasure" in due:
+                shard = np.fromfile(self.local.shard_path(step), dtype=np.uint8)
+                sizes = [size for size, _ in shard_infos]
+                if "partner" in due:
+                    stored = self._stage(step, "partner", lambda: self.partner.protect(step, shard))
+                    self._mark(report, step, "partner", started, stored)
+                if "erasure" in due:
+                    stored = self._stage(step, "erasure", lambda: self.erasure.protect(step, shard, sizes,
+                                                                                       self.world_size))
+                    self._mark(report, step, "erasure", started, stored)
+            manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")
-            error = None
-            try:
-                if level is self.local:
-                    level.commit(manifest)
-                elif self.rank == 0:
-                    level.commit(manifest)
-            except (HpcckptError, OSError) as exc:
-                error = f"{level.label} commit: {exc}"
-            self._raise_if_any_failed(f"{level.label} commit", error, step=step)
-            report.durable_s[level.name] = time.perf_counter() - started
-            if self.log:
-                self.log.info(f"step {step}: version durable on {level.label} after "
-                              f"{report.durable_s[level.name]:.3f} s ({info.size} bytes from this rank)")
+            self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
+        if self.pfs is not None and "pfs" in due:
+            info = self._stage(step, "pfs", lambda: self.pfs.write_shard(step, self.world_size, snapshot.pieces,
+                                                                         {"node": self.node}))
+            shard_infos = self.comm.allgather((info.size, info.checksums))
+            manifest = self._manifest(snapshot, shard_infos, due)
+            self.faults.strike(step, "commit")
+            self._stage(step, "commit", lambda: self.pfs.commit(manifest) if self.rank == 0 else None,
+                        label="L4 commit")
+            self._mark(report, step, "pfs", started, info.size)
         self._apply_retention(step)
 
-    def _manifest(self, snapshot: Snapshot, shard_infos) -> Manifest:
+    def _stage(self, step: int, phase: str, action, label: str | None = None):
+        """(all ranks) Run one stage of the persist; a failure on any rank fails it on all."""
+        label = label or {"local": "L1 local write", "partner": "L2 partner copy", "erasure": "L3 erasure coding",
+                          "pfs": "L4 pfs write"}[phase]
+        if phase != "commit":
+            self.faults.strike(step, phase)
+        error, result = None, None
+        try:
+            result = action()
+        except HpcckptError as exc:
+            error = str(exc)
+        except (OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        self._raise_if_any_failed(label, error, step=step)
+        return result
+
+    def _mark(self, report: PersistReport, step: int, level: str, started: float, nbytes: int) -> None:
+        report.durable_s[level] = time.perf_counter() - started
+        if self.log:
+            self.log.info(f"step {step}: {level} done after {report.durable_s[level]:.3f} s "
+                          f"({nbytes} bytes stored by this rank)")
+
+    def _manifest(self, snapshot: Snapshot, shard_infos, levels) -> Manifest:
         return Manifest(
             step=snapshot.step,
             world_size=self.world_size,
@@ -329,6 +374,7 @@ class Checkpointer:
             node_of_rank=self.topology.node_of_rank,
             local_dirs=self.local_dirs,
             local_arrays=self.local_array_names,
+            levels=tuple(levels),
             created=time.time(),
         )
 

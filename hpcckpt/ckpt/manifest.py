@@ -39,6 +39,7 @@ class Manifest:
     node_of_rank: tuple[int, ...] = ()
     local_dirs: tuple[str, ...] = ()
     local_arrays: tuple[str, ...] = ()  # per-rank (not replicated) arrays, stored whole by each rank
+    levels: tuple[str, ...] = ()  # the levels this version was written to
     created: float = 0.0
 
     @property
@@ -57,6 +58,7 @@ class Manifest:
             "node_of_rank": list(self.node_of_rank),
             "local_dirs": list(self.local_dirs),
             "local_arrays": list(self.local_arrays),
+            "levels": list(self.levels),
             "created": self.created,
         }
         text = json.dumps(body, sort_keys=True)
@@ -86,6 +88,7 @@ class Manifest:
             node_of_rank=tuple(body.get("node_of_rank", ())),
             local_dirs=tuple(body.get("local_dirs", ())),
             local_arrays=tuple(body.get("local_arrays", ())),
+            levels=tuple(body.get("levels", ())),
             created=float(body.get("created", 0.0)),
         )
 

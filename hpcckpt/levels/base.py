@@ -26,6 +26,30 @@ def shard_file_name(rank: int) -> str:
     return f"shard-r{rank:05d}.hck"
 
 
+def replica_file_name(source_rank: int, holder_rank: int) -> str:
+    return f"replica-of-r{source_rank:05d}-held-by-r{holder_rank:05d}.hck"
+
+
+def parity_file_name(rank: int) -> str:
+    return f"parity-r{rank:05d}.hck"
+
+
+def commit_file_name(rank: int) -> str:
+    return f"commit-r{rank:05d}.json"
+
+
+def files_of_rank(version_dir: Path, rank: int) -> list[Path]:
+    """Every file a rank owns in a node-local version directory, commit record first (so a
+    half-deleted version never looks complete), temporaries included."""
+    names = [commit_file_name(rank), shard_file_name(rank), parity_file_name(rank)]
+    paths = [version_dir / n for n in names]
+    try:
+        paths += sorted(version_dir.glob(f"replica-of-r*-held-by-r{rank:05d}.hck"))
+    except OSError:
+        pass
+    return paths + [Path(str(p) + ".tmp") for p in paths]
+
+
 def list_version_steps(root: Path) -> list[int]:
     """Steps that have a version directory under `root` (complete or not), ascending."""
     try:

@@ -15,7 +15,9 @@ from pathlib import Path
 from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.shardfile import ShardInfo, write_shard
 from hpcckpt.levels.base import (
+    commit_file_name,
     ensure_writable_dir,
+    files_of_rank,
     list_version_steps,
     remove_dir_if_empty,
     shard_file_name,
@@ -41,7 +43,7 @@ class LocalLevel:
         return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)
 
     def commit_path(self, step: int, rank: int | None = None) -> Path:
-        return self.version_dir(step) / f"commit-r{(self.rank if rank is None else rank):05d}.json"
+        return self.version_dir(step) / commit_file_name(self.rank if rank is None else rank)
 
     def write_shard(self, step: int, world_size: int, pieces, extra: dict) -> ShardInfo:
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
@@ -62,10 +64,17 @@ class LocalLevel:
     def manifest(self, step: int) -> Manifest:
         return Manifest.read(self.commit_path(step))
 
+    def write_shard_bytes(self, step: int, data) -> None:
+        """Put back a shard rebuilt from another level (its bytes are the original file's)."""
+        from hpcckpt.ckpt.shardfile import write_bytes_atomically
+
+        self.version_dir(step).mkdir(parents=True, exist_ok=True)
+        write_bytes_atomically(self.shard_path(step), memoryview(data))
+
     def remove(self, step: int) -> None:
-        """Delete this rank's files of a version; the directory goes with the node's last rank."""
+        """Delete this rank's files of a version (its shard, commit record, and the replicas and
+        parity it holds for others); the directory goes with the node's last rank."""
         directory = self.version_dir(step)
-        # Commit record first: a half-deleted version must never look complete.
-        for path in (self.commit_path(step), self.shard_path(step), Path(str(self.shard_path(step)) + ".tmp")):
+        for path in files_of_rank(directory, self.rank):
             path.unlink(missing_ok=True)
         remove_dir_if_empty(directory)

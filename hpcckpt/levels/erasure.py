@@ -1,0 +1,175 @@
+"""L3: Reed-Solomon erasure coding across the nodes of a group (see stripes.py for where
+every piece lives). Each member stores its parity pieces in one file, a shard-format file
+whose tensors are the pieces, so every piece carries its own checksum:
+
+    <local_dir>/v<step>/parity-r<rank>.hck
+
+Encode work is shared: member t gathers stripe t's k data segments, encodes its p parity
+pieces and keeps or forwards them. Traffic runs on the group's own communicator, never
+interleaved with training collectives. All methods are collective over the group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, write_shard
+from hpcckpt.codec import ErasureCode
+from hpcckpt.levels.base import parity_file_name, version_dir_name
+from hpcckpt.levels.messaging import exchange, quiet_allgather
+from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
+
+TAG_GATHER = 301
+TAG_PARITY = 302
+TAG_REBUILD = 1000  # + stripe index
+
+
+def _piece_name(stripe: int, block: int) -> str:
+    return f"stripe{stripe}.block{block}"
+
+
+class ErasureLevel:
+    name = "erasure"
+    label = "L3 erasure"
+
+    def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int):
+        self.root = Path(root)
+        self.rank = rank
+        self.members = tuple(members)
+        self.me = self.members.index(rank)
+        self.comm = group_comm  # ranks ordered as `members`
+        self.n = len(self.members)
+        self.p = parity
+        self.k = self.n - parity
+        self.code = ErasureCode(self.k, self.p)
+        self.stripes = stripe_plan(self.n, self.p)
+
+    def parity_path(self, step: int) -> Path:
+        return self.root / version_dir_name(step) / parity_file_name(self.rank)
+
+    def has_parity(self, step: int) -> bool:
+        return self.parity_path(step).is_file()
+
+    def _segment(self, shard_sizes) -> int:
+        return segment_length([shard_sizes[m] for m in self.members], self.n, self.p)
+
+    def _padded(self, shard: np.ndarray, segment: int) -> np.ndarray:
+        padded = np.zeros(self.k * segment, dtype=np.uint8)
+        padded[: shard.size] = shard
+        return padded
+
+    def protect(self, step: int, shard: np.ndarray, shard_sizes, world_size: int,
+                only_missing: bool = False) -> int:
+        """(group) Encode the group's shards; store this member's parity pieces.
+
+        `shard_sizes` are every rank's shard sizes (the same list on all ranks). With
+        `only_missing`, stripes are encoded only for holders that lack their parity file.
+        Returns the parity bytes stored here.
+        """
+        segment = self._segment(shard_sizes)
+        needs = quiet_allgather(self.comm, not (only_missing and self.has_parity(step)))
+        if not any(needs):
+            return 0
+        padded = self._padded(shard, segment)
+        stripe_needed = [any(needs[h] for h in s.holders) for s in self.stripes]
+        own = self.stripes[self.me]  # this member gathers and encodes stripe `me`
+        # Phase 1: contributors send their data segment of stripe t to its gatherer, member t.
+        sends = []
+        for stripe in self.stripes:
+            if stripe_needed[stripe.index] and self.me in stripe.contributors:
+                seg = stripe.segments[stripe.contributors.index(self.me)]
+                sends.append((stripe.holders[0], padded[seg * segment:(seg + 1) * segment]))
+        gathered = []
+        if stripe_needed[self.me]:
+            gathered = [(j, np.empty(segment, dtype=np.uint8)) for j in own.contributors]
+        exchange(self.comm, sends, gathered, TAG_GATHER)
+        # Phase 2: the gatherer encodes and forwards parity block h to holder h.
+        mine: dict[str, np.ndarray] = {}
+        sends = []
+        if stripe_needed[self.me]:
+            parity = self.code.encode([data for _, data in gathered])
+            mine[_piece_name(self.me, self.k)] = parity[0]
+            sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
+        receives = []
+        for stripe in self.stripes:
+            if self.me in stripe.holders[1:] and needs[self.me]:
+                block = stripe.block_of_member(self.me)
+                receives.append((stripe.holders[0], np.empty(segment, dtype=np.uint8)))
+                mine[_piece_name(stripe.index, block)] = receives[-1][1]
+        exchange(self.comm, sends, receives, TAG_PARITY)
+        if not needs[self.me]:
+            return 0
+        self._store(step, mine, segment, world_size)
+        return sum(int(a.size) for a in mine.values())
+
+    def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int) -> None:
+        (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
+        write_shard(self.parity_path(step), step, self.rank, world_size, sorted(pieces.items()),
+                    extra={"group": list(self.members), "parity": self.p, "segment": segment})
+
+    def read_parity(self, step: int) -> dict[str, np.ndarray]:
+        """This member's parity pieces of `step`, each checked against its checksum."""
+        path = self.parity_path(step)
+        table = read_shard_table(path)
+        with open(path, "rb") as f:
+            return {name: read_tensor(f, table, name) for name in table.names}
+
+    def rebuild(self, step: int, lost: frozenset[int], shard: np.ndarray | None, parity: dict | None,
+                shard_sizes, world_size: int) -> np.ndarray | None:
+        """(group) Rebuild the shards and parity pieces of the `lost` members (member indices,
+        at most p of them) from the survivors' pieces. Lost members get their shard bytes back
+        (and store their parity file again); survivors return None.
+
+        Survivors pass their verified shard bytes and parity pieces (from read_parity).
+        """
+        if not lost:
+            return None
+        if len(lost) > self.p:
+            raise ValueError(f"{len(lost)} members lost, the code survives {self.p}")
+        segment = self._segment(shard_sizes)
+        sends, receives = [], []
+        if self.me not in lost:
+            padded = self._padded(shard, segment)
+        for stripe in self.stripes:
+            sources = recovery_sources(stripe, lost, self.k)
+            for target in sorted(lost):
+                if self.me == target:
+                    for block in sources:
+                        receives.append(((stripe.index, block), stripe.member_of_block(block)))
+                elif stripe.block_of_member(self.me) in sources:
+                    block = stripe.block_of_member(self.me)
+                    if block < self.k:
+                        seg = stripe.segments[block]
+                        piece = padded[seg * segment:(seg + 1) * segment]
+                    else:
+                        piece = parity[_piece_name(stripe.index, block)]
+                    sends.append((target, piece, stripe.index))
+        buffers = {key: np.empty(segment, dtype=np.uint8) for key, _ in receives}
+        self._exchange_by_stripe(sends, [(member, buffers[key], key[0]) for key, member in receives])
+        if self.me not in lost:
+            return None
+        shard_bytes = np.zeros(self.k * segment, dtype=np.uint8)
+        mine = {}
+        for stripe in self.stripes:
+            available = {block: buffers[(stripe.index, block)] for block in recovery_sources(stripe, lost, self.k)}
+            block = stripe.block_of_member(self.me)
+            rebuilt = self.code.rebuild(available, [block])[block]
+            if block < self.k:
+                seg = stripe.segments[block]
+                shard_bytes[seg * segment:(seg + 1) * segment] = rebuilt
+            else:
+                mine[_piece_name(stripe.index, block)] = np.array(rebuilt)
+        self._store(step, mine, segment, world_size)
+        return shard_bytes[: shard_sizes[self.rank]]
+
+    def _exchange_by_stripe(self, sends, receives) -> None:
+        from mpi4py import MPI
+
+        from hpcckpt.levels.messaging import wait_all
+
+        requests = [self.comm.Irecv([buf, MPI.BYTE], source=src, tag=TAG_REBUILD + t) for src, buf, t in receives]
+        requests += [self.comm.Isend([np.ascontiguousarray(buf), MPI.BYTE], dest=dst, tag=TAG_REBUILD + t)
+                     for dst, buf, t in sends]
+        wait_all(requests)

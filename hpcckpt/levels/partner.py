@@ -1,0 +1,75 @@
+"""L2: partner replication. Each rank's shard file is copied, byte for byte, into the
+node-local directory of its partner (a rank on another node, from the topology):
+
+    <partner's local_dir>/v<step>/replica-of-r<src>-held-by-r<holder>.hck
+
+A replica is a complete shard file, so it carries the same per-tensor checksums. It survives
+the loss of any one node, and of several nodes as long as no rank and its partner are lost
+together. All methods are collective over the checkpoint communicator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hpcckpt.ckpt.shardfile import write_bytes_atomically
+from hpcckpt.levels.base import list_version_steps, replica_file_name, version_dir_name
+from hpcckpt.levels.messaging import exchange, quiet_allgather
+
+TAG_PROTECT = 201
+TAG_FETCH = 202
+
+
+class PartnerLevel:
+    name = "partner"
+    label = "L2 partner"
+
+    def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm):
+        self.root = Path(root)
+        self.rank = rank
+        self.partner_of = partner_of
+        self.comm = comm
+        self.sources = tuple(r for r, holder in enumerate(partner_of) if holder == rank and r != rank)
+
+    def replica_path(self, step: int, source: int) -> Path:
+        return self.root / version_dir_name(step) / replica_file_name(source, self.rank)
+
+    def held(self, step: int) -> list[int]:
+        return [s for s in self.sources if self.replica_path(step, s).is_file()]
+
+    def steps_held(self) -> dict[int, list[int]]:
+        return {step: self.held(step) for step in list_version_steps(self.root)}
+
+    def protect(self, step: int, shard: np.ndarray | None, only_missing: bool = False) -> int:
+        """(all ranks) Send this rank's shard bytes to its partner; store the replicas it holds.
+
+        With `only_missing` (re-protection after a loss) only replicas a holder lacks travel.
+        Returns the bytes stored here.
+        """
+        wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
+        wanted_by_holder = quiet_allgather(self.comm, wanted)
+        must_send = self.rank in wanted_by_holder[self.partner_of[self.rank]]
+        sizes = self.comm.allgather(int(shard.size) if must_send else 0)
+        receives = [(s, np.empty(sizes[s], dtype=np.uint8)) for s in wanted]
+        sends = [(self.partner_of[self.rank], shard)] if must_send else []
+        exchange(self.comm, sends, receives, TAG_PROTECT)
+        if receives:
+            (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
+        for source, data in receives:
+            write_bytes_atomically(self.replica_path(step, source), memoryview(data))
+        return sum(int(d.size) for _, d in receives)
+
+    def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:
+        """(all ranks) Holders send the replicas of `needy` ranks back to them; a needy rank
+        gets its shard bytes (unverified) or None when its partner has no replica."""
+        offers = {s: self.replica_path(step, s).stat().st_size for s in self.held(step) if s in needy}
+        everyone = quiet_allgather(self.comm, offers)
+        sends = [(s, np.fromfile(self.replica_path(step, s), dtype=np.uint8)) for s in offers]
+        receives = []
+        holder = self.partner_of[self.rank]
+        if self.rank in needy and self.rank in everyone[holder]:
+            receives.append((holder, np.empty(everyone[holder][self.rank], dtype=np.uint8)))
+        exchange(self.comm, sends, receives, TAG_FETCH)
+        return receives[0][1] if receives else None

@@ -1,0 +1,131 @@
+"""Surviving node loss on real ranks: 8 ranks on 4 simulated nodes, partner and erasure levels."""
+
+import itertools
+
+import pytest
+
+from conftest import assert_ok, final_record, run_mpi, small_job
+
+STEPS = 24
+
+
+def job(tmp_path, levels, **extra):
+    sections = dict(
+        run={"steps": STEPS, "log_every": 6},
+        eval={"every_steps": 12},
+        checkpoint={"every_steps": 4, "keep_local": 2, "split_threshold_kb": 2},
+        resilience={"levels": levels, "group_size": 4, "parity": 2},
+        storage={"pfs_every": 3},
+        cluster={"simulated_nodes": 4},
+    )
+    for key, values in extra.items():
+        sections.setdefault(key, {}).update(values)
+    return small_job(tmp_path, **sections)
+
+
+def train(tmp_path, config, *extra):
+    return run_mpi(8, ["train", "-c", str(config), *extra], cwd=tmp_path, timeout=300)
+
+
+def lose(nodes, step):
+    return [arg for n in nodes for arg in ("--inject", f"node-loss:node={n}:step={step}")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("reference")
+    assert_ok(train(tmp_path, job(tmp_path, ["local", "erasure"])))
+    return final_record(tmp_path / "run")["weights_digest"]
+
+
+@pytest.mark.parametrize("lost", list(itertools.combinations(range(4), 2)))
+def test_any_two_nodes_lost_restart_from_erasure(tmp_path, reference, lost):
+    config = job(tmp_path, ["local", "erasure"])
+    # Step 13: the checkpoint of step 12 is complete (the snapshot of 12 waited for step 8's
+    # persist, and step 13 runs after 12's snapshot; step 12 itself may still be in flight).
+    crashed = train(tmp_path, config, *lose(lost, 13))
+    assert crashed.returncode != 0
+    for node in lost:
+        assert not (tmp_path / "run" / "local" / f"node{node}").exists()
+    resumed = train(tmp_path, config)
+    assert_ok(resumed)
+    assert "4 rank(s) from L3 erasure" in resumed.stdout, resumed.stdout
+    assert "4 rank(s) from L1 local" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_reprotected_version_survives_a_second_loss(tmp_path, reference):
+    config = job(tmp_path, ["local", "erasure"])
+    assert train(tmp_path, config, *lose((0, 1), 13)).returncode != 0
+    # Restart, then lose the two other nodes before the next checkpoint is taken: only the
+    # re-protected version (rebuilt parity on nodes 0 and 1) can bring nodes 2 and 3 back.
+    second = train(tmp_path, config, *lose((2, 3), 14))
+    assert second.returncode != 0
+    assert "from L3 erasure" in second.stdout
+    resumed = train(tmp_path, config)
+    assert_ok(resumed)
+    assert "4 rank(s) from L3 erasure" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_three_nodes_lost_falls_back_to_pfs_or_fails_clearly(tmp_path, reference):
+    config = job(tmp_path, ["local", "erasure", "pfs"])
+    # Step 17: step 12 (every 3rd checkpoint goes to L4) is durable there for certain, since
+    # the snapshot of step 16 waited for it; step 16 lives on L1/L3 only and 3 nodes are gone.
+    assert train(tmp_path, config, *lose((0, 1, 2), 17)).returncode != 0
+    resumed = train(tmp_path, config)
+    assert_ok(resumed)
+    assert "restored version 12: 2 rank(s) from L1 local, 6 rank(s) from L4 pfs" in resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+    other = tmp_path / "no-pfs"
+    other.mkdir()
+    config = job(other, ["local", "erasure"])
+    assert train(other, config, *lose((1, 2, 3), 17)).returncode != 0
+    failed = train(other, config)
+    assert failed.returncode == 4
+    errors = [l for l in failed.stderr.splitlines() if "hpcckpt: error" in l]
+    assert len(errors) == 1, failed.stderr
+    assert "cannot be recovered" in errors[0] and "rank(s) [2, 3, 4, 5, 6, 7]" in errors[0]
+    assert "node(s) [1, 2, 3]" in errors[0]
+
+
+def test_partner_covers_one_node_then_erasure_covers_node_and_partner(tmp_path, reference):
+    config = job(tmp_path, ["local", "partner", "erasure"])
+    assert train(tmp_path, config, *lose((2,), 13)).returncode != 0
+    resumed = train(tmp_path, config, "--set", "run.steps=16")
+    assert_ok(resumed)
+    assert "6 rank(s) from L1 local, 2 rank(s) from L2 partner" in resumed.stdout
+    # Node 1 and the node holding its replicas (node 2) go together: L2 cannot help node 1,
+    # whose ranks are rebuilt by L3; node 2's replicas on node 3 survive.
+    assert train(tmp_path, config, *lose((1, 2), 17)).returncode != 0
+    resumed = train(tmp_path, config)
+    assert_ok(resumed)
+    assert "restored version 16: 4 rank(s) from L1 local, 2 rank(s) from L2 partner, 2 rank(s) from L3 erasure" \
+        in resumed.stdout, resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_corrupted_replica_and_parity_are_detected_and_not_used(tmp_path, reference):
+    config = job(tmp_path, ["local", "partner", "erasure", "pfs"], run={"steps": 12})
+    assert_ok(train(tmp_path, config))
+    version = "v000000000012"
+    root = tmp_path / "run" / "local"
+    import shutil
+
+    shutil.rmtree(root / "node1")  # ranks 2, 3 lost; their replicas live on node 2
+    for replica in (root / "node2" / version).glob("replica-of-*"):
+        data = bytearray(replica.read_bytes())
+        data[-5] ^= 0x55
+        replica.write_bytes(bytes(data))
+    parity = root / "node0" / version / "parity-r00000.hck"
+    data = bytearray(parity.read_bytes())
+    data[-9] ^= 0x55
+    parity.write_bytes(bytes(data))
+    resumed = train(tmp_path, config, "--set", f"run.steps={STEPS}")
+    assert_ok(resumed)
+    # Replicas fail their checksums; the group of rank 2 still has 3 good members of 4 (parity
+    # of rank 0 is bad but rank 0 is in the other group), so L3 rebuilds both lost ranks.
+    assert "2 rank(s) from L3 erasure" in resumed.stdout, resumed.stdout
+    assert "L2 partner" not in resumed.stdout.split("restored version")[1].splitlines()[0]
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
