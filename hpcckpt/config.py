@@ -70,7 +70,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    # 0 turns checkpoints off; "auto" is reserved for the overhead-bounded policy.
+    # 0 turns checkpoints off; "auto" picks the interval from measured costs (see ckpt/policy.py).
     every_steps: int | str = 0
     keep_local: int = 2
     keep_pfs: int = 3
@@ -78,6 +78,7 @@ class CheckpointConfig:
     max_overhead: float = 0.035
     mtbf_hours: float = 0.0
     split_threshold_kb: int = 1024
+    persist_nice: int = 10  # the persist thread's nice value: background work yields to training
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ _POSITIVE = {
 }
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
-    ("storage", "pfs_bandwidth_mb"), ("checkpoint", "mtbf_hours"), ("optimizer", "momentum"),
+    ("storage", "pfs_bandwidth_mb"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
 }
 
@@ -325,8 +326,9 @@ def _check_consistency(config: JobConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: checkpoint.every_steps: use an integer >= 0 or \"auto\", got {every!r}")
     if isinstance(every, int) and every < 0:
         raise ConfigError(f"{origin}: checkpoint.every_steps: must be >= 0 (0 = off), got {every}")
-    if every == "auto":
-        raise ConfigError(f"{origin}: checkpoint.every_steps = \"auto\" is not available yet; give a step count")
+    if not 0.0 < config.checkpoint.max_overhead < 1.0:
+        raise ConfigError(f"{origin}: checkpoint.max_overhead must be between 0 and 1 (e.g. 0.035), "
+                          f"got {config.checkpoint.max_overhead}")
     if not 0.0 < config.data.val_fraction < 1.0:
         raise ConfigError(f"{origin}: data.val_fraction must be between 0 and 1, got {config.data.val_fraction}")
     if config.data.source == "hdf5" and not config.data.path:

@@ -436,6 +436,11 @@ def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
     missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
     nodes = sorted({ckpt.topology.node_of_rank[r] for r in missing})
     lost_nodes = sorted({ckpt.topology.node_of_rank[r] for r, h in enumerate(everyone) if step not in h.local})
+    writers = {h.local[step] for h in everyone if step in h.local} - {ckpt.world_size}
+    if writers:
+        return (f"checkpoint version {step} was written by {sorted(writers)[0]} ranks and this job runs "
+                f"{ckpt.world_size}: node-local copies only serve the same number of ranks, and L4 has no copy "
+                "of it; restart with the same number of ranks, or from a version on L4 (see hpcckpt inspect)")
     return (f"checkpoint version {step} cannot be recovered: the shards of rank(s) {missing} on node(s) {nodes} "
             f"are on no surviving level (node-local copies missing on node(s) {lost_nodes}; not enough replicas "
             "or parity left, and no L4 copy); restart from an older version or enable the pfs level")

@@ -251,3 +251,29 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
         assert "checkpoint of step 2 failed" in (tmp_path / "run" / "log" / f"rank{rank}.log").read_text()
     # Step 1 stays complete and loadable on both levels.
     assert (tmp_path / "run" / "local" / "node0" / "v000000000001" / "commit-r00000.json").exists()
+
+
+def test_snapshot_taken_during_backprop_equals_weights_of_that_step(tmp_path):
+    """Shards are copied right after each layer's update, while lower layers are still in
+    backward: the version of step 12 must equal the weights of a run that stopped at 12."""
+    stop = tmp_path / "stop"
+    stop.mkdir()
+    assert_ok(train(stop, ckpt_job(stop, run={"steps": 12})))
+    weights_at_12 = final_record(stop / "run")["weights_digest"]
+    job = ckpt_job(tmp_path, run={"steps": 20}, checkpoint={"every_steps": 4, "keep_local": 5})
+    assert_ok(train(tmp_path, job))
+    tensors, attrs = export(tmp_path, job, "v12.h5", version="12")
+    stop_tensors, _ = export(stop, ckpt_job(stop, run={"steps": 12}), "stop.h5")
+    assert attrs["step"] == 12
+    assert_same_export(tensors, stop_tensors)
+    assert weights_at_12 == final_record(stop / "run")["weights_digest"]
+
+
+def test_auto_interval_is_logged_and_kept_across_restart(tmp_path):
+    job = ckpt_job(tmp_path, run={"steps": 40}, checkpoint={"every_steps": "auto"})
+    first = train(tmp_path, job)
+    assert_ok(first)
+    assert "checkpoint interval now" in first.stdout and "overhead <= 3.5 %" in first.stdout
+    again = train(tmp_path, job, 4, "--set", "run.steps=50")
+    assert_ok(again)
+    assert "kept from the checkpoint's profile" in again.stdout

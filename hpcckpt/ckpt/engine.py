@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,11 +63,24 @@ class _Protected:
 
 @dataclass
 class PersistReport:
-    """Timings of one persist, for logs and benchmarks (seconds since the snapshot began)."""
+    """Timings of one checkpoint, for logs, the interval policy and benchmarks.
+
+    snapshot_s: what end_checkpoint() blocked for; captured_early_s: copies made during the
+    step by capture(); durable_s: seconds from end_checkpoint() until each level was durable.
+    """
 
     step: int
     snapshot_s: float = 0.0
+    captured_early_s: float = 0.0
     durable_s: dict = field(default_factory=dict)
+
+
+@dataclass
+class _PendingSnapshot:
+    step: int
+    opened: float
+    captured: set = field(default_factory=set)
+    capture_s: float = 0.0
 
 
 def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
@@ -122,6 +136,7 @@ class Checkpointer:
         self._layout: Layout | None = None
         self._buffers: dict[str, np.ndarray] | None = None
         self._ordinal = 0
+        self._pending: _PendingSnapshot | None = None
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
         self.last_report: PersistReport | None = None
@@ -185,19 +200,56 @@ class Checkpointer:
         Returns once the snapshot is taken. Raises here if the previous checkpoint failed.
         Returns the report of the previous checkpoint (its durability times), if any.
         """
+        previous = self.begin_checkpoint(step)
+        self.end_checkpoint(metrics, final)
+        return previous
+
+    def begin_checkpoint(self, step: int) -> PersistReport | None:
+        """(all ranks) Open the snapshot of `step`, to be filled array by array with capture()
+        as the application finalises each one (extraction during backprop: a layer's shard is
+        copied right after its weight update). Waits for the previous persist, whose buffers
+        this snapshot reuses. Returns the previous checkpoint's report."""
+        if self._pending is not None:
+            raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._pending.step} is open")
         previous = self._finish_in_flight()
-        started = time.perf_counter()
+        self._ensure_layout()
         self.faults.strike(step, "snapshot")
+        self._pending = _PendingSnapshot(step, time.perf_counter())
+        return previous
+
+    def capture(self, name: str) -> None:
+        """Copy this rank's piece of protected array `name` into the open snapshot now; the
+        array may change afterwards. No-op when no snapshot is open or it was captured."""
+        pending = self._pending
+        if pending is None or name in pending.captured:
+            return
+        started = time.perf_counter()
+        self._copy_piece(name)
+        pending.captured.add(name)
+        pending.capture_s += time.perf_counter() - started
+
+    def end_checkpoint(self, metrics: dict | None = None, final: bool = False) -> PersistReport:
+        """(all ranks) Capture whatever is left, freeze the small state and hand the snapshot
+        to the background persist. Returns the (still filling) report of this checkpoint."""
+        pending = self._pending
+        if pending is None:
+            raise CheckpointError("end_checkpoint() without begin_checkpoint()")
+        remaining_started = time.perf_counter()
+        for name in self._protected:
+            if name not in pending.captured:
+                self._copy_piece(name)
         self._ordinal += 1
-        snapshot = self._snapshot(step, metrics or {}, final)
-        report = PersistReport(step, snapshot_s=time.perf_counter() - started)
+        snapshot = self._freeze(pending.step, metrics or {}, final)
+        self._pending = None
+        report = PersistReport(pending.step, snapshot_s=time.perf_counter() - remaining_started,
+                               captured_early_s=pending.capture_s)
         if self._threaded:
-            self._worker = threading.Thread(target=self._persist_guarded, args=(snapshot, report, started),
-                                            name=f"hpcckpt-persist-{step}", daemon=True)
+            self._worker = threading.Thread(target=self._persist_guarded, args=(snapshot, report, remaining_started),
+                                            name=f"hpcckpt-persist-{pending.step}", daemon=True)
             self._worker.start()
         else:
-            self._persist_guarded(snapshot, report, started)
-        return previous
+            self._persist_guarded(snapshot, report, remaining_started)
+        return report
 
     def wait(self) -> PersistReport | None:
         """(all ranks) Block until the checkpoint in flight is durable; raise if it failed."""
@@ -250,20 +302,24 @@ class Checkpointer:
     def local_array_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self._protected.values() if not p.replicated)
 
-    def _snapshot(self, step: int, metrics: dict, final: bool) -> Snapshot:
-        layout = self._ensure_layout()
-        pieces = []
-        for tl in layout.rank_pieces(self.rank):
-            source = self._protected[tl.name].array
-            region = source.reshape(tl.logical_shape)[piece_view_slices(tl, self.rank)]
-            region = array_module(source).moveaxis(region, tl.axis, 0) if tl.axis else region
-            buffer = self._buffers[tl.name]
-            _copy_to_host(region, buffer)
-            pieces.append((tl.name, buffer))
-        for name in self.local_array_names:
-            buffer = self._buffers[name]
-            _copy_to_host(self._protected[name].array, buffer)
-            pieces.append((name, buffer))
+    def _copy_piece(self, name: str) -> None:
+        protected = self._protected[name]
+        buffer = self._buffers.get(name)
+        if buffer is None:  # a whole tensor that another rank stores
+            return
+        if not protected.replicated:
+            _copy_to_host(protected.array, buffer)
+            return
+        tl = self._layout.tensor(name)
+        if not tl.piece_nbytes(self.rank):
+            return
+        region = protected.array.reshape(tl.logical_shape)[piece_view_slices(tl, self.rank)]
+        region = array_module(protected.array).moveaxis(region, tl.axis, 0) if tl.axis else region
+        _copy_to_host(region, buffer)
+
+    def _freeze(self, step: int, metrics: dict, final: bool) -> Snapshot:
+        pieces = [(tl.name, self._buffers[tl.name]) for tl in self._layout.rank_pieces(self.rank)]
+        pieces += [(name, self._buffers[name]) for name in self.local_array_names]
         state = {name: get() for name, (get, _) in self._states.items()}
         state[ENGINE_STATE_KEY] = {"ordinal": self._ordinal}
         # A JSON round trip freezes the state as it is now and proves it is serialisable.
@@ -284,7 +340,21 @@ class Checkpointer:
         report, self.last_report = self.last_report, None
         return report
 
+    def _lower_priority(self) -> None:
+        """Background work must not starve training: raise this thread's nice value (Linux
+        schedules threads separately, so only the persist thread yields)."""
+        nice = self.config.checkpoint.persist_nice
+        if not nice or threading.current_thread() is threading.main_thread():
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except (AttributeError, OSError) as exc:
+            if self.log and not getattr(self, "_priority_warned", False):
+                self.log.info(f"cannot lower the persist thread's priority here ({exc}); it runs at normal priority")
+                self._priority_warned = True
+
     def _persist_guarded(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
+        self._lower_priority()
         try:
             self._persist(snapshot, report, started)
             self.last_report = report

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hpcckpt.cluster.backend import select_backend
 from hpcckpt.ckpt.engine import Checkpointer
+from hpcckpt.ckpt.policy import IntervalPolicy
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
@@ -44,16 +45,22 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
         checkpointer = None
         injector = FaultInjector(faults, rank, node, local_dir_of(
             config.storage.local_dir, str(config.run.dir), topology, rank))
-        if config.checkpoint.every_steps:
+        policy = IntervalPolicy.from_config(config.checkpoint)
+        if policy.enabled:
             checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)
             for name, array in trainer.protected_arrays():
                 checkpointer.protect(name, array)
             checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
+            checkpointer.register_state("policy", policy.state, policy.load_state)
+            trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
             restored = checkpointer.restart(restart)
             if restored is None:
                 log.info("starting from scratch (no checkpoint to resume from)", console=True)
+            if policy.adaptive and policy.interval:
+                log.info(f"checkpoint interval {policy.interval} steps, kept from the checkpoint's profile: "
+                         f"{policy.reason}", console=True)
         try:
-            summary = _step_loop(config, trainer, log, checkpointer, injector)
+            summary = _step_loop(config, trainer, log, checkpointer, injector, policy)
         finally:
             if checkpointer is not None:
                 checkpointer.close()
@@ -62,17 +69,57 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
         log.close()
 
 
-def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector) -> TrainSummary:
+class CaptureAfterUpdate:
+    """Extraction during backprop: right after a parameter's weight update (its optimizer
+    state updated with it), its shard is copied into the open snapshot, overlapping the
+    backward pass and allreduce of the layers below (DeepFreeze's "Opt")."""
+
+    def __init__(self, checkpointer, trainer: Trainer):
+        self.checkpointer = checkpointer
+        state_names = [n for n, _ in trainer.optimizer.state_arrays()]
+        self.protected_names = {
+            param: [f"model/{param}"] + [f"optim/{n}" for n in state_names if n.startswith(param + "/")]
+            for param in trainer.parameters
+        }
+
+    def after_update(self, param: str) -> None:
+        for name in self.protected_names[param]:
+            self.checkpointer.capture(name)
+
+
+def _agreed_max(comm, values) -> list[float]:
+    """The interval policy must decide the same everywhere: feed it the slowest rank's costs."""
+    import numpy as np
+    from mpi4py import MPI
+
+    local = np.asarray(values, dtype=np.float64)
+    agreed = np.empty_like(local)
+    comm.Allreduce(local, agreed, op=MPI.MAX)
+    return agreed.tolist()
+
+
+def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, policy) -> TrainSummary:
     total_steps = config.run.steps
     log_every = config.run.log_every
     eval_every = config.eval.every_steps
     started = time.perf_counter()
     window_time, window_samples, window_steps = 0.0, 0, 0
     last_eval: dict = {}
+    previous_durable = 0.0
     while trainer.step < total_steps:
         next_step = trainer.step + 1
         report = next_step % log_every == 0 or next_step == total_steps
+        checkpoint_due = checkpointer is not None and policy.due(next_step, total_steps)
+        blocked = 0.0
+        if checkpoint_due:
+            opened = time.perf_counter()
+            previous = checkpointer.begin_checkpoint(next_step)
+            blocked = time.perf_counter() - opened
+            if previous is not None and previous.durable_s:
+                previous_durable = max(previous.durable_s.values())
         result = trainer.train_step(reduce_loss=report)
+        if not checkpoint_due:
+            policy.observe_step(result.seconds)
         window_time += result.seconds
         window_samples += result.samples
         window_steps += 1
@@ -97,9 +144,24 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector) ->
             )
             log.metrics(last_eval)
         injector.strike(result.step)
-        if checkpointer is not None and _checkpoint_due(config, result.step):
+        if checkpoint_due:
             metrics = last_eval if last_eval.get("step") == result.step else {}
-            checkpointer.checkpoint(result.step, metrics, final=result.step == total_steps)
+            closing = checkpointer.end_checkpoint(metrics, final=result.step == total_steps)
+            blocked += closing.snapshot_s + closing.captured_early_s
+            if policy.adaptive and policy.interval == 0:
+                # The profiling checkpoint: wait once for it to be durable, so the first interval
+                # already accounts for how long a persist takes.
+                checkpointer.wait()
+                previous_durable = max(closing.durable_s.values()) if closing.durable_s else 0.0
+            if policy.adaptive:
+                step_time, blocking, durable = _agreed_max(trainer.comm, [policy.step_time, blocked,
+                                                                          previous_durable])
+                policy.step_time = step_time
+                change = policy.observe_checkpoint(result.step, blocking, durable or None)
+                if change:
+                    log.info(change, console=True)
+            else:
+                policy.observe_checkpoint(result.step, blocked, None)
         log.progress(result.step, total_steps, f"loss {result.loss:.4f}" if result.loss is not None else "")
     if checkpointer is not None:
         checkpointer.wait()
@@ -119,8 +181,3 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector) ->
                  "weights_identical_on_ranks": identical, "train_seconds": seconds,
                  "val_accuracy": summary.val_accuracy, "val_loss": summary.val_loss})
     return summary
-
-
-def _checkpoint_due(config, step: int) -> bool:
-    every = config.checkpoint.every_steps
-    return bool(every) and (step % every == 0 or step == config.run.steps)

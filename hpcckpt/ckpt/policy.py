@@ -1,0 +1,115 @@
+"""When to checkpoint: a fixed interval, an overhead bound ("auto"), or Young/Daly from an MTBF.
+
+"auto" (CheckFreq): profile the first steps without checkpoints (step time), take one
+checkpoint to measure its cost (blocking time and time until durable), then pick the
+shortest interval N whose overhead stays under `checkpoint.max_overhead`:
+
+    N >= blocking / (max_overhead * step_time)     the snapshot's share of run time
+    N >= durable / step_time                       the next snapshot never waits for a persist
+
+and retune after every checkpoint from the cost measured while running (interference from
+other jobs raises it). With `checkpoint.mtbf_hours = H` the interval is Young/Daly's
+sqrt(2 * C * MTBF) with C the measured blocking cost, never below the persist bound.
+
+The policy is pure arithmetic over measurements; it is the same on every rank because the
+measurements it is fed are agreed (maxima over ranks) by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PROFILE_STEPS = 5
+EWMA = 0.5  # weight of the newest measurement
+
+
+@dataclass
+class IntervalPolicy:
+    every_steps: int | str  # int > 0 fixed, "auto"; 0 = off
+    max_overhead: float = 0.035
+    mtbf_hours: float = 0.0
+    step_time: float = 0.0  # seconds, smoothed
+    blocking: float = 0.0  # seconds per checkpoint, smoothed
+    durable: float = 0.0  # seconds until the last level is durable, smoothed
+    interval: int = 0  # chosen interval; 0 while profiling
+    last_checkpoint: int = 0
+    reason: str = ""
+    history: list = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, cfg) -> "IntervalPolicy":
+        every = cfg.every_steps
+        adaptive = every == "auto" or cfg.mtbf_hours > 0
+        policy = cls("auto" if adaptive else every, cfg.max_overhead, cfg.mtbf_hours)
+        if not adaptive:
+            policy.interval = int(every)
+            policy.reason = f"checkpoint.every_steps = {every}"
+        return policy
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_steps == "auto" or int(self.every_steps) > 0
+
+    @property
+    def adaptive(self) -> bool:
+        return self.every_steps == "auto"
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Checkpoint after `step`? The last step of a run is always checkpointed."""
+        if not self.enabled:
+            return False
+        if step == last_step:
+            return True
+        if self.adaptive and self.interval == 0:
+            # Profile PROFILE_STEPS steps without checkpoints, then take one to measure its cost.
+            return step >= self.last_checkpoint + PROFILE_STEPS + 1 and self.step_time > 0
+        return step - self.last_checkpoint >= self.interval
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_time = seconds if self.step_time == 0 else (1 - EWMA) * self.step_time + EWMA * seconds
+
+    def observe_checkpoint(self, step: int, blocking: float, durable: float | None) -> str | None:
+        """Feed one checkpoint's cost; returns a log line when the interval changes."""
+        self.last_checkpoint = step
+        if not self.adaptive:
+            return None
+        self.blocking = blocking if self.blocking == 0 else (1 - EWMA) * self.blocking + EWMA * blocking
+        if durable is not None:
+            self.durable = durable if self.durable == 0 else (1 - EWMA) * self.durable + EWMA * durable
+        chosen, reason = self._choose()
+        if chosen != self.interval:
+            self.interval, self.reason = chosen, reason
+            self.history.append((step, chosen))
+            return f"checkpoint interval now {chosen} steps: {reason}"
+        return None
+
+    def _choose(self) -> tuple[int, str]:
+        step_time = max(self.step_time, 1e-9)
+        persist_bound = max(1, math.ceil(self.durable / step_time))
+        measured = (f"step {1000 * self.step_time:.2f} ms, snapshot blocks {1000 * self.blocking:.2f} ms, "
+                    f"durable after {1000 * self.durable:.1f} ms")
+        if self.mtbf_hours > 0:
+            young_daly = math.sqrt(2 * self.blocking * self.mtbf_hours * 3600) / step_time
+            interval = max(persist_bound, math.ceil(young_daly))
+            return interval, (f"Young/Daly sqrt(2 C MTBF) with C = {1000 * self.blocking:.2f} ms and MTBF "
+                              f"{self.mtbf_hours} h is {young_daly:.1f} steps; {measured}")
+        overhead_bound = max(1, math.ceil(self.blocking / (self.max_overhead * step_time)))
+        interval = max(overhead_bound, persist_bound)
+        binding = "overhead bound" if overhead_bound >= persist_bound else "persist must finish first"
+        return interval, (f"shortest interval with overhead <= {100 * self.max_overhead:.1f} % ({binding}); "
+                          f"{measured}")
+
+    def state(self) -> dict:
+        return {"step_time": self.step_time, "blocking": self.blocking, "durable": self.durable,
+                "interval": self.interval, "last_checkpoint": self.last_checkpoint, "reason": self.reason}
+
+    def load_state(self, state: dict) -> None:
+        """A restart keeps the profile: no second profiling phase."""
+        self.step_time = float(state.get("step_time", 0.0))
+        self.blocking = float(state.get("blocking", 0.0))
+        self.durable = float(state.get("durable", 0.0))
+        self.last_checkpoint = int(state.get("last_checkpoint", 0))
+        if self.adaptive:
+            self.interval = int(state.get("interval", 0))
+            self.reason = str(state.get("reason", ""))

@@ -1,0 +1,65 @@
+"""When to checkpoint: the interval policy is pure arithmetic over measured costs."""
+
+import math
+from types import SimpleNamespace
+
+from hpcckpt.ckpt.policy import PROFILE_STEPS, IntervalPolicy
+
+
+def cfg(every, max_overhead=0.035, mtbf_hours=0.0):
+    return SimpleNamespace(every_steps=every, max_overhead=max_overhead, mtbf_hours=mtbf_hours)
+
+
+def test_fixed_interval_and_last_step():
+    policy = IntervalPolicy.from_config(cfg(5))
+    due = [s for s in range(1, 23) if policy.due(s, 22) and policy.observe_checkpoint(s, 0.0, None) is None]
+    assert due == [5, 10, 15, 20, 22]
+    assert not IntervalPolicy.from_config(cfg(0)).enabled
+
+
+def test_auto_profiles_then_picks_shortest_interval_under_the_bound():
+    policy = IntervalPolicy.from_config(cfg("auto", max_overhead=0.05))
+    for step in range(1, PROFILE_STEPS + 1):
+        assert not policy.due(step, 1000)
+        policy.observe_step(0.010)
+    assert policy.due(PROFILE_STEPS + 1, 1000)
+    change = policy.observe_checkpoint(PROFILE_STEPS + 1, blocking=0.004, durable=0.030)
+    # blocking / (5 % of 10 ms) = 8 steps; the persist needs 3 steps: the overhead bound wins.
+    assert policy.interval == 8 and "overhead bound" in change
+    assert policy.blocking / (policy.interval * policy.step_time) <= 0.05
+    assert not policy.due(PROFILE_STEPS + 8, 1000) and policy.due(PROFILE_STEPS + 9, 1000)
+
+
+def test_auto_never_lets_snapshots_wait_for_a_persist():
+    policy = IntervalPolicy.from_config(cfg("auto"))
+    policy.observe_step(0.010)
+    policy.observe_checkpoint(6, blocking=0.0001, durable=0.5)
+    assert policy.interval == 50 and "persist must finish first" in policy.reason
+
+
+def test_auto_retunes_when_costs_rise():
+    policy = IntervalPolicy.from_config(cfg("auto"))
+    policy.observe_step(0.010)
+    policy.observe_checkpoint(6, blocking=0.001, durable=0.01)
+    first = policy.interval
+    policy.observe_checkpoint(6 + first, blocking=0.02, durable=0.01)  # interference appears
+    assert policy.interval > first
+
+
+def test_young_daly_interval():
+    policy = IntervalPolicy.from_config(cfg(0, mtbf_hours=2.0))
+    assert policy.adaptive
+    policy.observe_step(0.1)
+    policy.observe_checkpoint(6, blocking=0.5, durable=0.2)
+    assert policy.interval == math.ceil(math.sqrt(2 * 0.5 * 7200) / 0.1)
+    assert "Young/Daly" in policy.reason
+
+
+def test_profile_survives_restart():
+    policy = IntervalPolicy.from_config(cfg("auto"))
+    policy.observe_step(0.01)
+    policy.observe_checkpoint(6, 0.002, 0.05)
+    restored = IntervalPolicy.from_config(cfg("auto"))
+    restored.load_state(policy.state())
+    assert restored.interval == policy.interval and restored.step_time == policy.step_time
+    assert restored.due(6 + policy.interval, 10_000)  # no second profiling phase
