@@ -51,6 +51,7 @@ class GradientAllreduce:
     def __init__(self, comm, parameters: Sequence[tuple[str, object]], bucket_bytes: int, backend):
         self.comm = comm
         self.backend = backend
+        self._alone: list[tuple[str, object]] = []
         self._bucket_of: dict[str, tuple[_Bucket, _Slot]] = {}
         self.buckets: list[_Bucket] = []
         current: _Bucket | None = None
@@ -77,6 +78,10 @@ class GradientAllreduce:
         """Stage one gradient; starts its bucket's allreduce once the bucket is complete."""
         from mpi4py import MPI
 
+        if self.comm.Get_size() == 1:
+            # Nothing to exchange: the gradient is already the global one.
+            self._alone.append((name, grad))
+            return
         bucket, slot = self._bucket_of[name]
         view = bucket.send[slot.offset: slot.offset + slot.size].reshape(slot.shape)
         if self.backend.is_gpu:
@@ -98,6 +103,10 @@ class GradientAllreduce:
 
     def reduced(self) -> Iterator[tuple[str, object]]:
         """Yield (name, summed gradient) bucket by bucket as each completes, output layer first."""
+        if self.comm.Get_size() == 1:
+            alone, self._alone = self._alone, []
+            yield from alone
+            return
         for bucket in self.buckets:
             if bucket.request is None:
                 missing = len(bucket.slots) - bucket.filled
