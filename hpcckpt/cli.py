@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--version", default="latest", help="latest | best | STEP (default latest)")
     export.add_argument("-o", "--output", required=True, help="HDF5 file to write (never overwritten)")
 
-    evaluate = commands.add_parser("evaluate", help="evaluate a checkpoint on the validation set (run under mpiexec)")
+    evaluate = commands.add_parser("evaluate", help="evaluate a checkpoint on the validation set (run under mpiexec, "
+                                                    "any number of ranks)")
     _add_config_arguments(evaluate)
     evaluate.add_argument("--version", default="latest", help="latest | best | STEP (default latest)")
 
@@ -157,6 +158,8 @@ def _command_export(args) -> int:
 
 
 def _command_evaluate(args) -> int:
+    import dataclasses
+
     from hpcckpt.ckpt.catalog import resolve_version
     from hpcckpt.ckpt.engine import Checkpointer
     from hpcckpt.cluster.backend import select_backend
@@ -166,6 +169,10 @@ def _command_evaluate(args) -> int:
     from hpcckpt.train.trainer import Trainer
 
     config = load_config(args.config, args.overrides)
+    # Evaluation only reads: node-local copies (same rank count) or L4 (any rank count), so it
+    # needs no partner map or erasure groups, and runs on any number of ranks.
+    readable = tuple(level for level in config.resilience.levels if level in ("local", "pfs"))
+    config = config.replace(resilience=dataclasses.replace(config.resilience, levels=readable or ("pfs",)))
     comm = _world()
     # Rank 0 decides which version (ranks may see different node-local directories); an error
     # there is raised on every rank so the job ends together with one message.

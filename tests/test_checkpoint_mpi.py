@@ -234,6 +234,12 @@ def test_inspect_lists_levels_and_retention(tmp_path):
     assert local == [25, 30]  # keep_local = 2
     assert pfs == [10, 20, 30]  # every 2nd checkpoint plus the last, keep_pfs = 3
     assert all(e["complete"] for e in entries)
+    final = final_record(tmp_path / "run")
+    # An evaluation-only job on another rank count gives the training run's own numbers.
+    evaluate = run_mpi(2, ["evaluate", "-c", str(job), "--version", "latest", "--set", "cluster.simulated_nodes=2"],
+                       cwd=tmp_path)
+    assert_ok(evaluate)
+    assert f"version 30: val_loss {final['val_loss']:.4f}" in evaluate.stdout, evaluate.stdout
 
 
 def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
