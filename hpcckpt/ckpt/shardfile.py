@@ -33,6 +33,7 @@ import numpy as np
 import reedsolo
 import xxhash
 
+from hpcckpt.codec import gf256
 from hpcckpt.errors import ChecksumError, FormatError, StorageError
 
 MAGIC = b"HPCKSHRD"
@@ -119,32 +120,9 @@ class ShardTable:
 # codewords at once with NumPy; decoding only happens when the cheap checksum fails, and
 # uses reedsolo itself.
 
-def _gf_tables() -> tuple[np.ndarray, np.ndarray]:
-    exp = np.zeros(512, dtype=np.int32)
-    log = np.zeros(256, dtype=np.int32)
-    value = 1
-    for power in range(255):
-        exp[power] = value
-        log[value] = power
-        value <<= 1
-        if value & 0x100:
-            value ^= 0x11D
-    exp[255:510] = exp[:255]
-    return exp, log
-
-
-_GF_EXP, _GF_LOG = _gf_tables()
-
-
-def _gf_mul_table() -> np.ndarray:
-    a = np.arange(256)
-    product = _GF_EXP[(_GF_LOG[a][:, None] + _GF_LOG[a][None, :]) % 255].astype(np.uint8)
-    product[0, :] = 0
-    product[:, 0] = 0
-    return product
-
-
-_GF_MUL = _gf_mul_table()
+# The field tables are the erasure codec's (same field: 0x11d); one definition for both.
+_GF_EXP = gf256.EXP
+_GF_MUL = gf256.MUL_TABLE
 _GENERATORS: dict[int, np.ndarray] = {}
 
 
