@@ -29,6 +29,7 @@ from hpcckpt.errors import (
     IncompatibleCheckpointError,
     UnrecoverableError,
 )
+from hpcckpt.levels.messaging import quiet_allgather, wait_all
 
 RESTART_MODES = ("auto", "require", "never")
 
@@ -106,7 +107,7 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
     if mode not in RESTART_MODES:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
     comm = ckpt.comm
-    everyone = comm.allgather(_discover(ckpt))
+    everyone = quiet_allgather(comm, _discover(ckpt))
     newest_anywhere = max([s for h in everyone for s in (*h.local, *h.pfs)], default=None)
     if mode == "never":
         if newest_anywhere is not None:
@@ -144,7 +145,7 @@ def _shared_manifest(ckpt, step: int, mine: Holdings) -> Manifest | None:
                 manifest = level.manifest(step)
             except HpcckptError:
                 manifest = None
-    have = ckpt.comm.allgather(manifest is not None)
+    have = quiet_allgather(ckpt.comm, manifest is not None)
     if not any(have):
         return None
     root = have.index(True)
@@ -165,7 +166,7 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
         error = None
     except IncompatibleCheckpointError as exc:
         error = str(exc)
-    errors = comm.allgather(error)
+    errors = quiet_allgather(comm, error)
     if any(errors):
         first = next(e for e in errors if e)
         raise _collective(IncompatibleCheckpointError(first, {r: e for r, e in enumerate(errors) if e}))
@@ -174,17 +175,17 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
     if "local" in my_sources:
         pieces = _attempt(ckpt, ckpt.local, manifest)
         source = "local" if pieces is not None else None
-    needy = {r for r, ok in enumerate(comm.allgather(pieces is not None)) if not ok}
+    needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     lost_initially = set(needy)
     if needy and ckpt.partner is not None:
         data = ckpt.partner.fetch(step, needy)
         if data is not None:
             pieces = _adopt(ckpt, manifest, data, "L2 partner replica")
             source = "partner" if pieces is not None else None
-        needy = {r for r, ok in enumerate(comm.allgather(pieces is not None)) if not ok}
+        needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     if needy and ckpt.erasure is not None:
         pieces, source = _erasure_stage(ckpt, manifest, everyone, needy, pieces, source)
-        needy = {r for r, ok in enumerate(comm.allgather(pieces is not None)) if not ok}
+        needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     if needy and ckpt.rank in needy and "pfs" in my_sources:
         if ckpt.local is not None and manifest.world_size == ckpt.world_size and manifest.layout == ckpt.layout:
             # Same layout: the L4 shard also puts this rank's L1 copy back.
@@ -193,7 +194,7 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
         else:
             pieces = _attempt(ckpt, ckpt.pfs, manifest)
         source = "pfs" if pieces is not None else None
-    outcomes = comm.allgather(source)
+    outcomes = quiet_allgather(comm, source)
     failed = [r for r, s in enumerate(outcomes) if s is None]
     if failed:
         if ckpt.rank == 0:
@@ -262,14 +263,14 @@ def _erasure_stage(ckpt, manifest: Manifest, everyone, needy: set[int], pieces, 
             parity_pieces = erasure.read_parity(step)
         except (HpcckptError, OSError) as exc:
             _warn(ckpt, f"version {step}: L3 parity of rank {ckpt.rank} unusable: {exc}")
-    bad = [r for r, ok in zip(erasure.members, erasure.comm.allgather(parity_pieces is not None)) if not ok]
+    bad = [r for r, ok in zip(erasure.members, quiet_allgather(erasure.comm, parity_pieces is not None)) if not ok]
     lost_ranks |= set(bad)
     if len(lost_ranks) > erasure.p:
         _warn(ckpt, f"version {step}: group {erasure.members} lost {sorted(lost_ranks)}, more than L3 survives")
         return pieces, source
     lost = frozenset(erasure.members.index(r) for r in lost_ranks)
     sizes = [record.size for record in manifest.shards]
-    shard = None if ckpt.rank in lost_ranks else np.fromfile(ckpt.local.shard_path(step), dtype=np.uint8)
+    shard = None if ckpt.rank in lost_ranks else _shard_bytes(ckpt, step)
     error = None
     try:
         data = erasure.rebuild(step, lost, shard, parity_pieces, sizes, ckpt.world_size)
@@ -282,11 +283,28 @@ def _erasure_stage(ckpt, manifest: Manifest, everyone, needy: set[int], pieces, 
     return pieces, source
 
 
+def _shard_bytes(ckpt, step: int) -> np.ndarray:
+    return np.fromfile(ckpt.local.shard_path(step), dtype=np.uint8)
+
+
+class _LazyShard:
+    """This rank's L1 shard bytes, read on first use: re-protection after a loss needs them
+    only on ranks that send something, and most send nothing."""
+
+    def __init__(self, ckpt, step: int):
+        self._ckpt, self._step, self._data = ckpt, step, None
+
+    def __call__(self) -> np.ndarray:
+        if self._data is None:
+            self._data = _shard_bytes(self._ckpt, self._step)
+        return self._data
+
+
 def _reprotect(ckpt, manifest: Manifest) -> None:
     """(all ranks) After a loss, put back what the lost ranks held: replicas, parity pieces
     and commit records, so the version survives the next failure right away."""
     step = manifest.step
-    shard = np.fromfile(ckpt.local.shard_path(step), dtype=np.uint8)
+    shard = _LazyShard(ckpt, step)  # read only by ranks that have something to send
     sizes = [record.size for record in manifest.shards]
     if ckpt.partner is not None and "partner" in manifest.levels:
         ckpt.partner.protect(step, shard, only_missing=True)
@@ -389,7 +407,7 @@ def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
         gathered = np.empty(sum(counts), dtype=np.uint8)
         mine = pieces.get(tl.name)
         send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
-        ckpt.comm.Allgatherv(send, [gathered, counts, displacements, MPI.BYTE])
+        wait_all([ckpt.comm.Iallgatherv(send, [gathered, counts, displacements, MPI.BYTE])])
         shape = tl.logical_shape
         axis_major = (shape[tl.axis],) + shape[:tl.axis] + shape[tl.axis + 1:]
         full = np.moveaxis(gathered.view(tl.spec.dtype).reshape(axis_major), 0, tl.axis).reshape(tl.spec.shape)

@@ -64,7 +64,8 @@ class ErasureLevel:
                 only_missing: bool = False) -> int:
         """(group) Encode the group's shards; store this member's parity pieces.
 
-        `shard_sizes` are every rank's shard sizes (the same list on all ranks). With
+        `shard_sizes` are every rank's shard sizes (the same list on all ranks); `shard` is this
+        rank's bytes or a callable returning them, called only when they are needed. With
         `only_missing`, stripes are encoded only for holders that lack their parity file.
         Returns the parity bytes stored here.
         """
@@ -72,7 +73,7 @@ class ErasureLevel:
         needs = quiet_allgather(self.comm, not (only_missing and self.has_parity(step)))
         if not any(needs):
             return 0
-        padded = self._padded(shard, segment)
+        padded = self._padded(shard() if callable(shard) else shard, segment)
         stripe_needed = [any(needs[h] for h in s.holders) for s in self.stripes]
         own = self.stripes[self.me]  # this member gathers and encodes stripe `me`
         # Phase 1: contributors send their data segment of stripe t to its gatherer, member t.

@@ -42,15 +42,18 @@ class PartnerLevel:
     def steps_held(self) -> dict[int, list[int]]:
         return {step: self.held(step) for step in list_version_steps(self.root)}
 
-    def protect(self, step: int, shard: np.ndarray | None, only_missing: bool = False) -> int:
+    def protect(self, step: int, shard, only_missing: bool = False) -> int:
         """(all ranks) Send this rank's shard bytes to its partner; store the replicas it holds.
 
-        With `only_missing` (re-protection after a loss) only replicas a holder lacks travel.
-        Returns the bytes stored here.
+        `shard`: the bytes (uint8 array), or a callable returning them, called only if this
+        rank must send. With `only_missing` (re-protection after a loss) only replicas a holder
+        lacks travel. Returns the bytes stored here.
         """
         wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
         wanted_by_holder = quiet_allgather(self.comm, wanted)
         must_send = self.rank in wanted_by_holder[self.partner_of[self.rank]]
+        if must_send and callable(shard):
+            shard = shard()
         sizes = self.comm.allgather(int(shard.size) if must_send else 0)
         receives = [(s, np.empty(sizes[s], dtype=np.uint8)) for s in wanted]
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
