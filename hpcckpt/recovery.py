@@ -188,9 +188,11 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
         needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     if needy and ckpt.rank in needy and "pfs" in my_sources:
         if ckpt.local is not None and manifest.world_size == ckpt.world_size and manifest.layout == ckpt.layout:
-            # Same layout: the L4 shard also puts this rank's L1 copy back.
-            data = _read_file(ckpt.pfs.shard_path(step, ckpt.rank))
-            pieces = _adopt(ckpt, manifest, data, "L4 pfs copy") if data is not None else None
+            # Same layout: read and verify from L4, then put the same file back as this rank's
+            # L1 copy (from the page cache; no second verification read).
+            pieces = _attempt(ckpt, ckpt.pfs, manifest)
+            if pieces is not None:
+                _restore_local_copy(ckpt, step)
         else:
             pieces = _attempt(ckpt, ckpt.pfs, manifest)
         source = "pfs" if pieces is not None else None
@@ -224,11 +226,13 @@ def _attempt(ckpt, level, manifest: Manifest):
         return None
 
 
-def _read_file(path) -> np.ndarray | None:
+def _restore_local_copy(ckpt, step: int) -> None:
+    """Copy this rank's verified L4 shard back to L1; a failure only costs the local copy."""
     try:
-        return np.fromfile(path, dtype=np.uint8)
-    except OSError:
-        return None
+        ckpt.local.shard_path(step).unlink(missing_ok=True)
+        ckpt.local.write_shard_bytes(step, np.fromfile(ckpt.pfs.shard_path(step, ckpt.rank), dtype=np.uint8))
+    except (HpcckptError, OSError) as exc:
+        _warn(ckpt, f"version {step}: could not put the L1 copy back from L4: {exc}")
 
 
 def _adopt(ckpt, manifest: Manifest, data: np.ndarray, what: str):
@@ -404,14 +408,20 @@ def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
     for tl in layout.tensors:
         counts = [tl.piece_nbytes(r) for r in range(ckpt.world_size)]
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        gathered = np.empty(sum(counts), dtype=np.uint8)
+        target = ckpt._protected[tl.name].array
         mine = pieces.get(tl.name)
         send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
+        if tl.axis == 0 and isinstance(target, np.ndarray) and target.flags.c_contiguous and target.size:
+            # Cut along axis 0, the pieces in rank order ARE the array's bytes: receive in place.
+            wait_all([ckpt.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
+                                                   MPI.BYTE])])
+            continue
+        gathered = np.empty(sum(counts), dtype=np.uint8)
         wait_all([ckpt.comm.Iallgatherv(send, [gathered, counts, displacements, MPI.BYTE])])
         shape = tl.logical_shape
         axis_major = (shape[tl.axis],) + shape[:tl.axis] + shape[tl.axis + 1:]
         full = np.moveaxis(gathered.view(tl.spec.dtype).reshape(axis_major), 0, tl.axis).reshape(tl.spec.shape)
-        _write_in_place(ckpt._protected[tl.name].array, full)
+        _write_in_place(target, full)
     for name in ckpt.local_array_names:
         _write_in_place(ckpt._protected[name].array, pieces[name])
     for name, (_, setter) in ckpt._states.items():
