@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcckpt.ckpt.layout import Layout, place_read, read_requests
+from hpcckpt.ckpt.layout import Layout, copy_strided, place_read, read_requests
 from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
 from hpcckpt.errors import (
@@ -432,7 +432,7 @@ def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
 
 def _write_in_place(target, host: np.ndarray) -> None:
     if isinstance(target, np.ndarray):
-        np.copyto(target, host.reshape(target.shape))
+        copy_strided(target, host.reshape(target.shape))
     else:
         target.set(np.ascontiguousarray(host.reshape(target.shape)))
 

@@ -279,3 +279,17 @@ def test_many_random_repartitions():
             assert sum(r.nbytes for r in requests) == new.bytes_of_rank(new_rank)
             for t in new.rank_pieces(new_rank):
                 np.testing.assert_array_equal(pieces[t.name], extract_piece(arrays[t.name], t, new_rank))
+
+
+@pytest.mark.parametrize("shape", [(700, 1300), (3, 4), (1200, 900, 2), (513, 257)])
+def test_copy_strided_equals_copyto_for_transposed_views(shape):
+    from hpcckpt.ckpt.layout import copy_strided
+
+    source = np.random.default_rng(1).random(shape).astype(np.float32)
+    view = np.moveaxis(source, 1, 0)
+    out = np.empty(view.shape, np.float32)
+    copy_strided(out, view)
+    assert np.array_equal(out, view)
+    back = np.empty(shape, np.float32)
+    copy_strided(back, np.moveaxis(out, 0, 1))
+    assert np.array_equal(back, source)

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from hpcckpt.ckpt.layout import Layout, TensorSpec, piece_view_slices, plan_layout
+from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
 from hpcckpt.cluster.backend import array_module
@@ -473,6 +473,6 @@ class Checkpointer:
 
 def _copy_to_host(region, buffer: np.ndarray) -> None:
     if isinstance(region, np.ndarray):
-        np.copyto(buffer, region)
+        copy_strided(buffer, region)
     else:  # CuPy: gather the (possibly strided) region on the device, then one copy down
         array_module(region).ascontiguousarray(region).get(out=buffer)
