@@ -137,6 +137,7 @@ class Checkpointer:
         self._buffers: dict[str, np.ndarray] | None = None
         self._ordinal = 0
         self._pending: _PendingSnapshot | None = None
+        self._read_back_buffer: np.ndarray | None = None
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
         self.last_report: PersistReport | None = None
@@ -388,7 +389,7 @@ class Checkpointer:
             shard_infos = self.comm.allgather((info.size, info.checksums))
             self._mark(report, step, "local", started, info.size)
             if "partner" in due or "erasure" in due:
-                shard = np.fromfile(self.local.shard_path(step), dtype=np.uint8)
+                shard = self._read_back(self.local.shard_path(step))
                 sizes = [size for size, _ in shard_infos]
                 if "partner" in due:
                     stored = self._stage(step, "partner", lambda: self.partner.protect(step, shard))
@@ -410,6 +411,22 @@ class Checkpointer:
                         label="L4 commit")
             self._mark(report, step, "pfs", started, info.size)
         self._apply_retention(step)
+
+    def _read_back(self, path) -> np.ndarray:
+        """The shard file just written (from the page cache) into a reused buffer: L2 sends and
+        L3 encodes the file's exact bytes, without a fresh allocation per checkpoint."""
+        size = os.path.getsize(path)
+        if self._read_back_buffer is None or self._read_back_buffer.size < size:
+            self._read_back_buffer = np.empty(size, dtype=np.uint8)
+        view = self._read_back_buffer[:size]
+        with open(path, "rb", buffering=0) as f:
+            done = 0
+            while done < size:
+                got = f.readinto(memoryview(view)[done:])
+                if not got:
+                    raise StorageError(f"{path}: file shrank while being read back ({done} of {size} bytes)")
+                done += got
+        return view
 
     def _stage(self, step: int, phase: str, action, label: str | None = None):
         """(all ranks) Run one stage of the persist; a failure on any rank fails it on all."""

@@ -106,6 +106,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
     window_time, window_samples, window_steps = 0.0, 0, 0
     last_eval: dict = {}
     previous_durable = 0.0
+    warned_short_interval = False
     while trainer.step < total_steps:
         next_step = trainer.step + 1
         report = next_step % log_every == 0 or next_step == total_steps
@@ -162,6 +163,14 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
                     log.info(change, console=True)
             else:
                 policy.observe_checkpoint(result.step, blocked, None)
+                waited = blocked - closing.snapshot_s - closing.captured_early_s
+                if waited > 0.5 * blocked > 0.01 and not warned_short_interval:
+                    # At most one checkpoint is in flight: a fixed interval shorter than a persist
+                    # turns the persist's duration into blocking time.
+                    log.warning(f"checkpoint.every_steps = {config.checkpoint.every_steps} is shorter than a "
+                                f"persist takes: step {result.step} waited {waited:.3f} s for the previous one; "
+                                "use a larger interval or every_steps = \"auto\"")
+                    warned_short_interval = True
         log.progress(result.step, total_steps, f"loss {result.loss:.4f}" if result.loss is not None else "")
     if checkpointer is not None:
         checkpointer.wait()
