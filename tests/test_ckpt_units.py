@@ -53,3 +53,24 @@ def test_parse_faults():
                 "node-loss:node=1:step=2:phase=lunch", "rank-kill:node=1:step=2"):
         with pytest.raises(ConfigError):
             parse_fault(bad)
+
+
+def test_levels_due_every_nth_and_always_the_last():
+    from types import SimpleNamespace
+
+    from hpcckpt.ckpt.engine import Checkpointer, Snapshot
+
+    fake = SimpleNamespace(
+        levels_enabled=("local", "partner", "erasure", "pfs"),
+        config=SimpleNamespace(resilience=SimpleNamespace(partner_every=1, erasure_every=2),
+                               storage=SimpleNamespace(pfs_every=3)),
+    )
+
+    def due(ordinal, final=False):
+        return Checkpointer.levels_due(fake, Snapshot(ordinal * 10, ordinal, (), {}, {}, final))
+
+    assert due(1) == ("local", "partner")
+    assert due(2) == ("local", "partner", "erasure")
+    assert due(3) == ("local", "partner", "pfs")
+    assert due(6) == ("local", "partner", "erasure", "pfs")
+    assert due(5, final=True) == ("local", "partner", "erasure", "pfs")
