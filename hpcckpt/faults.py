@@ -57,17 +57,33 @@ def parse_fault(text: str) -> Fault:
 
 
 class FaultInjector:
-    def __init__(self, faults, rank: int, node: int, local_dir: str | Path | None):
+    def __init__(self, faults, rank: int, node: int, local_dir: str | Path | None, comm=None):
+        """`comm` (the application's, used by the main thread) lets simultaneous node losses
+        between steps delete every lost directory before any lost rank dies: otherwise the
+        first death makes mpiexec kill the rest before they delete theirs."""
         self.rank = rank
         self.node = node
         self.local_dir = Path(local_dir) if local_dir else None
+        self.comm = comm
+        self.all_faults = tuple(faults)
         self.faults = tuple(f for f in faults if self._hits_me(f))
 
     def _hits_me(self, fault: Fault) -> bool:
         return fault.target == (self.rank if fault.kind == "rank-kill" else self.node)
 
     def strike(self, step: int, phase: str | None = None) -> None:
-        """Die here if a fault targets this rank at (step, phase)."""
+        """Die here if a fault targets this rank at (step, phase). Without a phase every rank
+        calls this after each step (collectively when node losses are due)."""
+        if phase is None and self.comm is not None and any(
+                f.kind == "node-loss" and f.step == step and f.phase is None for f in self.all_faults):
+            self.comm.Barrier()
+            mine = [f for f in self.faults if f.kind == "node-loss" and f.step == step and f.phase is None]
+            if mine and self.local_dir is not None:
+                shutil.rmtree(self.local_dir, ignore_errors=True)
+            self.comm.Barrier()  # every lost directory is gone before anyone dies
+            if mine and self.local_dir is not None:
+                # A persist thread of this rank may have recreated a file meanwhile.
+                shutil.rmtree(self.local_dir, ignore_errors=True)
         for fault in self.faults:
             if fault.step == step and fault.phase == phase:
                 self._die(fault)

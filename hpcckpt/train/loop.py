@@ -44,7 +44,7 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
         log.info(f"this rank runs on node {node} (local rank {local_rank})")
         checkpointer = None
         injector = FaultInjector(faults, rank, node, local_dir_of(
-            config.storage.local_dir, str(config.run.dir), topology, rank))
+            config.storage.local_dir, str(config.run.dir), topology, rank), comm=comm)
         policy = IntervalPolicy.from_config(config.checkpoint)
         if policy.enabled:
             checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)

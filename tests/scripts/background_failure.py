@@ -16,7 +16,8 @@ from hpcckpt.runlog import RunLog
 def main():
     run_dir = Path(sys.argv[1])
     comm = MPI.COMM_WORLD
-    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=2"], environ={})
+    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=2",
+                                'resilience.levels=["local","pfs"]'], environ={})
     log = RunLog(run_dir, comm.rank, comm.size, console=False)
     weights = np.arange(4096, dtype=np.float64)
     ckpt = Checkpointer(comm, config, log=log)

@@ -20,7 +20,8 @@ def rss_bytes() -> int:
 def main():
     run_dir, count = sys.argv[1], int(sys.argv[2])
     comm = MPI.COMM_WORLD
-    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=2", "checkpoint.keep_local=2",
+    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=2", 'resilience.levels=["local","pfs"]',
+                                "checkpoint.keep_local=2",
                                 "checkpoint.keep_pfs=2", "storage.pfs_every=10", "checkpoint.split_threshold_kb=64"],
                          environ={})
     weights = [np.random.default_rng(i).normal(size=(256, 128)).astype(np.float32) for i in range(4)]
