@@ -182,7 +182,7 @@ def bench_gpu(k, m, data, parity, repeats, res):
     del d, out, blocks, srcs, dout
 
 
-# bench_rebuild_vs_pfs(...) -- "rebuild one node vs read it from L4" -- is added separately.
+# "Rebuild one lost node vs read it from L4" is measured by perf/bench_rebuild.py.
 
 
 def main(argv=None) -> int:
