@@ -13,6 +13,12 @@ def test_default_job_reaches_95_percent_on_4_ranks(tmp_path):
     assert "val_accuracy" in proc.stdout and "samples/s" in proc.stdout
     records = read_metrics(tmp_path / "run")
     assert any("loss" in r and "step" in r for r in records)
+    # The default job checkpoints every 50 steps on all four levels; each cost is recorded.
+    assert [r["step"] for r in records if "checkpoint_blocking_s" in r] == list(range(50, 401, 50))
+    durable = {r["step"]: r["checkpoint_durable_s"] for r in records if "checkpoint_durable_s" in r}
+    assert sorted(durable) == list(range(50, 401, 50))
+    assert set(durable[100]) == {"local", "partner", "erasure", "pfs"} and set(durable[50]) == {"local", "partner",
+                                                                                                "erasure"}
     assert any("val_loss" in r and "val_accuracy" in r for r in records)
     # Other ranks keep their own logs.
     assert sorted(p.name for p in (tmp_path / "run" / "log").iterdir()) == [f"rank{r}.log" for r in range(4)]

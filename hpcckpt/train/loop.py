@@ -118,6 +118,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
             blocked = time.perf_counter() - opened
             if previous is not None and previous.durable_s:
                 previous_durable = max(previous.durable_s.values())
+                log.metrics({"step": previous.step, "checkpoint_durable_s": previous.durable_s})
         result = trainer.train_step(reduce_loss=report)
         if not checkpoint_due:
             policy.observe_step(result.seconds)
@@ -149,6 +150,8 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
             metrics = last_eval if last_eval.get("step") == result.step else {}
             closing = checkpointer.end_checkpoint(metrics, final=result.step == total_steps)
             blocked += closing.snapshot_s + closing.captured_early_s
+            log.metrics({"step": result.step, "checkpoint_blocking_s": blocked,
+                         "checkpoint_captured_during_step_s": closing.captured_early_s})
             if policy.adaptive and policy.interval == 0:
                 # The profiling checkpoint: wait once for it to be durable, so the first interval
                 # already accounts for how long a persist takes.
@@ -173,7 +176,9 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
                     warned_short_interval = True
         log.progress(result.step, total_steps, f"loss {result.loss:.4f}" if result.loss is not None else "")
     if checkpointer is not None:
-        checkpointer.wait()
+        last = checkpointer.wait()
+        if last is not None and last.durable_s:
+            log.metrics({"step": last.step, "checkpoint_durable_s": last.durable_s})
     seconds = time.perf_counter() - started
     digest = trainer.weights_digest()
     # One small collective proves the data-parallel invariant: every rank holds the same weights.
