@@ -224,6 +224,8 @@ class Checkpointer:
         pending = self._pending
         if pending is None or name in pending.captured:
             return
+        if name not in self._protected:
+            raise CheckpointError(f"capture({name!r}): no protected array has that name; protect() it first")
         started = time.perf_counter()
         self._copy_piece(name)
         pending.captured.add(name)
