@@ -108,10 +108,10 @@ def _rss_kib() -> int:
     return 0
 
 
-def _quiet_barrier(comm, poll_s=0.0005):
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_s)
+def _quiet_barrier(comm):
+    from hpcckpt.ckpt.engine import quiet_barrier
+
+    quiet_barrier(comm)
 
 
 def _fsync_dir(path):
@@ -863,18 +863,11 @@ class _ForeignLoad:
 
 
 def _mpiexec(args):
-    mpiexec = args.mpiexec or str(Path(sys.executable).with_name("mpiexec"))
-    if not Path(mpiexec).exists():
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    extra = []
-    if "Open MPI" in version or "OpenRTE" in version:
-        extra.append("--oversubscribe")
-        if os.geteuid() == 0:
-            extra.append("--allow-run-as-root")
-    lines = [" ".join(line.split()) for line in version.splitlines() if line.strip()]
-    named = [line for line in lines if "Version" in line or "Open MPI" in line]
-    return mpiexec, extra, (named or lines or ["?"])[0]
+    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
+
+    mpiexec = find_mpiexec(args.mpiexec)
+    flags, label = mpiexec_flags(mpiexec)
+    return mpiexec, flags, label
 
 
 def _torch_available():

@@ -55,7 +55,8 @@ unchanged), per rank, seconds inside restart():
               pure part: rank 1's exit minus the last survivor's entry (wall clock).
   decode      ErasureCode.rebuild (the GF(2^8) decode of the lost blocks)
   parity_wr   ErasureLevel._store (write + fsync of the rebuilt parity file)
-  l4_read     recovery._read_file (rank 1 reads its L4 shard, l4_read variant)
+  l4_read     recovery._restore_local_copy (rank 1 copies its verified L4 shard back to L1;
+              the L4 read itself is part of fetch)
   l1_write    LocalLevel.write_shard_bytes (write + fsync of the rebuilt / L4 shard into L1)
   adopt       recovery._adopt = l1_write + re-read/verify from L1
   l3_stage    recovery._erasure_stage (everything L3 does, all ranks)
@@ -121,10 +122,10 @@ DERIVED = ("xfer_net", "l3_rest", "disk_rd", "disk_wr")
 # worker side (runs under mpiexec)
 
 
-def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_s)
+def quiet_barrier(comm) -> None:
+    from hpcckpt.ckpt.engine import quiet_barrier as sleeping_barrier
+
+    sleeping_barrier(comm)
 
 
 def _proc_io() -> dict:
@@ -231,7 +232,7 @@ def _install_probes() -> Probes:
     probes = Probes()
     for owner, attr, key in [
         (recovery, "_discover", "discover"), (recovery, "_fetch", "fetch"), (recovery, "_adopt", "adopt"),
-        (recovery, "_read_file", "l4_read"), (recovery, "_erasure_stage", "l3_stage"),
+        (recovery, "_restore_local_copy", "l4_read"), (recovery, "_erasure_stage", "l3_stage"),
         (recovery, "_reprotect", "reprotect"), (recovery, "_load", "load"),
         (ErasureLevel, "read_parity", "parity_rd"), (ErasureLevel, "_exchange_by_stripe", "transfer"),
         (ErasureLevel, "_store", "parity_wr"), (ErasureCode, "rebuild", "decode"),
@@ -323,19 +324,9 @@ def worker_restore(args) -> None:
 
 
 def _mpiexec(args) -> tuple[list[str], str]:
-    mpiexec = args.mpiexec or str(Path(sys.executable).with_name("mpiexec"))
-    if not Path(mpiexec).exists():
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
-    command = [mpiexec, "-n", str(RANKS)]
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        command.append("--oversubscribe")
-        if os.geteuid() == 0:
-            command.append("--allow-run-as-root")
-    named = [l.strip() for l in version.splitlines() if l.strip().lower().startswith("version:")]
-    label = ("MPICH/HYDRA " + named[0].split(":", 1)[1].strip()) if named else \
-        (version.splitlines()[0].strip() if version.strip() else "?")
-    return command, label
+    from hpcckpt.cluster.launcher import mpiexec_command
+
+    return mpiexec_command(RANKS, args.mpiexec)
 
 
 def _launch(args, extra: list[str], what: str) -> dict:

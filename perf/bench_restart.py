@@ -91,10 +91,10 @@ STEP = 1
 # machinery dislikes a top-level mpi4py import)
 
 
-def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_s)
+def quiet_barrier(comm) -> None:
+    from hpcckpt.ckpt.engine import quiet_barrier as sleeping_barrier
+
+    sleeping_barrier(comm)
 
 
 def _proc_io() -> dict:
@@ -287,7 +287,7 @@ class Worker:
         from hpcckpt import recovery
 
         # Timing probes on the recovery module's functions (restored afterwards).
-        probes = {"_fetch": "fetch_s", "_read_file": "read_file_s", "_adopt": "adopt_s",
+        probes = {"_fetch": "fetch_s", "_read_file": "read_file_s", "_adopt": "adopt_s", "_restore_local_copy": "adopt_s",
                   "_reprotect": "reprotect_s", "_load": "load_s", "_write_in_place": "place_s"}
         probes = {name: key for name, key in probes.items() if hasattr(recovery, name)}
         times = {key: 0.0 for key in probes.values()}
@@ -436,20 +436,9 @@ def worker_main(args) -> None:
 
 
 def _mpiexec_command(args, ranks):
-    mpiexec = args.mpiexec or str(Path(sys.executable).with_name("mpiexec"))
-    if not Path(mpiexec).exists():
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
-    command = [mpiexec, "-n", str(ranks)]
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        command.append("--oversubscribe")
-        if os.geteuid() == 0:
-            command.append("--allow-run-as-root")
-    lines = [l.strip() for l in version.splitlines() if l.strip()]
-    named = [l for l in lines if l.lower().startswith("version:") or "Open MPI" in l]
-    label = ("MPICH/HYDRA " + named[0].split(":", 1)[1].strip()) if named and "Open MPI" not in named[0] else \
-        (named[0] if named else (lines[0] if lines else "?"))
-    return command, label
+    from hpcckpt.cluster.launcher import mpiexec_command
+
+    return mpiexec_command(ranks, args.mpiexec)
 
 
 def _free_port() -> int:

@@ -328,18 +328,9 @@ def worker(args):
 
 
 def _mpiexec_command(args, ranks):
-    mpiexec = args.mpiexec or str(Path(sys.executable).with_name("mpiexec"))
-    if not Path(mpiexec).exists():
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
-    command = [mpiexec, "-n", str(ranks)]
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        command.append("--oversubscribe")
-        if os.geteuid() == 0:
-            command.append("--allow-run-as-root")
-    lines = [" ".join(line.split()) for line in version.splitlines() if line.strip()]
-    named = [line for line in lines if "Version" in line or "Open MPI" in line]
-    return command, (named or lines or ["?"])[0]
+    from hpcckpt.cluster.launcher import mpiexec_command
+
+    return mpiexec_command(ranks, args.mpiexec)
 
 
 def _run_job(args, device, ranks):

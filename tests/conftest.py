@@ -18,16 +18,12 @@ REPO = Path(__file__).resolve().parent.parent
 @functools.lru_cache(maxsize=None)
 def mpiexec_prefix() -> tuple[str, ...]:
     """mpiexec beside this Python first (the `mpich` wheel's), with Open MPI's flags when needed."""
-    candidates = [Path(sys.executable).parent / "mpiexec", shutil.which("mpiexec")]
-    exe = next((str(c) for c in candidates if c and Path(c).exists()), None)
-    if exe is None:
+    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
+
+    exe = find_mpiexec()
+    if not Path(exe).exists() and shutil.which(exe) is None:
         pytest.fail("no mpiexec found: install the project with its 'mpi' extra (pip install -e '.[mpi,test]')")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    flags: list[str] = []
-    if "Open MPI" in version or "OpenRTE" in version:
-        flags.append("--oversubscribe")
-        if os.geteuid() == 0:
-            flags.append("--allow-run-as-root")
+    flags, _ = mpiexec_flags(exe)
     return (exe, *flags)
 
 
