@@ -79,6 +79,8 @@ import threading
 import time
 from pathlib import Path
 
+from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -801,67 +803,6 @@ def _frequency(ctx, args, root, gather_max):
 # ------------------------------------------------------------------------------------------
 # parent side
 
-class _ForeignLoad:
-    """Samples, twice a second, whether a runnable process outside this benchmark's process tree
-    exists (Linux /proc only), and the 1-minute load average."""
-
-    def __init__(self):
-        self.samples = self.busy = 0
-        self.seen: dict[str, int] = {}
-        self.loadavg = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _stat(pid):
-        text = Path(f"/proc/{pid}/stat").read_text()
-        name_end = text.rindex(")")
-        fields = text[name_end + 2:].split()
-        return text[text.index("(") + 1:name_end], fields[0], int(fields[1])
-
-    def _run(self):
-        me = os.getpid()
-        while not self._stop.wait(0.5):
-            table = {}
-            for entry in os.scandir("/proc"):
-                if entry.name.isdigit():
-                    try:
-                        table[int(entry.name)] = self._stat(entry.name)
-                    except (OSError, ValueError):
-                        pass
-            foreign = []
-            for pid, (name, state, _) in table.items():
-                if state != "R" or pid == me:
-                    continue
-                ancestor = pid
-                while ancestor in table and ancestor not in (me, 0, 1):
-                    ancestor = table[ancestor][2]
-                if ancestor != me:
-                    foreign.append(name)
-            self.samples += 1
-            self.loadavg.append(os.getloadavg()[0])
-            if foreign:
-                self.busy += 1
-                for name in set(foreign):
-                    self.seen[name] = self.seen.get(name, 0) + 1
-
-    def __enter__(self):
-        if Path("/proc/self/stat").exists():
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def summary(self):
-        return {"samples": self.samples,
-                "busy_fraction": round(self.busy / self.samples, 3) if self.samples else None,
-                "loadavg_median": round(statistics.median(self.loadavg), 2) if self.loadavg else None,
-                "processes": dict(sorted(self.seen.items(), key=lambda kv: -kv[1])[:5])}
-
-
 def _mpiexec(args):
     from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
 
@@ -895,7 +836,7 @@ def _run_job(args, model, ranks, approaches, every, nckpt, rounds, freq):
     env = {k: v for k, v in env.items() if not k.startswith("HPCCKPT_")}
     started = time.perf_counter()
     try:
-        with _ForeignLoad() as load:
+        with ForeignLoad() as load:
             proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
         elapsed = time.perf_counter() - started
         if proc.returncode != 0:

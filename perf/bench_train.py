@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -356,68 +358,6 @@ def _run_job(args, device, ranks):
         os.unlink(out)
 
 
-class _ForeignLoad:
-    """Samples, twice a second, whether a runnable process outside this benchmark's process tree
-    exists (Linux /proc only). Shared machines run other jobs; this says how often they did."""
-
-    def __init__(self):
-        import threading
-
-        self.samples = self.busy = 0
-        self.seen: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _stat(pid):
-        text = Path(f"/proc/{pid}/stat").read_text()
-        name_end = text.rindex(")")
-        fields = text[name_end + 2:].split()
-        return text[text.index("(") + 1:name_end], fields[0], int(fields[1])  # comm, state, ppid
-
-    def _run(self):
-        me = os.getpid()
-        while not self._stop.wait(0.5):
-            try:
-                table = {}
-                for entry in os.scandir("/proc"):
-                    if entry.name.isdigit():
-                        try:
-                            table[int(entry.name)] = self._stat(entry.name)
-                        except (OSError, ValueError):
-                            pass
-            except OSError:
-                return
-            foreign = []
-            for pid, (name, state, _) in table.items():
-                if state != "R" or pid == me:
-                    continue
-                ancestor = pid
-                while ancestor in table and ancestor not in (me, 0, 1):
-                    ancestor = table[ancestor][2]
-                if ancestor != me:
-                    foreign.append(name)
-            self.samples += 1
-            if foreign:
-                self.busy += 1
-                for name in set(foreign):
-                    self.seen[name] = self.seen.get(name, 0) + 1
-
-    def __enter__(self):
-        if Path("/proc/self/stat").exists():
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def summary(self) -> dict:
-        return {"samples": self.samples, "busy_fraction": round(self.busy / self.samples, 3) if self.samples else None,
-                "processes": dict(sorted(self.seen.items(), key=lambda kv: -kv[1])[:5])}
-
-
 def _print_table(rows):
     header = ("device", "model", "ranks", "samples/s", "ms/step", "repeats ms/step", "compute",
               "ar stage", "ar wait", "optim", "other", "matmul", "instr ms")
@@ -454,7 +394,7 @@ def parent(args):
     rows = []
     for device in devices:
         for ranks in ranks_list:
-            with _ForeignLoad() as foreign:
+            with ForeignLoad() as foreign:
                 results, elapsed = _run_job(args, device, ranks)
             load = foreign.summary()
             flat["meta"][f"{device}_r{ranks}_foreign_load"] = load
