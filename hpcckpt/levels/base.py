@@ -13,6 +13,8 @@ import re
 import shutil
 from pathlib import Path
 
+from hpcckpt.ckpt.manifest import Manifest
+from hpcckpt.ckpt.shardfile import ShardInfo, write_shard
 from hpcckpt.errors import StorageError
 
 _VERSION_DIR = re.compile(r"^v(\d{12})$")
@@ -88,3 +90,38 @@ def remove_dir_if_empty(path: Path) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
             raise
+
+
+class VersionedLevel:
+    """What the file-based levels share: one directory per version under `root`, this rank's
+    shard in it, and a commit record whose place each level defines (commit_path)."""
+
+    name = ""
+    label = ""
+    config_key = ""  # the setting that names `root`, for error messages
+
+    def __init__(self, root: str | Path, rank: int):
+        self.root = Path(root)
+        self.rank = rank
+
+    def prepare(self) -> None:
+        ensure_writable_dir(self.root, self.config_key)
+
+    def version_dir(self, step: int) -> Path:
+        return self.root / version_dir_name(step)
+
+    def shard_path(self, step: int, rank: int | None = None) -> Path:
+        return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)
+
+    def commit_path(self, step: int) -> Path:
+        raise NotImplementedError
+
+    def write_shard(self, step: int, world_size: int, pieces, extra: dict) -> ShardInfo:
+        self.version_dir(step).mkdir(parents=True, exist_ok=True)
+        return write_shard(self.shard_path(step), step, self.rank, world_size, pieces, extra)
+
+    def commit(self, manifest: Manifest) -> None:
+        manifest.write(self.commit_path(manifest.step))
+
+    def manifest(self, step: int) -> Manifest:
+        return Manifest.read(self.commit_path(step))

@@ -12,46 +12,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcckpt.ckpt.manifest import Manifest
-from hpcckpt.ckpt.shardfile import ShardInfo, write_shard
 from hpcckpt.levels.base import (
+    VersionedLevel,
     commit_file_name,
-    ensure_writable_dir,
     files_of_rank,
     list_version_steps,
     remove_dir_if_empty,
-    shard_file_name,
-    version_dir_name,
 )
 
 
-class LocalLevel:
+class LocalLevel(VersionedLevel):
     name = "local"
     label = "L1 local"
-
-    def __init__(self, root: str | Path, rank: int):
-        self.root = Path(root)
-        self.rank = rank
-
-    def prepare(self) -> None:
-        ensure_writable_dir(self.root, "storage.local_dir")
-
-    def version_dir(self, step: int) -> Path:
-        return self.root / version_dir_name(step)
-
-    def shard_path(self, step: int, rank: int | None = None) -> Path:
-        return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)
+    config_key = "storage.local_dir"
 
     def commit_path(self, step: int, rank: int | None = None) -> Path:
+        """This rank's copy of the commit record (each rank commits: see the module docstring)."""
         return self.version_dir(step) / commit_file_name(self.rank if rank is None else rank)
-
-    def write_shard(self, step: int, world_size: int, pieces, extra: dict) -> ShardInfo:
-        self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        return write_shard(self.shard_path(step), step, self.rank, world_size, pieces, extra)
-
-    def commit(self, manifest: Manifest) -> None:
-        """(each rank) Record that the version is complete on every rank."""
-        manifest.write(self.commit_path(manifest.step))
 
     def committed_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root)
@@ -60,9 +37,6 @@ class LocalLevel:
     def uncommitted_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root)
                 if not self.commit_path(s).is_file() and self.shard_path(s).exists()]
-
-    def manifest(self, step: int) -> Manifest:
-        return Manifest.read(self.commit_path(step))
 
     def write_shard_bytes(self, step: int, data) -> None:
         """Put back a shard rebuilt from another level (its bytes are the original file's)."""
