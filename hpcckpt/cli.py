@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arguments(evaluate)
     evaluate.add_argument("--version", default="latest", help="latest | best | STEP (default latest)")
 
+    report = commands.add_parser("report", help="summarise a run across its attempts: restarts, where shards "
+                                                "came from, checkpoints, work lost")
+    _add_config_arguments(report)
+
     verify = commands.add_parser("verify", help="check the checksum of every stored piece")
     _add_config_arguments(verify)
 
@@ -84,7 +88,11 @@ def _command_train(args) -> int:
             f"{config.source}: cluster.simulated_nodes = {config.cluster.simulated_nodes} but only "
             f"{comm.Get_size()} ranks run; use at most {comm.Get_size()} or start more ranks with mpiexec -n"
         )
-    run_training(config, comm, restart=args.restart, faults=faults)
+    summary = run_training(config, comm, restart=args.restart, faults=faults)
+    if summary.halted:
+        from hpcckpt.train.stopping import EXIT_HALTED
+
+        return EXIT_HALTED
     return 0
 
 
@@ -104,24 +112,27 @@ def _command_make_data(args) -> int:
 
 
 def _command_inspect(args) -> int:
+    import dataclasses
     import json
 
-    from hpcckpt.ckpt.catalog import list_versions
+    from hpcckpt.ckpt.catalog import version_overview
     from hpcckpt.config import load_config
 
     config = load_config(args.config, args.overrides)
-    entries = list_versions(config)
+    versions = version_overview(config)
     if args.json:
-        print(json.dumps([entry.__dict__ for entry in entries], indent=1))
+        print(json.dumps([dataclasses.asdict(v) for v in versions], indent=1))
         return 0
-    if not entries:
+    if not versions:
         print(f"no checkpoint versions under {config.run.dir!r}")
         return 0
-    print(f"{'level':6} {'step':>8} {'complete':9} {'ranks':>5} {'size':>12}  metrics")
-    for e in entries:
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in e.metrics.items() if isinstance(v, (int, float)) and k != "step")
-        print(f"{e.level:6} {e.step:8d} {'yes' if e.complete else 'NO':9} {e.world_size or '?':>5} "
-              f"{e.size:12,d}  {metrics}")
+    labels = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
+    print(f"{'step':>8} {'levels':12} {'ranks':>5} {'size':>12}  {'survives':18} metrics")
+    for v in versions:
+        levels = " ".join(labels[level] for level in v.levels) or "incomplete"
+        survives = "any node losses" if v.survives is None else f"{v.survives} node loss(es)"
+        metrics = " ".join(f"{k}={x:.4g}" for k, x in v.metrics.items() if isinstance(x, (int, float)) and k != "step")
+        print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:18} {metrics}")
     return 0
 
 
@@ -208,6 +219,17 @@ def _command_evaluate(args) -> int:
     return 0
 
 
+def _command_report(args) -> int:
+    from hpcckpt.config import load_config
+    from hpcckpt.report import read_records, summarise
+
+    config = load_config(args.config, args.overrides)
+    print(f"run {config.run.dir}:")
+    for line in summarise(read_records(config.run.dir)):
+        print("  " + line)
+    return 0
+
+
 def _command_verify(args) -> int:
     from hpcckpt.ckpt.catalog import verify_all
     from hpcckpt.config import load_config
@@ -221,7 +243,8 @@ def _command_verify(args) -> int:
 
 
 COMMANDS = {"train": _command_train, "make-data": _command_make_data, "inspect": _command_inspect,
-            "export": _command_export, "evaluate": _command_evaluate, "verify": _command_verify}
+            "export": _command_export, "evaluate": _command_evaluate, "verify": _command_verify,
+            "report": _command_report}
 
 
 def main(argv=None) -> int:

@@ -27,6 +27,10 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     log_every: int = 20
+    # Stop cleanly (final checkpoint on the PFS, exit 75) once fewer than halt_seconds remain
+    # before end_time, the allocation's end in seconds since the epoch (0: unknown; job scripts set it).
+    halt_seconds: float = 0.0
+    end_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class CheckpointConfig:
     mtbf_hours: float = 0.0
     split_threshold_kb: int = 1024
     persist_nice: int = 10  # the persist thread's nice value: background work yields to training
+    # A restart counts as good after this many steps (or its next checkpoint); a crash before
+    # marks the version it loaded failed, and the next restart falls back to an older one.
+    confirm_after_steps: int = 10
 
 
 @dataclass(frozen=True)
@@ -150,11 +157,11 @@ _POSITIVE = {
     ("data", "batch_size"), ("optimizer", "bucket_kb"), ("model", "kernel_size"), ("model", "pool"),
     ("storage", "pfs_every"), ("resilience", "group_size"), ("resilience", "parity"),
     ("resilience", "partner_every"), ("resilience", "erasure_every"), ("checkpoint", "keep_local"),
-    ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"),
+    ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"), ("checkpoint", "confirm_after_steps"),
 }
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
-    ("storage", "pfs_bandwidth_mb"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
+    ("storage", "pfs_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
 }
 

@@ -1,11 +1,14 @@
 """Fault injection for tests and demos: crash a rank, or lose a whole node, at a chosen point.
 
-    --inject rank-kill:rank=R:step=S[:phase=P]
-    --inject node-loss:node=N:step=S[:phase=P]
+    --inject rank-kill:rank=R:step=S[:phase=P][:attempt=A]
+    --inject node-loss:node=N:step=S[:phase=P][:attempt=A]
 
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
-pfs or commit it strikes inside that phase of step S's checkpoint. Death is abrupt (os._exit,
-no cleanup, no MPI finalize), as in a crash; a lost node's local directory is deleted first.
+partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
+phase = restore while version S is being loaded at restart. `attempt=A` limits the fault to
+attempt A of a job script's restart loop (HPCCKPT_ATTEMPT, 1 when unset), so a restarted run
+does not meet the same fault again. Death is abrupt (os._exit, no cleanup, no MPI finalize),
+as in a crash; a lost node's local directory is deleted first.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from hpcckpt.errors import ConfigError
 
-PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit")
+PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit", "restore")
+ATTEMPT_VARIABLE = "HPCCKPT_ATTEMPT"
 CRASH_EXIT_CODE = 137
 
 
@@ -28,10 +32,11 @@ class Fault:
     target: int  # rank or node
     step: int
     phase: str | None = None
+    attempt: int | None = None  # None: every attempt
 
 
 def parse_fault(text: str) -> Fault:
-    usage = ("use rank-kill:rank=R:step=S[:phase=P] or node-loss:node=N:step=S[:phase=P], "
+    usage = ("use rank-kill:rank=R:step=S[:phase=P][:attempt=A] or node-loss:node=N:step=S[:phase=P][:attempt=A], "
              f"P one of {', '.join(PHASES)}")
     kind, *fields = text.split(":")
     if kind not in ("rank-kill", "node-loss"):
@@ -43,17 +48,23 @@ def parse_fault(text: str) -> Fault:
             raise ConfigError(f"--inject {text!r}: expected key=value, got {item!r}; {usage}")
         values[key] = value
     target_key = "rank" if kind == "rank-kill" else "node"
-    allowed = {target_key, "step", "phase"}
+    allowed = {target_key, "step", "phase", "attempt"}
     if set(values) - allowed or not {target_key, "step"} <= set(values):
         raise ConfigError(f"--inject {text!r}: needs {target_key}= and step=; {usage}")
     try:
         target, step = int(values[target_key]), int(values["step"])
+        attempt = int(values["attempt"]) if "attempt" in values else None
     except ValueError:
-        raise ConfigError(f"--inject {text!r}: {target_key} and step must be integers; {usage}") from None
+        raise ConfigError(f"--inject {text!r}: {target_key}, step and attempt must be integers; {usage}") from None
     phase = values.get("phase")
     if phase is not None and phase not in PHASES:
         raise ConfigError(f"--inject {text!r}: unknown phase {phase!r}; {usage}")
-    return Fault(kind, target, step, phase)
+    return Fault(kind, target, step, phase, attempt)
+
+
+def current_attempt(environ=None) -> int:
+    value = (os.environ if environ is None else environ).get(ATTEMPT_VARIABLE, "")
+    return int(value) if value.isdigit() else 1
 
 
 class FaultInjector:
@@ -65,8 +76,9 @@ class FaultInjector:
         self.node = node
         self.local_dir = Path(local_dir) if local_dir else None
         self.comm = comm
-        self.all_faults = tuple(faults)
-        self.faults = tuple(f for f in faults if self._hits_me(f))
+        attempt = current_attempt()
+        self.all_faults = tuple(f for f in faults if f.attempt in (None, attempt))
+        self.faults = tuple(f for f in self.all_faults if self._hits_me(f))
 
     def _hits_me(self, fault: Fault) -> bool:
         return fault.target == (self.rank if fault.kind == "rank-kill" else self.node)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.layout import Layout, copy_strided, place_read, read_requests
 from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
@@ -92,15 +93,40 @@ def _sources(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[str]:
     return sources
 
 
-def _candidates(ckpt, everyone: list[Holdings], wanted: int | None) -> list[int]:
+def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
     steps = set()
     for h in everyone:
         steps.update(h.local)
         steps.update(h.pfs)
     if wanted is not None:
         steps &= {wanted}
+    steps -= set(excluded)
     return [s for s in sorted(steps, reverse=True)
             if all(_sources(ckpt, everyone, r, s) for r in range(ckpt.world_size))]
+
+
+def _on_rank0(ckpt, action):
+    """(all ranks) Run `action` on rank 0 only and hand its result, or its error, to every rank."""
+    result = None
+    if ckpt.rank == 0:
+        try:
+            result = action()
+        except HpcckptError as exc:
+            result = exc
+    result = ckpt.comm.bcast(result, root=0)
+    if isinstance(result, HpcckptError):
+        raise _collective(result)
+    return result
+
+
+def _failed_versions(ckpt, ledger: RestartLedger) -> dict[int, str]:
+    """(all ranks) Versions that made a restart crash; the previous restart's pending entry,
+    if any, is one of them now."""
+    settled, failed = _on_rank0(ckpt, lambda: (ledger.settle_pending(), ledger.failed_steps()))
+    if settled is not None:
+        _warn(ckpt, f"version {settled[0]} is marked failed: {settled[1]}; falling back to an older version "
+                    f"(the record is in {ledger.path})")
+    return failed
 
 
 def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
@@ -115,8 +141,18 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir"))
         return None
-    candidates = _candidates(ckpt, everyone, wanted)
+    # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
+    # restart crashed and records the one it tries, so a crash while loading is not repeated.
+    ledger = RestartLedger(ledger_path(ckpt.config.run.dir)) if wanted is None else None
+    failed = _failed_versions(ckpt, ledger) if ledger is not None else {}
+    candidates = _candidates(ckpt, everyone, wanted, excluded=failed)
     if not candidates:
+        loadable_but_failed = [s for s in _candidates(ckpt, everyone, wanted) if s in failed]
+        if loadable_but_failed:
+            raise _collective(UnrecoverableError(
+                f"every recoverable version ({loadable_but_failed}) is marked failed after crashed restarts "
+                f"(see {ledger.path}); fix the cause (rank logs), then delete a step's entry under \"failed\" "
+                "there to try it again"))
         if wanted is not None or newest_anywhere is not None:
             step = wanted if wanted is not None else newest_anywhere
             raise _collective(UnrecoverableError(_missing_message(ckpt, everyone, step)))
@@ -126,10 +162,16 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
                 f"{ckpt.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
         return None
     for step in candidates:
+        if ledger is not None:
+            _on_rank0(ckpt, lambda: ledger.begin(step))
+        ckpt.faults.strike(step, "restore")
         if _try_restore(ckpt, step, everyone):
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
-                _clear_newer(ckpt, step)
+                _clear_newer(ckpt, step, failed)
+                ckpt.restart_unconfirmed = ledger
             return step
+    if ledger is not None:
+        _on_rank0(ckpt, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
     raise _collective(UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({candidates}) failed verification; "
         "see the rank logs for the pieces that were bad"))
@@ -205,6 +247,7 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
     if lost_initially and ckpt.local is not None and manifest.world_size == ckpt.world_size:
         _reprotect(ckpt, manifest)
     _load(ckpt, manifest, pieces)
+    ckpt.restored_sources = tuple(outcomes)
     if ckpt.log:
         labels = {"local": "L1 local", "partner": "L2 partner", "erasure": "L3 erasure", "pfs": "L4 pfs"}
         ckpt.log.info(f"restored version {step} from {labels[source]} (rank {ckpt.rank}, node {ckpt.node})")
@@ -437,11 +480,11 @@ def _write_in_place(target, host: np.ndarray) -> None:
         target.set(np.ascontiguousarray(host.reshape(target.shape)))
 
 
-def _clear_newer(ckpt, restored: int) -> None:
-    """Versions newer than the restored one can never be loaded (not complete on every rank,
-    or failed verification); the resumed run will write those steps again, and shard files are
-    never overwritten, so move them out of the way: uncommitted ones are deleted, committed
-    L4 ones are renamed for inspection."""
+def _clear_newer(ckpt, restored: int, failed: dict[int, str]) -> None:
+    """Versions newer than the restored one were not loaded (not complete on every rank,
+    failed verification, or marked failed after a crashed restart); the resumed run will
+    write those steps again, and shard files are never overwritten, so move them out of the
+    way: node-local ones are deleted, committed L4 ones are renamed for inspection."""
     if ckpt.local is not None:
         for step in set(ckpt.local.committed_steps()) | set(ckpt.local.uncommitted_steps()):
             if step > restored:
@@ -453,11 +496,22 @@ def _clear_newer(ckpt, restored: int) -> None:
         for step in ckpt.pfs.committed_steps():
             if step > restored:
                 directory = ckpt.pfs.version_dir(step)
-                os.replace(directory, directory.with_name(directory.name + ".unusable"))
-                _warn(ckpt, f"L4 version {step} could not be loaded; kept aside as {directory.name}.unusable")
+                aside = _free_name(directory, ".failed" if step in failed else ".unusable")
+                os.replace(directory, aside)
+                _warn(ckpt, f"L4 version {step} was not loaded; kept aside as {aside.name}")
     from hpcckpt.ckpt.engine import quiet_barrier
 
     quiet_barrier(ckpt.comm)
+
+
+def _free_name(directory, suffix: str):
+    """directory + suffix, or + suffix.N when an earlier restart already used that name."""
+    candidate = directory.with_name(directory.name + suffix)
+    count = 1
+    while candidate.exists():
+        count += 1
+        candidate = directory.with_name(f"{directory.name}{suffix}.{count}")
+    return candidate
 
 
 def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:

@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 from hpcckpt.errors import StorageError
+
+
+HEARTBEAT_NAME = "heartbeat"
+
+
+def read_heartbeat(run_dir) -> tuple[int, float] | None:
+    """(step, time) of the last step a previous run of this run.dir finished, if any."""
+    try:
+        step, stamp = (Path(run_dir) / HEARTBEAT_NAME).read_text().split()[:2]
+        return int(step), float(stamp)
+    except (OSError, ValueError):
+        return None
 
 
 class RunLog:
@@ -36,6 +49,7 @@ class RunLog:
         self.console = console and rank == 0
         self._progress_on_screen = False
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._heartbeat_fd: int | None = None
 
     def info(self, message: str, *, console: bool = False) -> None:
         """Log on this rank; `console` also prints it on rank 0's terminal."""
@@ -61,6 +75,15 @@ class RunLog:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def heartbeat(self, step: int) -> None:
+        """(rank 0 only writes) The last step done, overwritten in place each step (page cache,
+        no fsync): after a crash, the restart reads it to say how much work was lost."""
+        if self.rank != 0:
+            return
+        if self._heartbeat_fd is None:
+            self._heartbeat_fd = os.open(self.run_dir / HEARTBEAT_NAME, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(self._heartbeat_fd, f"{step:>14d} {time.time():>18.3f}\n".encode(), 0)
+
     def progress(self, step: int, total: int, text: str) -> None:
         """A one-line bar, only on an interactive terminal so batch logs stay clean."""
         if not (self.console and sys.stdout.isatty()):
@@ -78,6 +101,9 @@ class RunLog:
 
     def close(self) -> None:
         self._clear_progress()
+        if self._heartbeat_fd is not None:
+            os.close(self._heartbeat_fd)
+            self._heartbeat_fd = None
         for handler in list(self.logger.handlers):
             self.logger.removeHandler(handler)
             handler.close()

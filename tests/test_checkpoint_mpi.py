@@ -228,12 +228,12 @@ def test_inspect_lists_levels_and_retention(tmp_path):
     assert_ok(train(tmp_path, job))
     proc = run_mpi(1, ["inspect", "-c", str(job), "--json"], cwd=tmp_path)
     assert_ok(proc)
-    entries = json.loads(proc.stdout)
-    local = sorted(e["step"] for e in entries if e["level"] == "local")
-    pfs = sorted(e["step"] for e in entries if e["level"] == "pfs")
-    assert local == [25, 30]  # keep_local = 2
-    assert pfs == [10, 20, 30]  # every 2nd checkpoint plus the last, keep_pfs = 3
-    assert all(e["complete"] for e in entries)
+    versions = {v["step"]: v for v in json.loads(proc.stdout)}
+    # keep_local = 2; L4 every 2nd checkpoint plus the last, keep_pfs = 3
+    assert {step: v["levels"] for step, v in versions.items()} == {
+        10: ["pfs"], 20: ["pfs"], 25: ["local"], 30: ["local", "pfs"]}
+    # L1 alone survives no node loss; an L4 copy survives any.
+    assert {step: v["survives"] for step, v in versions.items()} == {10: None, 20: None, 25: 0, 30: None}
     final = final_record(tmp_path / "run")
     # An evaluation-only job on another rank count gives the training run's own numbers.
     evaluate = run_mpi(2, ["evaluate", "-c", str(job), "--version", "latest", "--set", "cluster.simulated_nodes=2"],

@@ -77,6 +77,65 @@ def list_versions(config) -> list[VersionEntry]:
     return sorted(entries, key=lambda e: (e.step, e.level))
 
 
+@dataclass(frozen=True)
+class VersionOverview:
+    """One version across levels, as this process sees it: which levels hold all of it, and
+    how many simultaneous node losses it survives (None: any number, thanks to L4)."""
+
+    step: int
+    levels: tuple[str, ...]
+    world_size: int | None
+    size: int
+    survives: int | None
+    metrics: dict
+
+
+def version_overview(config) -> list[VersionOverview]:
+    from hpcckpt.cluster.topology import node_losses_survived
+    from hpcckpt.errors import TopologyError
+
+    by_step: dict[int, list[VersionEntry]] = {}
+    for entry in list_versions(config):
+        by_step.setdefault(entry.step, []).append(entry)
+    overview = []
+    for step, entries in sorted(by_step.items()):
+        complete = {e.level: e for e in entries if e.complete}
+        manifest = None
+        if complete:
+            try:
+                manifest = manifest_of(config, step)
+            except HpcckptError:
+                manifest = None
+        levels = []
+        if "local" in complete:
+            levels.append("local")
+            directories = [Path(d) for d in complete["local"].location.split(", ")]
+            if manifest is not None:
+                if "partner" in manifest.levels and _count(directories, "replica-of-r*.hck") >= manifest.world_size:
+                    levels.append("partner")
+                if "erasure" in manifest.levels and _count(directories, "parity-r*.hck") >= manifest.world_size:
+                    levels.append("erasure")
+        if "pfs" in complete:
+            levels.append("pfs")
+        survives = 0
+        if manifest is not None and levels:
+            try:
+                survives = node_losses_survived(
+                    manifest.node_of_rank, partner="partner" in levels, pfs="pfs" in levels,
+                    group_size=config.resilience.group_size if "erasure" in levels else 0,
+                    parity=config.resilience.parity if "erasure" in levels else 0)
+            except TopologyError:
+                survives = 0
+        first = (complete.get("pfs") or complete.get("local") or entries[0])
+        overview.append(VersionOverview(step, tuple(levels), first.world_size, sum(e.size for e in entries),
+                                        survives, first.metrics))
+    return overview
+
+
+def _count(directories: list[Path], pattern: str) -> int:
+    return sum(1 for d in directories for _ in d.glob(pattern))
+
+
 def _try_manifest(path: Path) -> Manifest | None:
     try:
         return Manifest.read(path)

@@ -141,6 +141,9 @@ class Checkpointer:
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
         self.last_report: PersistReport | None = None
+        self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
+        self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
+        self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._prepare_storage()
 
@@ -213,6 +216,7 @@ class Checkpointer:
         if self._pending is not None:
             raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._pending.step} is open")
         previous = self._finish_in_flight()
+        self.confirm_restart()
         self._ensure_layout()
         self.faults.strike(step, "snapshot")
         self._pending = _PendingSnapshot(step, time.perf_counter())
@@ -269,6 +273,14 @@ class Checkpointer:
             if self.comm is not None:
                 self.comm.Free()
                 self.comm = None
+
+    def confirm_restart(self) -> None:
+        """(all ranks) The resumed run works: the version it restarted from is good. Called at
+        the next checkpoint; the trainer calls it earlier, after checkpoint.confirm_after_steps.
+        Until then a crash marks that version failed (see ckpt/ledger.py)."""
+        ledger, self.restart_unconfirmed = self.restart_unconfirmed, None
+        if ledger is not None and self.rank == 0:
+            ledger.confirm()
 
     def restart(self, mode: str = "auto", step: int | None = None) -> int | None:
         """(all ranks) Restore the newest version every rank can load; None when there is none.
@@ -448,6 +460,7 @@ class Checkpointer:
 
     def _mark(self, report: PersistReport, step: int, level: str, started: float, nbytes: int) -> None:
         report.durable_s[level] = time.perf_counter() - started
+        self.bytes_stored[level] = self.bytes_stored.get(level, 0) + int(nbytes)
         if self.log:
             self.log.info(f"step {step}: {level} done after {report.durable_s[level]:.3f} s "
                           f"({nbytes} bytes stored by this rank)")

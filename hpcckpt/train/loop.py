@@ -9,8 +9,9 @@ from hpcckpt.cluster.backend import select_backend
 from hpcckpt.ckpt.engine import Checkpointer
 from hpcckpt.ckpt.policy import IntervalPolicy
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
-from hpcckpt.faults import FaultInjector
-from hpcckpt.runlog import RunLog
+from hpcckpt.faults import FaultInjector, current_attempt
+from hpcckpt.runlog import RunLog, read_heartbeat
+from hpcckpt.train.stopping import StopRequests
 from hpcckpt.train.trainer import Trainer
 
 
@@ -21,6 +22,7 @@ class TrainSummary:
     val_accuracy: float | None
     seconds: float
     weights_digest: str
+    halted: str | None = None  # why the run stopped early on request (signal, allocation end)
 
 
 def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary:
@@ -28,6 +30,9 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
     rank, world_size = comm.Get_rank(), comm.Get_size()
     topology = discover_topology(comm, config.cluster.simulated_nodes)
     log = RunLog(config.run.dir, rank, world_size)
+    # From here on a stop signal only sets a flag: a job told to stop while it loads its
+    # checkpoint still stops cleanly, after its first step.
+    stopper = StopRequests(comm, config.run.end_time, config.run.halt_seconds).install()
     try:
         node = topology.node_of_rank[rank]
         local_rank = topology.local_index(rank)
@@ -53,19 +58,25 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
             checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
             checkpointer.register_state("policy", policy.state, policy.load_state)
             trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
+            reached_before = read_heartbeat(config.run.dir) if rank == 0 else None
             restored = checkpointer.restart(restart)
             if restored is None:
                 log.info("starting from scratch (no checkpoint to resume from)", console=True)
+            else:
+                # The saved policy state predates its own checkpoint; count the interval from it.
+                policy.last_checkpoint = restored
+            _report_restart(log, checkpointer, restored, reached_before)
             if policy.adaptive and policy.interval:
                 log.info(f"checkpoint interval {policy.interval} steps, kept from the checkpoint's profile: "
                          f"{policy.reason}", console=True)
         try:
-            summary = _step_loop(config, trainer, log, checkpointer, injector, policy)
+            summary = _step_loop(config, trainer, log, checkpointer, injector, policy, stopper)
         finally:
             if checkpointer is not None:
                 checkpointer.close()
         return summary
     finally:
+        stopper.close()
         log.close()
 
 
@@ -87,6 +98,21 @@ class CaptureAfterUpdate:
             self.checkpointer.capture(name)
 
 
+def _report_restart(log: RunLog, checkpointer, restored: int | None, reached_before) -> None:
+    """Where each rank's shard came from and how much work the failure cost, for the run's
+    summary (metrics.jsonl) and `hpcckpt report`."""
+    record = {"event": "restart", "attempt": current_attempt(), "step": restored or 0,
+              "sources": list(checkpointer.restored_sources)}
+    if reached_before is not None:
+        reached, _ = reached_before
+        record["reached_before"] = reached
+        record["lost_steps"] = max(0, reached - (restored or 0))
+        if record["lost_steps"] and restored is not None:
+            log.info(f"the previous run had reached step {reached}: {record['lost_steps']} step(s) are done again",
+                     console=True)
+    log.metrics(record)
+
+
 def _agreed_max(comm, values) -> list[float]:
     """The interval policy must decide the same everywhere: feed it the slowest rank's costs."""
     import numpy as np
@@ -98,7 +124,8 @@ def _agreed_max(comm, values) -> list[float]:
     return agreed.tolist()
 
 
-def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, policy) -> TrainSummary:
+def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, policy,
+               stopper: StopRequests) -> TrainSummary:
     total_steps = config.run.steps
     log_every = config.run.log_every
     eval_every = config.eval.every_steps
@@ -107,6 +134,9 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
     last_eval: dict = {}
     previous_durable = 0.0
     warned_short_interval = False
+    blocking_times: list[float] = []
+    halted = None
+    steps_this_run = 0
     while trainer.step < total_steps:
         next_step = trainer.step + 1
         report = next_step % log_every == 0 or next_step == total_steps
@@ -119,7 +149,12 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
             if previous is not None and previous.durable_s:
                 previous_durable = max(previous.durable_s.values())
                 log.metrics({"step": previous.step, "checkpoint_durable_s": previous.durable_s})
+        stopper.post()
         result = trainer.train_step(reduce_loss=report)
+        steps_this_run += 1
+        log.heartbeat(result.step)
+        if checkpointer is not None and steps_this_run == config.checkpoint.confirm_after_steps:
+            checkpointer.confirm_restart()
         if not checkpoint_due:
             policy.observe_step(result.seconds)
         window_time += result.seconds
@@ -146,10 +181,18 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
             )
             log.metrics(last_eval)
         injector.strike(result.step)
+        halted = stopper.agreed()
+        if halted and checkpointer is not None and not checkpoint_due:
+            # The final checkpoint of a stopped run: everything is captured at end_checkpoint.
+            checkpoint_due = True
+            opened = time.perf_counter()
+            checkpointer.begin_checkpoint(result.step)
+            blocked = time.perf_counter() - opened
         if checkpoint_due:
             metrics = last_eval if last_eval.get("step") == result.step else {}
-            closing = checkpointer.end_checkpoint(metrics, final=result.step == total_steps)
+            closing = checkpointer.end_checkpoint(metrics, final=result.step == total_steps or bool(halted))
             blocked += closing.snapshot_s + closing.captured_early_s
+            blocking_times.append(blocked)
             log.metrics({"step": result.step, "checkpoint_blocking_s": blocked,
                          "checkpoint_captured_during_step_s": closing.captured_early_s})
             if policy.adaptive and policy.interval == 0:
@@ -175,23 +218,67 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
                                 "use a larger interval or every_steps = \"auto\"")
                     warned_short_interval = True
         log.progress(result.step, total_steps, f"loss {result.loss:.4f}" if result.loss is not None else "")
+        if halted:
+            break
     if checkpointer is not None:
         last = checkpointer.wait()
         if last is not None and last.durable_s:
             log.metrics({"step": last.step, "checkpoint_durable_s": last.durable_s})
     seconds = time.perf_counter() - started
+    _summarise_checkpoints(trainer.comm, log, checkpointer, blocking_times, seconds)
+    if halted:
+        _report_halt(log, checkpointer, trainer.step, halted)
     digest = trainer.weights_digest()
     # One small collective proves the data-parallel invariant: every rank holds the same weights.
     digests = trainer.comm.allgather(digest)
     identical = len(set(digests)) == 1
     if not identical:
         log.warning(f"weights differ across ranks after step {trainer.step}: {digests}")
-    summary = TrainSummary(trainer.step, last_eval.get("val_loss"), last_eval.get("val_accuracy"), seconds, digest)
+    summary = TrainSummary(trainer.step, last_eval.get("val_loss"), last_eval.get("val_accuracy"), seconds, digest,
+                           halted)
     accuracy = f"{100 * summary.val_accuracy:.2f} %" if summary.val_accuracy is not None else "n/a"
     log.info(f"done: {summary.steps} steps in {seconds:.1f} s, final val_accuracy {accuracy}, "
              f"weights {digest[:16]} ({'identical on all ranks' if identical else 'DIFFER across ranks'})",
              console=True)
-    log.metrics({"step": trainer.step, "final": True, "weights_digest": digest,
+    log.metrics({"step": trainer.step, "final": not halted, "halted": halted, "weights_digest": digest,
                  "weights_identical_on_ranks": identical, "train_seconds": seconds,
                  "val_accuracy": summary.val_accuracy, "val_loss": summary.val_loss})
     return summary
+
+
+def _summarise_checkpoints(comm, log: RunLog, checkpointer, blocking_times: list[float], seconds: float) -> None:
+    """(all ranks) One line per run: how many checkpoints, what they cost training, and how
+    many bytes each level took (summed over ranks)."""
+    import numpy as np
+
+    if checkpointer is None:
+        return
+    stored = comm.allgather(checkpointer.bytes_stored)
+    per_level = {level: sum(s.get(level, 0) for s in stored) for level in checkpointer.levels_enabled}
+    blocking = np.asarray(blocking_times or [0.0])
+    overhead = 100.0 * blocking.sum() / seconds if seconds else 0.0
+    labels = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
+    written = ", ".join(f"{labels[level]} {_megabytes(n)}" for level, n in per_level.items())
+    log.info(f"checkpoints: {len(blocking_times)} taken, blocking median {1000 * np.median(blocking):.1f} ms, "
+             f"max {1000 * blocking.max():.1f} ms, estimated overhead {overhead:.2f} % of the run's time; "
+             f"written {written}", console=True)
+    log.metrics({"event": "checkpoint_summary", "checkpoints": len(blocking_times),
+                 "blocking_median_s": float(np.median(blocking)), "blocking_max_s": float(blocking.max()),
+                 "overhead_pct": overhead, "bytes_per_level": per_level})
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+def _report_halt(log: RunLog, checkpointer, step: int, reason: str) -> None:
+    if checkpointer is None:
+        where = "checkpoints are off (checkpoint.every_steps = 0), so this run cannot be resumed"
+    elif "pfs" in checkpointer.levels_enabled:
+        where = f"its final checkpoint is durable on the PFS ({checkpointer.pfs_dir})"
+    else:
+        where = ("its final checkpoint is on node-local storage only (the pfs level is off), "
+                 "so it survives only on these nodes")
+    log.info(f"stopped cleanly after step {step}: {reason}; {where}; run the same command again to continue",
+             console=True)
+    log.metrics({"event": "halted", "step": step, "reason": reason})

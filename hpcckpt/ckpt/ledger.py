@@ -1,0 +1,75 @@
+"""The restart ledger: which version a restart is loading, and which versions made one fail.
+
+A restart writes "pending: step V" before it loads V and clears it once the resumed run has
+proved itself (its next checkpoint, or checkpoint.confirm_after_steps steps). A pending entry
+found by the next restart means the previous one crashed while loading V or right after it:
+V is marked failed, and restarts fall back to older versions instead of looping on it.
+
+One JSON file, <run.dir>/restarts.json, owned by rank 0 (run.dir is shared by all nodes):
+
+    {"pending": {"step": 300, "since": 1700000000.0},
+     "failed": {"300": "the restart from it at 2026-11-23 10:00:00 crashed before it was confirmed"}}
+
+Delete a step's entry under "failed" to let restarts try it again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hpcckpt.ckpt.shardfile import write_bytes_atomically
+from hpcckpt.errors import StorageError
+
+LEDGER_NAME = "restarts.json"
+
+
+def ledger_path(run_dir) -> Path:
+    return Path(run_dir) / LEDGER_NAME
+
+
+class RestartLedger:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def _load(self) -> dict:
+        try:
+            record = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"pending": None, "failed": {}}
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"{self.path}: the restart ledger cannot be read ({exc}); fix or delete the file "
+                               "(deleting it forgets which versions made restarts fail)") from None
+        return {"pending": record.get("pending"), "failed": dict(record.get("failed", {}))}
+
+    def _save(self, record: dict) -> None:
+        write_bytes_atomically(self.path, json.dumps(record, indent=1).encode(), overwrite=True)
+
+    def failed_steps(self) -> dict[int, str]:
+        return {int(step): reason for step, reason in self._load()["failed"].items()}
+
+    def settle_pending(self) -> tuple[int, str] | None:
+        """A pending entry left by the previous restart: mark its version failed (returned)."""
+        record = self._load()
+        pending = record["pending"]
+        if not pending:
+            return None
+        step = int(pending["step"])
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(pending.get("since", 0))))
+        reason = f"the restart from it at {since} crashed while loading or before it was confirmed"
+        record["failed"][str(step)] = reason
+        record["pending"] = None
+        self._save(record)
+        return step, reason
+
+    def begin(self, step: int) -> None:
+        record = self._load()
+        record["pending"] = {"step": step, "since": time.time()}
+        self._save(record)
+
+    def confirm(self) -> None:
+        record = self._load()
+        if record["pending"] is not None:
+            record["pending"] = None
+            self._save(record)

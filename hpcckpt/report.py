@@ -1,0 +1,75 @@
+"""`hpcckpt report`: the story of a run.dir across all its attempts, from metrics.jsonl.
+
+Each attempt (one `hpcckpt train`) leaves a restart record (where each rank's shard came
+from, how far the previous attempt had got), a checkpoint summary and a final or halted
+record; this module only reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from hpcckpt.errors import ConfigError
+
+LEVEL_LABELS = {"local": "L1 local", "partner": "L2 partner", "erasure": "L3 erasure", "pfs": "L4 pfs"}
+
+
+def read_records(run_dir) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: no run has written to run.dir {str(run_dir)!r} yet")
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                # A crash can cut the last line short; everything before it still counts.
+                continue
+    return records
+
+
+def summarise(records: list[dict]) -> list[str]:
+    attempts = [r for r in records if r.get("event") == "restart"]
+    summaries = [r for r in records if r.get("event") == "checkpoint_summary"]
+    lines = [f"attempts: {len(attempts)}"]
+    lost_total = 0
+    for number, attempt in enumerate(attempts, 1):
+        sources = attempt.get("sources") or []
+        if sources:
+            counts = Counter(sources)
+            where = ", ".join(f"{counts[level]} rank(s) from {LEVEL_LABELS[level]}"
+                              for level in LEVEL_LABELS if level in counts)
+            moved = [f"rank {rank}: {LEVEL_LABELS[level]}" for rank, level in enumerate(sources) if level != "local"]
+            start = f"resumed from step {attempt['step']} ({where})"
+            if moved:
+                start += "; rebuilt: " + ", ".join(moved)
+        else:
+            start = "started from scratch"
+        lost = attempt.get("lost_steps")
+        if lost:
+            lost_total += lost
+            start += f"; the previous attempt had reached step {attempt['reached_before']}: {lost} step(s) of work lost"
+        lines.append(f"  attempt {number}: {start}")
+    last_end = next((r for r in reversed(records) if "weights_digest" in r), None)
+    steps_done = last_end["step"] if last_end else max(
+        (r["step"] for r in records if isinstance(r.get("step"), int)), default=0)
+    if last_end is not None and last_end is records[-1] and last_end.get("final"):
+        state = "finished"
+    elif last_end is not None and last_end is records[-1] and last_end.get("halted"):
+        state = f"stopped on request: {last_end['halted']}"
+    else:
+        state = "not finished: the last attempt ended without its final record"
+    lines.append(f"steps done: {steps_done} ({state})")
+    # Each checkpoint leaves its own record, so a crashed attempt's checkpoints count too.
+    blocking = sorted(r["checkpoint_blocking_s"] for r in records if "checkpoint_blocking_s" in r)
+    lines.append(f"checkpoints taken: {len(blocking)}")
+    if blocking:
+        median = blocking[len(blocking) // 2]
+        lines.append(f"checkpoint blocking: median {1000 * median:.1f} ms, max {1000 * blocking[-1]:.1f} ms; "
+                     "estimated overhead " + ", ".join(f"{r.get('overhead_pct', 0.0):.2f} %" for r in summaries)
+                     + " of the time of each attempt that ended normally")
+    lines.append(f"work lost to failures: {lost_total} step(s)")
+    return lines

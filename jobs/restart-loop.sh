@@ -1,0 +1,95 @@
+# The restart loop shared by jobs/slurm.sbatch and jobs/pbs.pbs (sourced, not run).
+#
+# The caller defines
+#   hpcckpt_launch ARGS...   start `hpcckpt ARGS...` on every rank of the current node set; it runs
+#                            in a background subshell and must `exec` the launcher (srun,
+#                            mpiexec), so that signals passed on reach the launcher itself
+#   hpcckpt_replan           before a restart: leave failed nodes out (may be a no-op)
+# and may set, before calling hpcckpt_restart_loop:
+#   CONFIG          job TOML (hpcckpt train -c)
+#   MAX_RESTARTS    restarts after failures within this allocation (default 3)
+#   END_TIME        the allocation's end, seconds since the epoch (unknown: empty)
+#   HALT_SECONDS    stop cleanly this long before END_TIME (default 120)
+#   HPCCKPT         how to run hpcckpt (default: hpcckpt; e.g. "python -m hpcckpt")
+#   TRAIN_ARGS      extra arguments for every attempt (e.g. --set or --inject ...:attempt=1)
+#
+# Exit codes of `hpcckpt train`: 0 finished; 75 stopped on request after a final checkpoint
+# on the PFS (signal, allocation end); 2 bad config or data and 4 no loadable checkpoint,
+# which another attempt cannot fix; anything else (a crashed rank, a lost node) is retried.
+# Each attempt exports HPCCKPT_ATTEMPT=N; restarts resume with --restart auto from the newest
+# version every rank can get (own copy, partner copy, erasure rebuild or PFS).
+
+HPCCKPT=${HPCCKPT:-hpcckpt}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
+HALT_SECONDS=${HALT_SECONDS:-120}
+TRAIN_ARGS=${TRAIN_ARGS:-}
+_hpcckpt_child=""
+_hpcckpt_stop_signal=""
+
+hpcckpt_say() { echo "hpcckpt-job: $*"; }
+
+_hpcckpt_on_signal() {
+    # The scheduler's warning (or time limit): pass it on as SIGUSR1, which every launcher
+    # forwards to the ranks (Open MPI's mpirun ends the job on SIGTERM instead); the ranks
+    # agree, take a final checkpoint, drain it to the PFS and exit 75.
+    _hpcckpt_stop_signal=$1
+    _hpcckpt_trapped=1
+    hpcckpt_say "got SIG$1: asking the job to checkpoint, drain to the PFS and stop"
+    if [ -n "$_hpcckpt_child" ]; then
+        kill -USR1 "$_hpcckpt_child" 2>/dev/null
+    fi
+}
+
+hpcckpt_restart_loop() {
+    trap '_hpcckpt_on_signal TERM' TERM
+    trap '_hpcckpt_on_signal USR1' USR1
+    trap '_hpcckpt_on_signal USR2' USR2
+    if [ -n "${END_TIME:-}" ]; then
+        export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
+        hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
+    fi
+    local attempt=0 status
+    while :; do
+        attempt=$((attempt + 1))
+        export HPCCKPT_ATTEMPT=$attempt
+        if [ -n "${END_TIME:-}" ] && [ $(( END_TIME - $(date +%s) )) -lt "$HALT_SECONDS" ]; then
+            hpcckpt_say "less than ${HALT_SECONDS} s left in the allocation; not starting attempt $attempt"
+            return 0
+        fi
+        hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT train -c $CONFIG --restart auto $TRAIN_ARGS"
+        # In the background, so a signal reaches the trap while we wait.
+        # shellcheck disable=SC2086
+        hpcckpt_launch train -c "$CONFIG" --restart auto $TRAIN_ARGS &
+        _hpcckpt_child=$!
+        while :; do
+            _hpcckpt_trapped=0
+            wait "$_hpcckpt_child"
+            status=$?
+            # A trapped signal ends `wait` early: wait again, for the drain and the real status.
+            [ "$_hpcckpt_trapped" = 1 ] || break
+        done
+        _hpcckpt_child=""
+        case $status in
+            0)
+                hpcckpt_say "finished after $attempt attempt(s)"
+                return 0 ;;
+            75)
+                hpcckpt_say "stopped cleanly after a final checkpoint on the PFS; submit the job again to continue"
+                return 0 ;;
+            2|4)
+                hpcckpt_say "attempt $attempt failed with exit code $status (bad input or no loadable checkpoint); not retrying: see the messages above"
+                return "$status" ;;
+        esac
+        if [ -n "$_hpcckpt_stop_signal" ]; then
+            hpcckpt_say "attempt $attempt ended with exit code $status after SIG$_hpcckpt_stop_signal; not restarting"
+            return "$status"
+        fi
+        if [ "$attempt" -gt "$MAX_RESTARTS" ]; then
+            hpcckpt_say "attempt $attempt failed with exit code $status; giving up after $MAX_RESTARTS restart(s)"
+            return "$status"
+        fi
+        hpcckpt_say "attempt $attempt failed with exit code $status; restarting from the surviving checkpoint levels"
+        hpcckpt_replan || return $?
+        sleep "${RESTART_DELAY:-2}"
+    done
+}

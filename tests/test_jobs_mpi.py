@@ -1,0 +1,177 @@
+"""The job scripts as users run them: restart loops, a node-loss demo, clean stops on signals
+and before the allocation ends, and versions whose restart crashed. Real mpiexec ranks."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_mpi, small_job
+
+
+def script_env(tmp_path: Path, **extra) -> dict:
+    env = mpi_env()
+    for name in ("SLURM_JOB_ID", "PBS_JOBID", "HPCCKPT_ATTEMPT"):
+        env.pop(name, None)
+    env.update(HPCCKPT=f"{shlex.quote(sys.executable)} -m hpcckpt",
+               MPIEXEC=" ".join(shlex.quote(p) for p in mpiexec_prefix()), RESTART_DELAY="0")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_job_script(script: str, tmp_path: Path, timeout: float = 400, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "jobs" / script)], cwd=tmp_path, env=script_env(tmp_path, **extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def job(tmp_path: Path, **sections) -> Path:
+    base = dict(checkpoint={"every_steps": 5, "keep_local": 2, "keep_pfs": 3, "split_threshold_kb": 4},
+                storage={"pfs_every": 2}, resilience={"levels": ["local", "partner", "pfs"]},
+                cluster={"simulated_nodes": 2})
+    for key, values in sections.items():
+        base.setdefault(key, {}).update(values)
+    return small_job(tmp_path, **base)
+
+
+def straight_digest(tmp_path: Path, config: Path, n: int = 4) -> str:
+    """The weights of the same job run without any failure, for comparison."""
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    assert_ok(run_mpi(n, ["train", "-c", str(config), "--set", f"run.dir={clean / 'run'}"], cwd=clean))
+    return final_record(clean / "run")["weights_digest"]
+
+
+def test_demo_loses_two_nodes_restarts_and_summarises(tmp_path):
+    proc = run_job_script("demo.sh", tmp_path, RUN_DIR=tmp_path / "demo")
+    assert_ok(proc)
+    out = proc.stdout
+    assert "injected node-loss on rank 1 (node 1) at step 330" in proc.stderr
+    assert "attempt 2" in out and "finished after 2 attempt(s)" in out
+    # The two lost nodes come back from the partner copy and the erasure rebuild.
+    assert "restored version 300: 2 rank(s) from L1 local, 1 rank(s) from L2 partner, 1 rank(s) from L3 erasure" in out
+    summary = out[out.index("== summary"):]
+    for line in ("attempts: 2", "steps done: 400 (finished)", "checkpoints taken: 8",
+                 "rebuilt: rank 1: L3 erasure, rank 2: L2 partner", "work lost to failures: 30 step(s)"):
+        assert line in summary, summary
+    digest = final_record(tmp_path / "demo")["weights_digest"]
+    assert digest == straight_digest(tmp_path, REPO / "jobs" / "local.toml")
+
+
+def test_slurm_script_outside_slurm_restarts_after_a_crash_and_finishes(tmp_path):
+    config = job(tmp_path)
+    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
+                          TRAIN_ARGS="--inject rank-kill:rank=1:step=20:phase=snapshot:attempt=1")
+    assert_ok(proc)
+    assert "attempt 1 failed with exit code" in proc.stdout and "finished after 2 attempt(s)" in proc.stdout
+    assert "restored version 15" in proc.stdout
+    assert final_record(tmp_path / "run")["step"] == 30
+    assert final_record(tmp_path / "run")["weights_digest"] == straight_digest(tmp_path, config)
+
+
+def test_pbs_script_outside_pbs_gives_up_on_bad_config_without_retrying(tmp_path):
+    config = job(tmp_path)
+    proc = run_job_script("pbs.pbs", tmp_path, CONFIG=config, TRAIN_ARGS="--set run.steps=-1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "not retrying" in proc.stdout and "attempt 2" not in proc.stdout
+    assert "run.steps: must be > 0" in proc.stderr
+
+
+def _wait_for_step(run_dir: Path, step: int, process, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert process.poll() is None, "the job ended before it could be signalled"
+        try:
+            if int((run_dir / "heartbeat").read_text().split()[0]) >= step:
+                return
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the job did not reach step {step} in {timeout} s")
+
+
+def _pfs_versions(run_dir: Path) -> dict[int, bool]:
+    pfs = run_dir / "pfs"
+    return {int(d.name[1:]): (d / "manifest.json").is_file() for d in pfs.iterdir()
+            if d.name.startswith("v") and d.name[1:].isdigit()}
+
+
+def test_sigterm_to_the_job_script_leaves_a_final_checkpoint_on_the_pfs(tmp_path):
+    # Checkpoints every 50 steps, L4 every 4th: the stop lands between them and must still
+    # end with the stopping step complete on the PFS.
+    config = job(tmp_path, run={"steps": 10 ** 6, "log_every": 1000}, eval={"every_steps": 0},
+                 checkpoint={"every_steps": 50}, storage={"pfs_every": 4})
+    process = subprocess.Popen(["bash", str(REPO / "jobs" / "slurm.sbatch")], cwd=tmp_path,
+                               env=script_env(tmp_path, CONFIG=config), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(tmp_path / "run", 120, process)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, out + err
+    assert "got SIGTERM" in out and "stopped cleanly after a final checkpoint on the PFS" in out
+    halted = [r for r in read_metrics(tmp_path / "run") if r.get("event") == "halted"][-1]
+    assert "received" in halted["reason"]
+    stop_step = halted["step"]
+    assert _pfs_versions(tmp_path / "run").get(stop_step) is True, _pfs_versions(tmp_path / "run")
+    # It resumes from exactly there.
+    again = run_mpi(4, ["train", "-c", str(config), "--restart", "require", "--set", f"run.steps={stop_step + 5}"],
+                    cwd=tmp_path)
+    assert_ok(again)
+    assert f"restored version {stop_step}: 4 rank(s) from L1 local" in again.stdout
+
+
+def test_sigterm_to_mpiexec_stops_all_ranks_after_the_same_step(tmp_path):
+    config = job(tmp_path, run={"steps": 10 ** 6, "log_every": 1000}, eval={"every_steps": 0},
+                 checkpoint={"every_steps": 0}, resilience={"levels": ["local", "pfs"]})
+    # Checkpoints off: the stop is still clean (exit 75), and says the run cannot be resumed.
+    command = [*mpiexec_prefix(), "-n", "4", sys.executable, "-m", "hpcckpt", "train", "-c", str(config)]
+    process = subprocess.Popen(command, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(tmp_path / "run", 50, process)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 75, out + err
+    assert "stopped cleanly after step" in out and "checkpoints are off" in out
+    assert "identical on all ranks" in out
+
+
+def test_halt_seconds_stops_the_run_before_the_allocation_ends(tmp_path):
+    config = job(tmp_path, run={"steps": 10 ** 6, "log_every": 1000, "halt_seconds": 1000.0},
+                 eval={"every_steps": 0}, checkpoint={"every_steps": 100})
+    end_time = time.time() + 1004.0  # the stop is due about 4 s from now
+    proc = run_mpi(4, ["train", "-c", str(config)], cwd=tmp_path, env={"HPCCKPT_RUN_END_TIME": str(end_time)})
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    halted = [r for r in read_metrics(tmp_path / "run") if r.get("event") == "halted"][-1]
+    assert "run.halt_seconds = 1000" in halted["reason"]
+    assert halted["time"] < end_time - 1000.0 + 60  # stopped soon after the halt point, not at the end
+    assert _pfs_versions(tmp_path / "run").get(halted["step"]) is True
+
+
+def test_a_version_whose_restart_crashed_is_marked_failed_and_skipped(tmp_path):
+    config = job(tmp_path)
+    # Attempt 1 crashes once the checkpoint of step 20 is durable (the next snapshot waits for
+    # it); attempt 2 crashes while loading 20;
+    # attempt 3 must not load 20 again but fall back to 15, and still end bit-identical.
+    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
+                          TRAIN_ARGS="--inject rank-kill:rank=1:step=25:phase=snapshot:attempt=1 "
+                                     "--inject rank-kill:rank=2:step=20:phase=restore:attempt=2")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "injected rank-kill on rank 2 (node 1) at step 20 in phase restore" in out
+    assert "version 20 is marked failed" in out and "restored version 15" in out
+    assert "finished after 3 attempt(s)" in out
+    ledger = json.loads((tmp_path / "run" / "restarts.json").read_text())
+    assert list(ledger["failed"]) == ["20"] and ledger["pending"] is None
+    assert (tmp_path / "run" / "pfs" / "v000000000020.failed").is_dir()
+    assert _pfs_versions(tmp_path / "run").get(20) is True  # written again by attempt 3
+    assert final_record(tmp_path / "run")["weights_digest"] == straight_digest(tmp_path, config)
