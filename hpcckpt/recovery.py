@@ -165,7 +165,15 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
         if ledger is not None:
             _on_rank0(ckpt, lambda: ledger.begin(step))
         ckpt.faults.strike(step, "restore")
-        if _try_restore(ckpt, step, everyone):
+        try:
+            loaded = _try_restore(ckpt, step, everyone)
+        except HpcckptError as exc:
+            # A clean error every rank agreed on (e.g. an incompatible model) is not a crash:
+            # the version is not to blame. Any other failure ends the job like a crash.
+            if ledger is not None and exc.collective:
+                _on_rank0(ckpt, ledger.confirm)
+            raise
+        if loaded:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
                 _clear_newer(ckpt, step, failed)
                 ckpt.restart_unconfirmed = ledger

@@ -48,10 +48,14 @@ hpcckpt_restart_loop() {
         export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
-    local attempt=0 status
+    local attempt=0 status=0
     while :; do
         attempt=$((attempt + 1))
         export HPCCKPT_ATTEMPT=$attempt
+        if [ -n "$_hpcckpt_stop_signal" ]; then
+            hpcckpt_say "SIG$_hpcckpt_stop_signal arrived after attempt $((attempt - 1)) failed; not starting another (a new job restarts from the surviving levels)"
+            return "$status"
+        fi
         if [ -n "${END_TIME:-}" ] && [ $(( END_TIME - $(date +%s) )) -lt "$HALT_SECONDS" ]; then
             hpcckpt_say "less than ${HALT_SECONDS} s left in the allocation; not starting attempt $attempt"
             return 0

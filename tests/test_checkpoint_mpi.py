@@ -229,11 +229,11 @@ def test_inspect_lists_levels_and_retention(tmp_path):
     proc = run_mpi(1, ["inspect", "-c", str(job), "--json"], cwd=tmp_path)
     assert_ok(proc)
     versions = {v["step"]: v for v in json.loads(proc.stdout)}
-    # keep_local = 2; L4 every 2nd checkpoint plus the last, keep_pfs = 3
+    # keep_local = 2; L4 every 2nd checkpoint plus the last, keep_pfs = 3, and at the end the
+    # drain puts 25 (only node-local) on L4 too, which retires 10.
     assert {step: v["levels"] for step, v in versions.items()} == {
-        10: ["pfs"], 20: ["pfs"], 25: ["local"], 30: ["local", "pfs"]}
-    # L1 alone survives no node loss; an L4 copy survives any.
-    assert {step: v["survives"] for step, v in versions.items()} == {10: None, 20: None, 25: 0, 30: None}
+        20: ["pfs"], 25: ["local", "pfs"], 30: ["local", "pfs"]}
+    assert {step: v["survives"] for step, v in versions.items()} == {20: None, 25: None, 30: None}
     final = final_record(tmp_path / "run")
     # An evaluation-only job on another rank count gives the training run's own numbers.
     evaluate = run_mpi(2, ["evaluate", "-c", str(job), "--version", "latest", "--set", "cluster.simulated_nodes=2"],
@@ -283,3 +283,25 @@ def test_auto_interval_is_logged_and_kept_across_restart(tmp_path):
     again = train(tmp_path, job, 4, "--set", "run.steps=50")
     assert_ok(again)
     assert "kept from the checkpoint's profile" in again.stdout
+
+
+def test_end_of_run_drains_node_local_versions_that_l4_keeps(tmp_path):
+    # L4 gets only the final checkpoint (pfs_every is large); with keep_pfs = 2 the version
+    # before it is only on node-local storage, which goes with the allocation: it is drained.
+    job = ckpt_job(tmp_path, storage={"pfs_every": 100}, checkpoint={"keep_pfs": 2, "keep_local": 2})
+    proc = train(tmp_path, job)
+    assert_ok(proc)
+    assert "drained version 25 from node-local storage to L4" in proc.stdout
+    listing = run_mpi(1, ["inspect", "-c", str(job), "--json"], cwd=tmp_path)
+    assert_ok(listing)
+    versions = {v["step"]: v["levels"] for v in json.loads(listing.stdout)}
+    assert versions == {25: ["local", "pfs"], 30: ["local", "pfs"]}
+    verify = run_mpi(1, ["verify", "-c", str(job)], cwd=tmp_path)
+    assert_ok(verify)
+    # The drained copy restores on its own, from L4, with the node-local storage gone.
+    import shutil
+
+    shutil.rmtree(tmp_path / "run" / "local")
+    evaluate = run_mpi(2, ["evaluate", "-c", str(job), "--version", "25", "--set", "cluster.simulated_nodes=2"],
+                       cwd=tmp_path)
+    assert_ok(evaluate)

@@ -5,7 +5,7 @@ import pytest
 from hpcckpt.ckpt.layout import TensorSpec, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import best_step, steps_to_delete
-from hpcckpt.errors import ConfigError, FormatError
+from hpcckpt.errors import ConfigError, FormatError, HpcckptError
 from hpcckpt.faults import Fault, parse_fault
 
 
@@ -74,3 +74,57 @@ def test_levels_due_every_nth_and_always_the_last():
     assert due(3) == ("local", "partner", "pfs")
     assert due(6) == ("local", "partner", "erasure", "pfs")
     assert due(5, final=True) == ("local", "partner", "erasure", "pfs")
+
+
+def test_fault_attempt_field_limits_the_fault_to_one_attempt(monkeypatch):
+    from hpcckpt.faults import FaultInjector
+
+    fault = parse_fault("rank-kill:rank=1:step=20:phase=restore:attempt=2")
+    assert fault == Fault("rank-kill", 1, 20, "restore", 2)
+    monkeypatch.setenv("HPCCKPT_ATTEMPT", "1")
+    assert FaultInjector([fault], 1, 0, None).faults == ()
+    monkeypatch.setenv("HPCCKPT_ATTEMPT", "2")
+    assert FaultInjector([fault], 1, 0, None).faults == (fault,)
+    with pytest.raises(ConfigError, match="attempt must be integers"):
+        parse_fault("rank-kill:rank=1:step=20:attempt=x")
+
+
+def test_restart_ledger_marks_a_pending_version_failed_once(tmp_path):
+    from hpcckpt.ckpt.ledger import RestartLedger
+
+    ledger = RestartLedger(tmp_path / "restarts.json")
+    assert ledger.settle_pending() is None and ledger.failed_steps() == {}
+    ledger.begin(300)
+    step, reason = ledger.settle_pending()  # the restart from 300 never confirmed
+    assert step == 300 and "crashed" in reason
+    assert list(ledger.failed_steps()) == [300]
+    assert ledger.settle_pending() is None  # settled only once
+    ledger.begin(250)
+    ledger.confirm()
+    assert ledger.settle_pending() is None and list(ledger.failed_steps()) == [300]
+    (tmp_path / "restarts.json").write_text("{not json")
+    with pytest.raises(HpcckptError, match="restart ledger cannot be read"):
+        ledger.failed_steps()
+
+
+def test_report_tells_attempts_sources_and_work_lost():
+    from hpcckpt.report import summarise
+
+    records = [
+        {"event": "restart", "attempt": 1, "step": 0, "sources": []},
+        {"step": 50, "checkpoint_blocking_s": 0.002},
+        {"step": 100, "checkpoint_blocking_s": 0.004},
+        {"event": "restart", "attempt": 2, "step": 100, "sources": ["local", "partner", "erasure", "local"],
+         "reached_before": 130, "lost_steps": 30},
+        {"step": 150, "checkpoint_blocking_s": 0.003},
+        {"event": "checkpoint_summary", "checkpoints": 1, "overhead_pct": 0.5},
+        {"step": 150, "final": True, "weights_digest": "ab"},
+    ]
+    text = "\n".join(summarise(records))
+    assert "attempts: 2" in text and "steps done: 150 (finished)" in text
+    assert "2 rank(s) from L1 local, 1 rank(s) from L2 partner, 1 rank(s) from L3 erasure" in text
+    assert "rebuilt: rank 1: L2 partner, rank 2: L3 erasure" in text
+    assert "checkpoints taken: 3" in text and "median 3.0 ms, max 4.0 ms" in text
+    assert "work lost to failures: 30 step(s)" in text
+    crashed = summarise(records[:-1])
+    assert any("not finished" in line for line in crashed)

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from hpcckpt.config import JobConfig, load_config, parse_override
@@ -114,3 +116,24 @@ def test_shipped_job_configs_are_valid(tmp_path):
             load_config(path, environ={})
     finally:
         os.chdir(cwd)
+
+
+def test_readme_config_reference_lists_every_key_with_the_code_default():
+    import dataclasses
+    import re
+    import tomllib
+
+    from hpcckpt.config import SECTIONS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z_0-9]+)` \| `([^`]*)` \|", readme, flags=re.MULTILINE)
+    documented = {key: tomllib.loads(f"v = {value}")["v"] for key, value in rows}
+    in_code = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            in_code[f"{section}.{f.name}"] = list(default) if isinstance(default, tuple) else default
+    assert sorted(documented) == sorted(in_code), set(documented) ^ set(in_code)
+    assert len(rows) == len(documented), "a key is documented twice"
+    for key, default in in_code.items():
+        assert documented[key] == default and type(documented[key]) is type(default), key

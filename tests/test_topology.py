@@ -109,3 +109,39 @@ def test_job_id_from_batch_system():
     assert job_id({"SLURM_JOB_ID": "1234"}) == "1234"
     assert job_id({"PBS_JOBID": "99.pbs-server"}) == "99"
     assert job_id({}) == "local"
+
+
+def test_node_losses_survived_per_level_combination():
+    from hpcckpt.cluster.topology import node_losses_survived
+
+    four = (0, 1, 2, 3)
+    assert node_losses_survived(four) == 0  # L1 alone
+    assert node_losses_survived(four, partner=True) == 1
+    assert node_losses_survived(four, group_size=4, parity=2) == 2
+    assert node_losses_survived(four, partner=True, group_size=4, parity=1) == 1
+    assert node_losses_survived(four, pfs=True) is None
+    # 8 ranks on 4 nodes, two groups of 4 with parity 2: any 2 nodes, never 3.
+    assert node_losses_survived((0, 0, 1, 1, 2, 2, 3, 3), group_size=4, parity=2) == 2
+    # Partner copies on a ring of 6 nodes: 2 non-adjacent losses are fine, adjacent are not.
+    assert node_losses_survived(tuple(range(6)), partner=True) == 1
+
+
+def test_node_losses_survived_matches_brute_force_recovery_rule():
+    """Cross-check the enumeration against an independent statement of the rule for L2+L3."""
+    from itertools import combinations
+
+    from hpcckpt.cluster.topology import Topology, node_losses_survived
+
+    placement = (0, 1, 2, 3, 4, 5)
+    topology = Topology(placement)
+    partners = topology.partner_of()
+    for parity in (1, 2):
+        group = topology.erasure_groups(6, parity)[0]
+        expected = 0
+        for count in range(1, 7):
+            ok = all(all(r not in lost or partners[r] not in lost or sum(m in lost for m in group) <= parity
+                         for r in range(6)) for lost in map(set, combinations(range(6), count)))
+            if not ok:
+                break
+            expected = count
+        assert node_losses_survived(placement, partner=True, group_size=6, parity=parity) == expected

@@ -18,6 +18,7 @@ the same CheckpointError on every rank (carrying the failures by rank) at the ne
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import threading
@@ -30,12 +31,14 @@ import numpy as np
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
+from hpcckpt.ckpt.shardfile import verify_shard
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.messaging import quiet_allgather
 from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 
@@ -281,6 +284,45 @@ class Checkpointer:
         ledger, self.restart_unconfirmed = self.restart_unconfirmed, None
         if ledger is not None and self.rank == 0:
             ledger.confirm()
+
+    def drain(self) -> list[int]:
+        """(all ranks) Before node-local storage goes away with the allocation: copy to L4 the
+        committed node-local versions that L4's retention would keep (the newest keep_pfs, the
+        best by keep_best) but that skipped L4 (storage.pfs_every). Returns the steps copied;
+        each copy is verified against its checksums before its manifest is written."""
+        self._finish_in_flight()
+        if self.local is None or self.pfs is None:
+            return []
+        common = set.intersection(*(set(s) for s in quiet_allgather(self.comm, self.local.committed_steps())))
+        on_pfs = set(self.comm.bcast(self.pfs.committed_steps() if self.rank == 0 else None, root=0))
+        manifests = {}
+        for step in sorted(common - on_pfs):
+            manifest = self.local.manifest(step)
+            if manifest.world_size == self.world_size:
+                manifests[step] = manifest
+        metrics = {step: m.metrics for step, m in manifests.items()}
+        if self.config.checkpoint.keep_best:
+            for step in on_pfs:
+                metrics[step] = self.comm.bcast(self.pfs.manifest(step).metrics if self.rank == 0 else None, root=0)
+        cfg = self.config.checkpoint
+        dropped = set(steps_to_delete(sorted(set(manifests) | on_pfs), cfg.keep_pfs, metrics, cfg.keep_best))
+        copied = [step for step in sorted(manifests) if step not in dropped]
+        for step in copied:
+            def copy_shard(step=step):
+                self.pfs.write_shard_bytes(step, np.fromfile(self.local.shard_path(step), dtype=np.uint8))
+                problems = verify_shard(self.pfs.shard_path(step))
+                if problems:
+                    raise CheckpointError(f"L4 copy of {self.local.shard_path(step)}: {problems[0]}")
+            self._stage(step, "pfs", copy_shard, label="drain to L4")
+            manifest = dataclasses.replace(manifests[step], levels=manifests[step].levels + ("pfs",))
+            self._stage(step, "commit", lambda: self.pfs.commit(manifest) if self.rank == 0 else None,
+                        label="L4 commit")
+            if self.log:
+                self.log.info(f"drained version {step} from node-local storage to L4", console=True)
+        if copied and self.rank == 0:
+            for step in self._deletable(self.pfs, cfg.keep_pfs, max(copied)):
+                self.pfs.remove(step)
+        return copied
 
     def restart(self, mode: str = "auto", step: int | None = None) -> int | None:
         """(all ranks) Restore the newest version every rank can load; None when there is none.

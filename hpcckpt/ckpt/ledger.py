@@ -44,6 +44,9 @@ class RestartLedger:
         return {"pending": record.get("pending"), "failed": dict(record.get("failed", {}))}
 
     def _save(self, record: dict) -> None:
+        if not record["pending"] and not record["failed"]:
+            self.path.unlink(missing_ok=True)  # nothing to remember: leave no file behind
+            return
         write_bytes_atomically(self.path, json.dumps(record, indent=1).encode(), overwrite=True)
 
     def failed_steps(self) -> dict[int, str]:

@@ -120,6 +120,13 @@ class VersionedLevel:
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         return write_shard(self.shard_path(step), step, self.rank, world_size, pieces, extra)
 
+    def write_shard_bytes(self, step: int, data) -> None:
+        """A whole shard file copied from another level (its bytes are the original file's)."""
+        from hpcckpt.ckpt.shardfile import write_bytes_atomically
+
+        self.version_dir(step).mkdir(parents=True, exist_ok=True)
+        write_bytes_atomically(self.shard_path(step), memoryview(data))
+
     def commit(self, manifest: Manifest) -> None:
         manifest.write(self.commit_path(manifest.step))
 

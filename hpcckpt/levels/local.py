@@ -38,13 +38,6 @@ class LocalLevel(VersionedLevel):
         return [s for s in list_version_steps(self.root)
                 if not self.commit_path(s).is_file() and self.shard_path(s).exists()]
 
-    def write_shard_bytes(self, step: int, data) -> None:
-        """Put back a shard rebuilt from another level (its bytes are the original file's)."""
-        from hpcckpt.ckpt.shardfile import write_bytes_atomically
-
-        self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        write_bytes_atomically(self.shard_path(step), memoryview(data))
-
     def remove(self, step: int) -> None:
         """Delete this rank's files of a version (its shard, commit record, and the replicas and
         parity it holds for others); the directory goes with the node's last rank."""

@@ -224,6 +224,8 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
         last = checkpointer.wait()
         if last is not None and last.durable_s:
             log.metrics({"step": last.step, "checkpoint_durable_s": last.durable_s})
+        # Node-local storage may go with the allocation: L4 gets what its retention keeps.
+        checkpointer.drain()
     seconds = time.perf_counter() - started
     _summarise_checkpoints(trainer.comm, log, checkpointer, blocking_times, seconds)
     if halted:
