@@ -85,7 +85,7 @@ class CheckpointConfig:
     persist_nice: int = 10  # the persist thread's nice value: background work yields to training
     # A restart counts as good after this many steps (or its next checkpoint); a crash before
     # marks the version it loaded failed, and the next restart falls back to an older one.
-    confirm_after_steps: int = 10
+    confirm_after_steps: int = 1
 
 
 @dataclass(frozen=True)
