@@ -94,6 +94,18 @@ def _wait_for_step(run_dir: Path, step: int, process, timeout: float = 120) -> N
     raise AssertionError(f"the job did not reach step {step} in {timeout} s")
 
 
+def _signal_after_step(command, env, cwd, step: int, sig=signal.SIGTERM):
+    """Start `command`, send `sig` once the run has done `step` steps; (exit code, stdout+stderr)."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(Path(cwd) / "run", step, process)
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    return process.returncode, out + err
+
+
 def _pfs_versions(run_dir: Path) -> dict[int, bool]:
     pfs = run_dir / "pfs"
     return {int(d.name[1:]): (d / "manifest.json").is_file() for d in pfs.iterdir()
@@ -105,16 +117,9 @@ def test_sigterm_to_the_job_script_leaves_a_final_checkpoint_on_the_pfs(tmp_path
     # end with the stopping step complete on the PFS.
     config = job(tmp_path, run={"steps": 10 ** 6, "log_every": 1000}, eval={"every_steps": 0},
                  checkpoint={"every_steps": 50}, storage={"pfs_every": 4})
-    process = subprocess.Popen(["bash", str(REPO / "jobs" / "slurm.sbatch")], cwd=tmp_path,
-                               env=script_env(tmp_path, CONFIG=config), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_step(tmp_path / "run", 120, process)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 0, out + err
+    code, out = _signal_after_step(["bash", str(REPO / "jobs" / "slurm.sbatch")], script_env(tmp_path, CONFIG=config),
+                                   tmp_path, 120)
+    assert code == 0, out
     assert "got SIGTERM" in out and "stopped cleanly after a final checkpoint on the PFS" in out
     halted = [r for r in read_metrics(tmp_path / "run") if r.get("event") == "halted"][-1]
     assert "received" in halted["reason"]
@@ -132,15 +137,8 @@ def test_sigterm_to_mpiexec_stops_all_ranks_after_the_same_step(tmp_path):
                  checkpoint={"every_steps": 0}, resilience={"levels": ["local", "pfs"]})
     # Checkpoints off: the stop is still clean (exit 75), and says the run cannot be resumed.
     command = [*mpiexec_prefix(), "-n", "4", sys.executable, "-m", "hpcckpt", "train", "-c", str(config)]
-    process = subprocess.Popen(command, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_step(tmp_path / "run", 50, process)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 75, out + err
+    code, out = _signal_after_step(command, mpi_env(), tmp_path, 50)
+    assert code == 75, out
     assert "stopped cleanly after step" in out and "checkpoints are off" in out
     assert "identical on all ranks" in out
 

@@ -301,9 +301,9 @@ class Checkpointer:
             if manifest.world_size == self.world_size:
                 manifests[step] = manifest
         metrics = {step: m.metrics for step, m in manifests.items()}
-        if self.config.checkpoint.keep_best:
-            for step in on_pfs:
-                metrics[step] = self.comm.bcast(self.pfs.manifest(step).metrics if self.rank == 0 else None, root=0)
+        if self.config.checkpoint.keep_best:  # one broadcast of rank 0's reads, not one per version
+            metrics.update(self.comm.bcast({step: self.pfs.manifest(step).metrics for step in on_pfs}
+                                           if self.rank == 0 else None, root=0))
         cfg = self.config.checkpoint
         dropped = set(steps_to_delete(sorted(set(manifests) | on_pfs), cfg.keep_pfs, metrics, cfg.keep_best))
         copied = [step for step in sorted(manifests) if step not in dropped]
