@@ -22,9 +22,11 @@ Approaches (all checkpoint the whole model state: parameters + SGD momentum, flo
 - sharded: every rank copies its 1/N slice of every (flattened) array into reused buffers and a
   background thread writes one file per rank + fsync.
 - hpcckpt: the real engine, `Checkpointer` with extraction during backprop (the trainer's
-  `CaptureAfterUpdate` hook): begin_checkpoint(step) before the step, capture() after each
-  weight update, end_checkpoint() after it; two-phase, persist in the engine's background
-  thread. Levels: 4 ranks -> local, partner, erasure (group 4, parity 2), pfs on 4 simulated
+  `CaptureAfterUpdate` hook): begin_checkpoint(step, copy_in_background=True) before the step,
+  capture() after each weight update queues that layer's copy, which the engine's worker
+  thread takes while training goes on; before_update() makes the next step's update of a
+  layer wait for its copy (CheckFreq); end_checkpoint() after the step; then the same thread
+  persists. Levels: 4 ranks -> local, partner, erasure (group 4, parity 2), pfs on 4 simulated
   nodes; 2 ranks -> local, partner, erasure (group 2, parity 1), pfs on 2 simulated nodes;
   1 rank -> local, pfs.
 - hpcckpt_l1l3 (4 ranks only): the same engine with levels local + erasure (group 4, parity 2),
@@ -41,10 +43,12 @@ approaches everything is drained and the run directories are deleted.
 Metrics (per approach; a step's time and a checkpoint's cost are the slowest rank's):
 
 - blocking_ms: how long the training loop is stopped by the checkpoint call(s) of one
-  checkpoint: for hpcckpt begin_checkpoint() + the capture() copies made during the step
-  (PersistReport.captured_early_s) + end_checkpoint(); for the others the call(s) around the
+  checkpoint: for hpcckpt begin_checkpoint() + capture() during the step
+  (PersistReport.captured_early_s) + end_checkpoint() + the waits in before_update() for
+  copies not yet taken (copy_wait_s); for the others the call(s) around the
   step, including waiting for a previous persist still in flight. Median over checkpoints.
-- prep_ms: the snapshot / copy part of it (hpcckpt: captured_early_s + snapshot_s; single and
+- prep_ms: the snapshot / copy work (hpcckpt: captured_early_s + snapshot_s + the copies its
+  worker thread took behind the step, background_copy_s, which block only as copy_wait_s; single and
   sharded: the copies; dcp_async: not separable, reported as null; h5py: none).
 - overhead_pct (the paper's definition): mean duration of the checkpointed steps and of the
   steps right after them, minus the mean of the other steps, as a % of the latter.
@@ -348,19 +352,19 @@ class Hpcckpt(_Approach):
             self.ckpt.protect(name, array)
         self.ckpt.register_state("trainer", trainer.training_state, trainer.load_training_state)
         self.hook = CaptureAfterUpdate(self.ckpt, trainer)
+        # Installed for good: the step after a checkpoint waits in before_update() for copies.
+        trainer.step_hooks = (self.hook,)
         self.reports = []
         self.begin_s = 0.0
         self.rss = []
 
     def before_step(self, step):
         started = time.perf_counter()
-        self.ckpt.begin_checkpoint(step)
+        self.ckpt.begin_checkpoint(step, copy_in_background=True)
         self.begin_s = time.perf_counter() - started
-        self.trainer.step_hooks = (self.hook,)
         return self.begin_s
 
     def after_step(self, step):
-        self.trainer.step_hooks = ()
         started = time.perf_counter()
         report = self.ckpt.end_checkpoint({})
         end_s = time.perf_counter() - started
@@ -376,8 +380,8 @@ class Hpcckpt(_Approach):
             report = record.pop("report", None)
             if report is None:
                 continue
-            record["prep"] = report.captured_early_s + report.snapshot_s
-            record["blocking"] = record["begin"] + report.captured_early_s + record["end"]
+            record["prep"] = report.captured_early_s + report.snapshot_s + report.background_copy_s
+            record["blocking"] = record["begin"] + report.captured_early_s + record["end"] + report.copy_wait_s
             record["durable"] = dict(report.durable_s)
             record["wait"] = record["begin"]
             if "pfs" in record["durable"]:

@@ -305,3 +305,16 @@ def test_end_of_run_drains_node_local_versions_that_l4_keeps(tmp_path):
     evaluate = run_mpi(2, ["evaluate", "-c", str(job), "--version", "25", "--set", "cluster.simulated_nodes=2"],
                        cwd=tmp_path)
     assert_ok(evaluate)
+
+
+def test_copies_behind_the_step_hold_the_values_at_capture(tmp_path):
+    from conftest import REPO, run_script
+
+    proc = run_script(2, REPO / "tests" / "scripts" / "copy_behind.py", [str(tmp_path / "run")], cwd=tmp_path)
+    assert_ok(proc)
+    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
+    for result in results:
+        assert result["step"] == 1  # version 2 was abandoned, never committed
+        assert result["equal"], result
+        assert result["background_copy_s"] > 0  # the copies ran on the worker, behind the step

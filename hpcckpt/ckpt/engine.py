@@ -7,8 +7,14 @@
     ckpt.checkpoint(step, metrics)           # (all ranks) returns once the snapshot is taken
     ckpt.close()                             # (all ranks) drains what is in flight
 
+Or, to overlap the snapshot with the step (what the trainer does):
+
+    ckpt.begin_checkpoint(step, copy_in_background=True)
+    ...  ckpt.before_update(name); update name in place; ckpt.capture(name)  ...
+    ckpt.end_checkpoint(metrics)             # returns at once; copies finish behind the step
+
 Save flow: snapshot (this rank's slice of every tensor, into reused buffers; the only part
-that blocks training) -> L1 node-local write -> L1 commit -> L4 flush -> L4 commit ->
+that can block training) -> L1 node-local write -> L1 commit -> L4 flush -> L4 commit ->
 retention, all in one background thread. At most one checkpoint is in flight: the next
 snapshot first waits for the previous persist. Checkpoint traffic uses its own communicator
 (a duplicate), never interleaved with the gradient allreduce. A failure on any rank becomes
@@ -21,6 +27,7 @@ import copy
 import dataclasses
 import json
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,14 +75,24 @@ class _Protected:
 class PersistReport:
     """Timings of one checkpoint, for logs, the interval policy and benchmarks.
 
-    snapshot_s: what end_checkpoint() blocked for; captured_early_s: copies made during the
-    step by capture(); durable_s: seconds from end_checkpoint() until each level was durable.
+    snapshot_s: what end_checkpoint() blocked for; captured_early_s: time spent in capture()
+    during the step (the copies themselves, or only queueing them with copy_in_background);
+    copy_wait_s: what before_update() blocked for until a background copy was taken;
+    background_copy_s: the copies made behind the step by the worker thread;
+    durable_s: seconds from end_checkpoint() until each level was durable.
     """
 
     step: int
     snapshot_s: float = 0.0
     captured_early_s: float = 0.0
+    copy_wait_s: float = 0.0
+    background_copy_s: float = 0.0
     durable_s: dict = field(default_factory=dict)
+
+    @property
+    def blocking_s(self) -> float:
+        """Training time this checkpoint took, without waiting for the previous persist."""
+        return self.snapshot_s + self.captured_early_s + self.copy_wait_s
 
 
 @dataclass
@@ -84,6 +101,30 @@ class _PendingSnapshot:
     opened: float
     captured: set = field(default_factory=set)
     capture_s: float = 0.0
+
+
+class _BackgroundCopies:
+    """Copies of one snapshot queued by capture() and taken by the checkpoint's worker thread
+    while training goes on (CheckFreq's snapshot overlapping the next step). Each array has an
+    event, set once its copy is taken, which before_update() waits for."""
+
+    END = None  # queued by end_checkpoint(), after every copy of the snapshot
+
+    def __init__(self, report: PersistReport):
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.taken: dict[str, threading.Event] = {}
+        self.report = report
+        self.error: str | None = None
+        self.snapshot: Snapshot | None = None  # set by end_checkpoint(); None at END: abandoned
+        self.ended_at = 0.0
+
+    def add(self, name: str) -> None:
+        self.taken[name] = threading.Event()
+        self.tasks.put(name)
+
+    def release_all(self) -> None:
+        for event in self.taken.values():
+            event.set()
 
 
 def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
@@ -140,6 +181,7 @@ class Checkpointer:
         self._buffers: dict[str, np.ndarray] | None = None
         self._ordinal = 0
         self._pending: _PendingSnapshot | None = None
+        self._copies: _BackgroundCopies | None = None
         self._read_back_buffer: np.ndarray | None = None
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
@@ -211,11 +253,17 @@ class Checkpointer:
         self.end_checkpoint(metrics, final)
         return previous
 
-    def begin_checkpoint(self, step: int) -> PersistReport | None:
+    def begin_checkpoint(self, step: int, copy_in_background: bool = False) -> PersistReport | None:
         """(all ranks) Open the snapshot of `step`, to be filled array by array with capture()
         as the application finalises each one (extraction during backprop: a layer's shard is
         copied right after its weight update). Waits for the previous persist, whose buffers
-        this snapshot reuses. Returns the previous checkpoint's report."""
+        this snapshot reuses. Returns the previous checkpoint's report.
+
+        copy_in_background: capture() and end_checkpoint() only queue the copies, which this
+        checkpoint's worker thread takes while training goes on. The caller then promises to
+        call before_update(name) before it next changes a protected array in place (until
+        the next begin_checkpoint(), wait() or close()); CuPy arrays are always copied at once.
+        """
         if self._pending is not None:
             raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._pending.step} is open")
         previous = self._finish_in_flight()
@@ -223,20 +271,39 @@ class Checkpointer:
         self._ensure_layout()
         self.faults.strike(step, "snapshot")
         self._pending = _PendingSnapshot(step, time.perf_counter())
+        self._copies = None
+        if copy_in_background and self._threaded:
+            self._copies = _BackgroundCopies(PersistReport(step))
+            self._start_worker(step, self._copy_then_persist, self._copies)
         return previous
 
     def capture(self, name: str) -> None:
-        """Copy this rank's piece of protected array `name` into the open snapshot now; the
-        array may change afterwards. No-op when no snapshot is open or it was captured."""
+        """Copy this rank's piece of protected array `name` into the open snapshot now (or
+        queue the copy, see begin_checkpoint); the array may change afterwards (after
+        before_update(name) with background copies). No-op when no snapshot is open or it
+        was captured."""
         pending = self._pending
         if pending is None or name in pending.captured:
             return
         if name not in self._protected:
             raise CheckpointError(f"capture({name!r}): no protected array has that name; protect() it first")
         started = time.perf_counter()
-        self._copy_piece(name)
+        self._take_or_queue(name)
         pending.captured.add(name)
         pending.capture_s += time.perf_counter() - started
+
+    def before_update(self, name: str) -> None:
+        """Wait until the snapshot's copy of `name` is taken, if it is queued in the
+        background; call before changing a protected array in place. Cheap otherwise."""
+        copies = self._copies
+        if copies is None:
+            return
+        event = copies.taken.get(name)
+        if event is None or event.is_set():
+            return
+        started = time.perf_counter()
+        event.wait()
+        copies.report.copy_wait_s += time.perf_counter() - started
 
     def end_checkpoint(self, metrics: dict | None = None, final: bool = False) -> PersistReport:
         """(all ranks) Capture whatever is left, freeze the small state and hand the snapshot
@@ -247,16 +314,19 @@ class Checkpointer:
         remaining_started = time.perf_counter()
         for name in self._protected:
             if name not in pending.captured:
-                self._copy_piece(name)
+                self._take_or_queue(name)
         self._ordinal += 1
         snapshot = self._freeze(pending.step, metrics or {}, final)
         self._pending = None
-        report = PersistReport(pending.step, snapshot_s=time.perf_counter() - remaining_started,
-                               captured_early_s=pending.capture_s)
-        if self._threaded:
-            self._worker = threading.Thread(target=self._persist_guarded, args=(snapshot, report, remaining_started),
-                                            name=f"hpcckpt-persist-{pending.step}", daemon=True)
-            self._worker.start()
+        copies = self._copies
+        report = copies.report if copies is not None else PersistReport(pending.step)
+        report.snapshot_s = time.perf_counter() - remaining_started
+        report.captured_early_s = pending.capture_s
+        if copies is not None:
+            copies.snapshot, copies.ended_at = snapshot, remaining_started
+            copies.tasks.put(_BackgroundCopies.END)
+        elif self._threaded:
+            self._start_worker(pending.step, self._persist_guarded, snapshot, report, remaining_started)
         else:
             self._persist_guarded(snapshot, report, remaining_started)
         return report
@@ -267,6 +337,9 @@ class Checkpointer:
 
     def close(self) -> None:
         """(all ranks) Drain what is in flight and release the communicator."""
+        if self._pending is not None and self._copies is not None:
+            self._copies.tasks.put(_BackgroundCopies.END)  # a snapshot left open is abandoned
+            self._pending = None
         try:
             self._finish_in_flight()
         finally:
@@ -359,6 +432,12 @@ class Checkpointer:
     def local_array_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self._protected.values() if not p.replicated)
 
+    def _take_or_queue(self, name: str) -> None:
+        if self._copies is not None and isinstance(self._protected[name].array, np.ndarray):
+            self._copies.add(name)
+        else:
+            self._copy_piece(name)
+
     def _copy_piece(self, name: str) -> None:
         protected = self._protected[name]
         buffer = self._buffers.get(name)
@@ -387,10 +466,47 @@ class Checkpointer:
         return Snapshot(step, self._ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
 
     # -- persist (background) ------------------------------------------------------------
+    def _start_worker(self, step: int, target, *args) -> None:
+        self._worker = threading.Thread(target=target, args=args, name=f"hpcckpt-persist-{step}", daemon=True)
+        self._worker.start()
+
+    def _copy_then_persist(self, copies: _BackgroundCopies) -> None:
+        """(worker thread) Take the queued copies at normal priority, since training may be
+        waiting for them in before_update(), then persist at the persist's priority. A failed
+        copy is agreed on by every rank like any stage, so no rank persists a torn snapshot."""
+        report = copies.report
+        try:
+            while True:
+                name = copies.tasks.get()
+                if name is _BackgroundCopies.END:
+                    break
+                if copies.error is None:
+                    started = time.perf_counter()
+                    try:
+                        self._copy_piece(name)
+                    except Exception as exc:  # agreed below, on every rank
+                        copies.error = f"copying {name!r} into the snapshot: {type(exc).__name__}: {exc}"
+                        copies.release_all()
+                    report.background_copy_s += time.perf_counter() - started
+                copies.taken[name].set()
+        finally:
+            copies.release_all()
+        if copies.snapshot is None:  # closed without end_checkpoint(): nothing to persist
+            return
+        try:
+            self._raise_if_any_failed("snapshot", copies.error, step=report.step)
+        except BaseException as exc:
+            self._worker_error = exc
+            if self.log:
+                self.log.error(f"checkpoint of step {report.step} failed: {exc}")
+            return
+        self._persist_guarded(copies.snapshot, report, copies.ended_at)
+
     def _finish_in_flight(self) -> PersistReport | None:
         if self._worker is not None:
             self._worker.join()
             self._worker = None
+        self._copies = None
         if self._worker_error is not None:
             error, self._worker_error = self._worker_error, None
             raise error

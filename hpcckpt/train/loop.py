@@ -83,7 +83,9 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
 class CaptureAfterUpdate:
     """Extraction during backprop: right after a parameter's weight update (its optimizer
     state updated with it), its shard is copied into the open snapshot, overlapping the
-    backward pass and allreduce of the layers below (DeepFreeze's "Opt")."""
+    backward pass and allreduce of the layers below (DeepFreeze's "Opt"). With snapshots
+    opened by begin_checkpoint(copy_in_background=True) the copy is only queued, and the
+    next update of that parameter waits until it is taken (CheckFreq)."""
 
     def __init__(self, checkpointer, trainer: Trainer):
         self.checkpointer = checkpointer
@@ -92,6 +94,10 @@ class CaptureAfterUpdate:
             param: [f"model/{param}"] + [f"optim/{n}" for n in state_names if n.startswith(param + "/")]
             for param in trainer.parameters
         }
+
+    def before_update(self, param: str) -> None:
+        for name in self.protected_names[param]:
+            self.checkpointer.before_update(name)
 
     def after_update(self, param: str) -> None:
         for name in self.protected_names[param]:
@@ -137,6 +143,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
     blocking_times: list[float] = []
     halted = None
     steps_this_run = 0
+    copies_behind = None  # the report of a snapshot whose copies may still be running
     while trainer.step < total_steps:
         next_step = trainer.step + 1
         report = next_step % log_every == 0 or next_step == total_steps
@@ -144,7 +151,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
         blocked = 0.0
         if checkpoint_due:
             opened = time.perf_counter()
-            previous = checkpointer.begin_checkpoint(next_step)
+            previous = checkpointer.begin_checkpoint(next_step, copy_in_background=True)
             blocked = time.perf_counter() - opened
             if previous is not None and previous.durable_s:
                 previous_durable = max(previous.durable_s.values())
@@ -152,6 +159,12 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
         stopper.post()
         result = trainer.train_step(reduce_loss=report)
         steps_this_run += 1
+        if copies_behind is not None:
+            # The previous snapshot's copies ran behind this step; what they made it wait counts.
+            blocking_times[-1] += copies_behind.copy_wait_s
+            log.metrics({"step": copies_behind.step, "checkpoint_copy_wait_s": copies_behind.copy_wait_s,
+                         "checkpoint_background_copy_s": copies_behind.background_copy_s})
+            copies_behind = None
         log.heartbeat(result.step)
         if checkpointer is not None and steps_this_run == config.checkpoint.confirm_after_steps:
             checkpointer.confirm_restart()
@@ -186,13 +199,14 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
             # The final checkpoint of a stopped run: everything is captured at end_checkpoint.
             checkpoint_due = True
             opened = time.perf_counter()
-            checkpointer.begin_checkpoint(result.step)
+            checkpointer.begin_checkpoint(result.step, copy_in_background=True)
             blocked = time.perf_counter() - opened
         if checkpoint_due:
             metrics = last_eval if last_eval.get("step") == result.step else {}
             closing = checkpointer.end_checkpoint(metrics, final=result.step == total_steps or bool(halted))
             blocked += closing.snapshot_s + closing.captured_early_s
             blocking_times.append(blocked)
+            copies_behind = closing
             log.metrics({"step": result.step, "checkpoint_blocking_s": blocked,
                          "checkpoint_captured_during_step_s": closing.captured_early_s})
             if policy.adaptive and policy.interval == 0:

@@ -94,6 +94,8 @@ class Trainer:
         for name, grad in self.model.backward(grad_logits):
             self.allreduce.add(name, grad)
         for name, reduced_grad in self.allreduce.reduced():
+            for hook in self.step_hooks:
+                hook.before_update(name)
             self.optimizer.update(name, self.parameters[name], reduced_grad)
             for hook in self.step_hooks:
                 hook.after_update(name)
