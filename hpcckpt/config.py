@@ -82,7 +82,9 @@ class CheckpointConfig:
     max_overhead: float = 0.035
     mtbf_hours: float = 0.0
     split_threshold_kb: int = 1024
-    persist_nice: int = 10  # the persist thread's nice value: background work yields to training
+    # The persist thread's nice value. 0 by default: a niced thread that holds the GIL or
+    # MPICH's lock when it is preempted makes training wait for it (perf/RESULTS.md, #5).
+    persist_nice: int = 0
     # A restart counts as good after this many steps (or its next checkpoint); a crash before
     # marks the version it loaded failed, and the next restart falls back to an older one.
     confirm_after_steps: int = 1

@@ -585,7 +585,7 @@ def worker(args):
         f"model.hidden={json.dumps(hidden)}", "data.source=synthetic", f"data.features={FEATURES}",
         "data.samples=4096", "data.batch_size=64", "optimizer.kind=sgd", "run.device=cpu",
         f"run.dir={root / 'train'}",
-    ]
+    ] + list(args.set or [])
     config = load_config(None, overrides, environ={})
     log = RunLog(root / "train", rank, size, console=False)
     trainer = Trainer(config, comm, select_backend("cpu", local_rank=rank), log)
@@ -835,6 +835,8 @@ def _run_job(args, model, ranks, approaches, every, nckpt, rounds, freq):
                "--rounds", str(rounds), "--disk-repeats", str(args.disk_repeats),
                "--freq", freq, "--freq-steps", str(args.freq_steps),
                "--freq-steps-every1", str(args.freq_steps_every1)]
+    for setting in args.set or []:
+        command += ["--set", setting]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env = {k: v for k, v in env.items() if not k.startswith("HPCCKPT_")}
@@ -1059,6 +1061,8 @@ def main(argv=None):
     parser.add_argument("--freq-steps-every1", type=int, default=30,
                         help="steps of the every-step run (default 30: each checkpoint takes seconds here)")
     parser.add_argument("--disk-repeats", type=int, help="disk write+fsync repeats (default 3, --quick 2)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="config override for hpcckpt's engine, e.g. checkpoint.persist_nice=0 (repeatable)")
     parser.add_argument("--tmp", default="/tmp", help="where run directories go (default /tmp)")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

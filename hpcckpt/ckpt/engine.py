@@ -555,12 +555,13 @@ class Checkpointer:
         agreement, so a failure anywhere stops the version everywhere before its commit."""
         step = snapshot.step
         due = self.levels_due(snapshot)
+        shard = None  # the L1 file's bytes, once read back
         if self.local is not None:
             info = self._stage(step, "local", lambda: self.local.write_shard(step, self.world_size, snapshot.pieces,
                                                                            {"node": self.node}))
             shard_infos = self.comm.allgather((info.size, info.checksums))
             self._mark(report, step, "local", started, info.size)
-            if "partner" in due or "erasure" in due:
+            if "partner" in due or "erasure" in due or (self.pfs is not None and "pfs" in due):
                 shard = self._read_back(self.local.shard_path(step))
                 sizes = [size for size, _ in shard_infos]
                 if "partner" in due:
@@ -574,14 +575,21 @@ class Checkpointer:
             self.faults.strike(step, "commit")
             self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
         if self.pfs is not None and "pfs" in due:
-            info = self._stage(step, "pfs", lambda: self.pfs.write_shard(step, self.world_size, snapshot.pieces,
-                                                                         {"node": self.node}))
-            shard_infos = self.comm.allgather((info.size, info.checksums))
+            if shard is not None:
+                # The L1 file's exact bytes (same header, same checksums): L4 costs no second
+                # serialisation and checksum pass, and its manifest is L1's.
+                self._stage(step, "pfs", lambda: self.pfs.write_shard_bytes(step, shard))
+                size = int(shard.size)
+            else:
+                info = self._stage(step, "pfs", lambda: self.pfs.write_shard(step, self.world_size, snapshot.pieces,
+                                                                             {"node": self.node}))
+                shard_infos = self.comm.allgather((info.size, info.checksums))
+                size = info.size
             manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")
             self._stage(step, "commit", lambda: self.pfs.commit(manifest) if self.rank == 0 else None,
                         label="L4 commit")
-            self._mark(report, step, "pfs", started, info.size)
+            self._mark(report, step, "pfs", started, size)
         self._apply_retention(step)
 
     def _read_back(self, path) -> np.ndarray:

@@ -55,10 +55,18 @@ class ErasureLevel:
     def _segment(self, shard_sizes) -> int:
         return segment_length([shard_sizes[m] for m in self.members], self.n, self.p)
 
-    def _padded(self, shard: np.ndarray, segment: int) -> np.ndarray:
-        padded = np.zeros(self.k * segment, dtype=np.uint8)
-        padded[: shard.size] = shard
-        return padded
+    @staticmethod
+    def _data_segment(shard: np.ndarray, index: int, segment: int) -> np.ndarray:
+        """Data segment `index` of this member's shard: a view of the shard's bytes, except
+        where the shard ends inside or before it (a zero-padded copy), so the stripes cost no
+        copy of the whole shard."""
+        start = index * segment
+        if start + segment <= shard.size:
+            return shard[start:start + segment]
+        piece = np.zeros(segment, dtype=np.uint8)
+        tail = shard[start:start + segment]
+        piece[:tail.size] = tail
+        return piece
 
     def protect(self, step: int, shard: np.ndarray, shard_sizes, world_size: int,
                 only_missing: bool = False) -> int:
@@ -73,7 +81,7 @@ class ErasureLevel:
         needs = quiet_allgather(self.comm, not (only_missing and self.has_parity(step)))
         if not any(needs):
             return 0
-        padded = self._padded(shard() if callable(shard) else shard, segment)
+        shard = shard() if callable(shard) else shard
         stripe_needed = [any(needs[h] for h in s.holders) for s in self.stripes]
         own = self.stripes[self.me]  # this member gathers and encodes stripe `me`
         # Phase 1: contributors send their data segment of stripe t to its gatherer, member t.
@@ -81,7 +89,7 @@ class ErasureLevel:
         for stripe in self.stripes:
             if stripe_needed[stripe.index] and self.me in stripe.contributors:
                 seg = stripe.segments[stripe.contributors.index(self.me)]
-                sends.append((stripe.holders[0], padded[seg * segment:(seg + 1) * segment]))
+                sends.append((stripe.holders[0], self._data_segment(shard, seg, segment)))
         gathered = []
         if stripe_needed[self.me]:
             gathered = [(j, np.empty(segment, dtype=np.uint8)) for j in own.contributors]
@@ -131,8 +139,6 @@ class ErasureLevel:
             raise ValueError(f"{len(lost)} members lost, the code survives {self.p}")
         segment = self._segment(shard_sizes)
         sends, receives = [], []
-        if self.me not in lost:
-            padded = self._padded(shard, segment)
         for stripe in self.stripes:
             sources = recovery_sources(stripe, lost, self.k)
             for target in sorted(lost):
@@ -143,7 +149,7 @@ class ErasureLevel:
                     block = stripe.block_of_member(self.me)
                     if block < self.k:
                         seg = stripe.segments[block]
-                        piece = padded[seg * segment:(seg + 1) * segment]
+                        piece = self._data_segment(shard, seg, segment)
                     else:
                         piece = parity[_piece_name(stripe.index, block)]
                     sends.append((target, piece, stripe.index))
