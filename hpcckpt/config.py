@@ -85,6 +85,9 @@ class CheckpointConfig:
     # The persist thread's nice value. 0 by default: a niced thread that holds the GIL or
     # MPICH's lock when it is preempted makes training wait for it (perf/RESULTS.md, #5).
     persist_nice: int = 0
+    # Linux scheduling policy of the copy and persist threads: "batch" (SCHED_BATCH) keeps
+    # their many wake-ups from preempting training, at an unchanged share of the CPU.
+    background_policy: str = "batch"
     # A restart counts as good after this many steps (or its next checkpoint); a crash before
     # marks the version it loaded failed, and the next restart falls back to an older one.
     confirm_after_steps: int = 1
@@ -153,6 +156,7 @@ _CHOICES = {
     ("model", "dtype"): ("float32", "float64"),
     ("data", "source"): ("digits", "synthetic", "hdf5"),
     ("optimizer", "kind"): ("sgd", "adam"),
+    ("checkpoint", "background_policy"): ("batch", "normal"),
 }
 _POSITIVE = {
     ("run", "steps"), ("run", "log_every"), ("data", "samples"), ("data", "features"),

@@ -318,3 +318,5 @@ def test_copies_behind_the_step_hold_the_values_at_capture(tmp_path):
         assert result["step"] == 1  # version 2 was abandoned, never committed
         assert result["equal"], result
         assert result["background_copy_s"] > 0  # the copies ran on the worker, behind the step
+        # Their wake-ups must not preempt training (checkpoint.background_policy = "batch").
+        assert result["batch_policy"] == [["hpcckpt-copy", True], ["hpcckpt-persist", True]]

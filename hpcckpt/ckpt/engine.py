@@ -104,27 +104,54 @@ class _PendingSnapshot:
 
 
 class _BackgroundCopies:
-    """Copies of one snapshot queued by capture() and taken by the checkpoint's worker thread
-    while training goes on (CheckFreq's snapshot overlapping the next step). Each array has an
+    """Copies of one snapshot queued by capture() and taken by the copier thread while
+    training goes on (CheckFreq's snapshot overlapping the next step). Each array has an
     event, set once its copy is taken, which before_update() waits for."""
 
-    END = None  # queued by end_checkpoint(), after every copy of the snapshot
-
     def __init__(self, report: PersistReport):
-        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.taken: dict[str, threading.Event] = {}
         self.report = report
         self.error: str | None = None
-        self.snapshot: Snapshot | None = None  # set by end_checkpoint(); None at END: abandoned
+        self.snapshot: Snapshot | None = None  # set by end_checkpoint(); None: abandoned
         self.ended_at = 0.0
-
-    def add(self, name: str) -> None:
-        self.taken[name] = threading.Event()
-        self.tasks.put(name)
 
     def release_all(self) -> None:
         for event in self.taken.values():
             event.set()
+
+
+class _Worker:
+    """One long-lived daemon thread that runs submitted jobs in order. Starting a thread per
+    checkpoint would cost a scheduling round trip (Thread.start() waits for the new thread to
+    run: milliseconds on busy cores) inside the blocking time."""
+
+    def __init__(self, name: str, on_start: Callable[[], None] | None = None):
+        self.name = name
+        self.on_start = on_start
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, job: Callable, *args) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self.thread.start()
+        self.jobs.put((job, args))
+
+    def _run(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
+        while True:
+            item = self.jobs.get()
+            if item is None:
+                return
+            job, args = item
+            job(*args)  # jobs keep their own errors (see Checkpointer._worker_error)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join()
+            self.thread = None
 
 
 def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
@@ -183,7 +210,11 @@ class Checkpointer:
         self._pending: _PendingSnapshot | None = None
         self._copies: _BackgroundCopies | None = None
         self._read_back_buffer: np.ndarray | None = None
-        self._worker: threading.Thread | None = None
+        # Copies run at normal priority (training may wait for them in before_update()), the
+        # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
+        self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
+        self._persister = _Worker("hpcckpt-persist", on_start=self._lower_priority)
+        self._in_flight: threading.Event | None = None
         self._worker_error: BaseException | None = None
         self.last_report: PersistReport | None = None
         self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
@@ -274,7 +305,6 @@ class Checkpointer:
         self._copies = None
         if copy_in_background and self._threaded:
             self._copies = _BackgroundCopies(PersistReport(step))
-            self._start_worker(step, self._copy_then_persist, self._copies)
         return previous
 
     def capture(self, name: str) -> None:
@@ -324,9 +354,11 @@ class Checkpointer:
         report.captured_early_s = pending.capture_s
         if copies is not None:
             copies.snapshot, copies.ended_at = snapshot, remaining_started
-            copies.tasks.put(_BackgroundCopies.END)
+            self._in_flight = threading.Event()
+            self._copier.submit(self._take_copies, copies, self._in_flight)
         elif self._threaded:
-            self._start_worker(pending.step, self._persist_guarded, snapshot, report, remaining_started)
+            self._in_flight = threading.Event()
+            self._persister.submit(self._persist_job, snapshot, report, remaining_started, self._in_flight)
         else:
             self._persist_guarded(snapshot, report, remaining_started)
         return report
@@ -337,12 +369,12 @@ class Checkpointer:
 
     def close(self) -> None:
         """(all ranks) Drain what is in flight and release the communicator."""
-        if self._pending is not None and self._copies is not None:
-            self._copies.tasks.put(_BackgroundCopies.END)  # a snapshot left open is abandoned
-            self._pending = None
+        self._pending = None  # a snapshot left open (an exception in the step) is abandoned
         try:
             self._finish_in_flight()
         finally:
+            self._copier.stop()  # after the copies queued for the abandoned snapshot
+            self._persister.stop()
             if self.erasure is not None and self.erasure.comm is not None:
                 self.erasure.comm.Free()
                 self.erasure.comm = None
@@ -433,8 +465,9 @@ class Checkpointer:
         return tuple(p.name for p in self._protected.values() if not p.replicated)
 
     def _take_or_queue(self, name: str) -> None:
-        if self._copies is not None and isinstance(self._protected[name].array, np.ndarray):
-            self._copies.add(name)
+        copies = self._copies
+        if copies is not None and isinstance(self._protected[name].array, np.ndarray):
+            copies.taken[name] = threading.Event()
         else:
             self._copy_piece(name)
 
@@ -466,46 +499,49 @@ class Checkpointer:
         return Snapshot(step, self._ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
 
     # -- persist (background) ------------------------------------------------------------
-    def _start_worker(self, step: int, target, *args) -> None:
-        self._worker = threading.Thread(target=target, args=args, name=f"hpcckpt-persist-{step}", daemon=True)
-        self._worker.start()
-
-    def _copy_then_persist(self, copies: _BackgroundCopies) -> None:
-        """(worker thread) Take the queued copies at normal priority, since training may be
-        waiting for them in before_update(), then persist at the persist's priority. A failed
-        copy is agreed on by every rank like any stage, so no rank persists a torn snapshot."""
-        report = copies.report
+    def _take_copies(self, copies: _BackgroundCopies, done: threading.Event) -> None:
+        """(copier thread) The snapshot's copies in capture order (the order the next step
+        updates them in), then on to the persist; after a failed copy the rest are skipped.
+        They start once the step is over: copies woken during the step competed with it for
+        the cores and the GIL, which on busy cores cost more than they overlapped."""
         try:
-            while True:
-                name = copies.tasks.get()
-                if name is _BackgroundCopies.END:
-                    break
+            started = time.perf_counter()
+            for name, taken in list(copies.taken.items()):
                 if copies.error is None:
-                    started = time.perf_counter()
                     try:
                         self._copy_piece(name)
-                    except Exception as exc:  # agreed below, on every rank
+                    except Exception as exc:  # agreed by every rank before the persist
                         copies.error = f"copying {name!r} into the snapshot: {type(exc).__name__}: {exc}"
-                        copies.release_all()
-                    report.background_copy_s += time.perf_counter() - started
-                copies.taken[name].set()
+                taken.set()
+            copies.report.background_copy_s += time.perf_counter() - started
         finally:
             copies.release_all()
-        if copies.snapshot is None:  # closed without end_checkpoint(): nothing to persist
-            return
+        self._persister.submit(self._persist_copied, copies, done)
+
+    def _persist_copied(self, copies: _BackgroundCopies, done: threading.Event) -> None:
+        """(persist thread) A failed copy is agreed on by every rank like any stage, so no
+        rank persists a torn snapshot."""
+        report = copies.report
         try:
             self._raise_if_any_failed("snapshot", copies.error, step=report.step)
         except BaseException as exc:
             self._worker_error = exc
             if self.log:
                 self.log.error(f"checkpoint of step {report.step} failed: {exc}")
+            done.set()
             return
-        self._persist_guarded(copies.snapshot, report, copies.ended_at)
+        self._persist_job(copies.snapshot, report, copies.ended_at, done)
+
+    def _persist_job(self, snapshot: Snapshot, report: PersistReport, started: float, done: threading.Event) -> None:
+        try:
+            self._persist_guarded(snapshot, report, started)
+        finally:
+            done.set()
 
     def _finish_in_flight(self) -> PersistReport | None:
-        if self._worker is not None:
-            self._worker.join()
-            self._worker = None
+        if self._in_flight is not None:
+            self._in_flight.wait()
+            self._in_flight = None
         self._copies = None
         if self._worker_error is not None:
             error, self._worker_error = self._worker_error, None
@@ -513,9 +549,23 @@ class Checkpointer:
         report, self.last_report = self.last_report, None
         return report
 
+    def _background_scheduling(self) -> None:
+        """(worker thread) SCHED_BATCH: the scheduler does not let this thread's wake-ups (a
+        copy job arriving, the persist's polls of MPI requests) preempt training; it keeps its
+        fair share of the CPU, so it cannot hold the GIL or MPICH's lock for long while
+        preempted, as a niced thread did (Linux schedules threads separately)."""
+        if self.config.checkpoint.background_policy != "batch":
+            return
+        try:
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError) as exc:
+            if self.log and not getattr(self, "_policy_warned", False):
+                self.log.info(f"cannot use SCHED_BATCH for background threads here ({exc}); they run as normal")
+                self._policy_warned = True
+
     def _lower_priority(self) -> None:
-        """Background work must not starve training: raise this thread's nice value (Linux
-        schedules threads separately, so only the persist thread yields)."""
+        """(persist thread) Its scheduling policy, and checkpoint.persist_nice if set."""
+        self._background_scheduling()
         nice = self.config.checkpoint.persist_nice
         if not nice or threading.current_thread() is threading.main_thread():
             return
@@ -527,7 +577,6 @@ class Checkpointer:
                 self._priority_warned = True
 
     def _persist_guarded(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
-        self._lower_priority()
         try:
             self._persist(snapshot, report, started)
             self.last_report = report

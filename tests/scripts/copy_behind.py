@@ -3,7 +3,9 @@ before_update(). Arrays are changed right after before_update(); the version mus
 the values they had at capture, bit for bit, and a snapshot left open must not hang close()."""
 
 import json
+import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,8 @@ def main():
         ckpt.before_update(name)
         arrays[name][:] = -1.0
     ckpt.wait()
+    background = [t for t in threading.enumerate() if t.name in ("hpcckpt-copy", "hpcckpt-persist")]
+    policies = sorted({t.name: os.sched_getscheduler(t.native_id) == os.SCHED_BATCH for t in background}.items())
     # A snapshot opened and never ended (an exception in the step) is abandoned by close().
     ckpt.begin_checkpoint(2, copy_in_background=True)
     ckpt.capture(NAMES[0])
@@ -52,7 +56,7 @@ def main():
     print("RESULT " + json.dumps({"rank": comm.rank, "step": step, "equal": equal,
                                   "background_copy_s": report.background_copy_s,
                                   "captured_early_s": report.captured_early_s,
-                                  "copy_wait_s": report.copy_wait_s}), flush=True)
+                                  "copy_wait_s": report.copy_wait_s, "batch_policy": policies}), flush=True)
 
 
 if __name__ == "__main__":
