@@ -4,8 +4,8 @@
 #   bash jobs/demo.sh
 #
 # 4 ranks on 4 simulated nodes run the default job (jobs/local.toml: checkpoints every 50
-# steps on L1 local, L2 partner, L3 erasure, L4 every 2nd). At step 330, nodes 1 and 2 die:
-# their ranks are killed and their node-local directories deleted. The restart loop of the
+# steps on L1 local, L2 partner, L3 erasure, L4 every 2nd). As the checkpoint of step 350
+# begins, nodes 1 and 2 die: their ranks are killed and their node-local directories deleted. The restart loop of the
 # job scripts (jobs/restart-loop.sh) starts the job again; the ranks on the lost nodes get
 # their shards back from a partner copy or an erasure rebuild, the run finishes, and
 # `hpcckpt report` tells the story. Everything goes to ./run-demo (replaced on each demo).
@@ -30,8 +30,11 @@ if [ -e "$RUN_DIR" ]; then
 fi
 mkdir -p "$RUN_DIR" && touch "$RUN_DIR/.hpcckpt-demo"
 export HPCCKPT_RUN_DIR=$RUN_DIR
-# The loss happens on the first attempt only (attempt=1): the restarted run passes step 330 in peace.
-TRAIN_ARGS="--inject node-loss:node=1:step=330:attempt=1 --inject node-loss:node=2:step=330:attempt=1"
+# The loss happens on the first attempt only (attempt=1): the restarted run passes step 350 in
+# peace. At the snapshot phase the checkpoint of step 300 is durable on every level by then
+# (at most one is in flight), so the demo tells the same story however busy the machine is.
+TRAIN_ARGS="--inject node-loss:node=1:step=350:phase=snapshot:attempt=1"
+TRAIN_ARGS+=" --inject node-loss:node=2:step=350:phase=snapshot:attempt=1"
 
 hpcckpt_launch() { exec $MPIEXEC -n 4 $HPCCKPT "$@"; }
 hpcckpt_replan() { hpcckpt_say "nodes 1 and 2 come back empty (replacement nodes)"; }

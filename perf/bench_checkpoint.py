@@ -712,6 +712,9 @@ def worker(args):
                 rss = [r for r in entry["rss"] if r]
                 result["rss_first_kib"] = rss[0][0] if rss else None
                 result["rss_last_kib"] = rss[-1][-1] if rss else None
+                # Within one engine's life: between rounds the other approaches' memory (torch,
+                # allocator arenas) stays in the process and is not the engine's.
+                result["rss_change_by_round"] = [r[-1] / r[0] - 1 for r in rss]
             if "shard_bytes_total" in entry:
                 result["shard_bytes_total"] = entry["shard_bytes_total"]
             if name.startswith("hpcckpt") and "pfs" in durable:
@@ -923,8 +926,8 @@ def _targets(runs):
             if h.get("l4_gb_per_s"):
                 share = h["l4_gb_per_s"] / run["disk"]["gb_per_s"]
                 t["l4_rate_share_of_disk"] = {"share": share, "bound": 0.7, "met": share >= 0.7}
-            if h.get("rss_first_kib"):
-                change = h["rss_last_kib"] / h["rss_first_kib"] - 1
+            if h.get("rss_change_by_round"):
+                change = max(h["rss_change_by_round"], key=abs)
                 t["rss_change"] = {"change": change, "bound": 0.05, "met": abs(change) <= 0.05}
         l13 = a.get("hpcckpt_l1l3")
         if l13 and l13["durable_s"]:

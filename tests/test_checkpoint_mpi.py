@@ -315,8 +315,9 @@ def test_copies_behind_the_step_hold_the_values_at_capture(tmp_path):
     results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
     for result in results:
-        assert result["step"] == 1  # version 2 was abandoned, never committed
+        assert (result["first"], result["step"]) == (1, 2)  # version 3 was abandoned, never committed
         assert result["equal"], result
+        assert result["twice_changed_holds_capture"], result
         assert result["background_copy_s"] > 0  # the copies ran on the worker, behind the step
         # Their wake-ups must not preempt training (checkpoint.background_policy = "batch").
         assert result["batch_policy"] == [["hpcckpt-copy", True], ["hpcckpt-persist", True]]

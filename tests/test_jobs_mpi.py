@@ -50,13 +50,13 @@ def test_demo_loses_two_nodes_restarts_and_summarises(tmp_path):
     proc = run_job_script("demo.sh", tmp_path, RUN_DIR=tmp_path / "demo")
     assert_ok(proc)
     out = proc.stdout
-    assert "injected node-loss on rank 1 (node 1) at step 330" in proc.stderr
+    assert "injected node-loss on rank 1 (node 1) at step 350 in phase snapshot" in proc.stderr
     assert "attempt 2" in out and "finished after 2 attempt(s)" in out
     # The two lost nodes come back from the partner copy and the erasure rebuild.
     assert "restored version 300: 2 rank(s) from L1 local, 1 rank(s) from L2 partner, 1 rank(s) from L3 erasure" in out
     summary = out[out.index("== summary"):]
     for line in ("attempts: 2", "steps done: 400 (finished)", "checkpoints taken: 8",
-                 "rebuilt: rank 1: L3 erasure, rank 2: L2 partner", "work lost to failures: 30 step(s)"):
+                 "rebuilt: rank 1: L3 erasure, rank 2: L2 partner", "work lost to failures: 49 step(s)"):
         assert line in summary, summary
     digest = final_record(tmp_path / "demo")["weights_digest"]
     assert digest == straight_digest(tmp_path, REPO / "jobs" / "local.toml")

@@ -46,6 +46,21 @@ def test_auto_retunes_when_costs_rise():
     assert policy.interval > first
 
 
+def test_auto_counts_what_steps_lose_while_a_persist_runs_behind_them():
+    policy = IntervalPolicy.from_config(cfg("auto", max_overhead=0.05))
+    policy.observe_step(0.010)
+    policy.observe_checkpoint(6, blocking=0.0001, durable=0.05)
+    # The snapshot alone blocks almost nothing: only the persist (5 steps) bounds the interval.
+    assert policy.interval == 5 and "persist must finish first" in policy.reason
+    for _ in range(5):
+        policy.observe_step(0.012, persisting=True)  # steps run 2 ms slower behind the persist
+    change = policy.observe_checkpoint(11, blocking=0.0001, durable=0.05)
+    # cost = 0.1 ms + 2 ms x 5 steps = 10.1 ms; / (5 % of 10 ms) -> 21 steps.
+    assert policy.interval == 21 and "overhead bound" in change and "2.00 ms slower" in change
+    assert policy.cost / (policy.interval * policy.step_time) <= 0.05
+    assert policy.step_time == 0.010  # the quiet steps' time is kept apart
+
+
 def test_young_daly_interval():
     policy = IntervalPolicy.from_config(cfg(0, mtbf_hours=2.0))
     assert policy.adaptive

@@ -14,10 +14,11 @@ Or, to overlap the snapshot with the step (what the trainer does):
     ckpt.end_checkpoint(metrics)             # returns at once; copies finish behind the step
 
 Save flow: snapshot (this rank's slice of every tensor, into reused buffers; the only part
-that can block training) -> L1 node-local write -> L1 commit -> L4 flush -> L4 commit ->
-retention, all in one background thread. At most one checkpoint is in flight: the next
-snapshot first waits for the previous persist. Checkpoint traffic uses its own communicator
-(a duplicate), never interleaved with the gradient allreduce. A failure on any rank becomes
+that can block training) -> L1 node-local write -> L2 partner -> L3 erasure -> L1-L3 commit
+-> L4 flush -> L4 commit -> retention. Background copies run on a copier thread, the rest on
+a persist thread; both live as long as the Checkpointer. At most one checkpoint is in
+flight: the next snapshot first waits for the previous persist. Checkpoint traffic uses its
+own communicator (a duplicate), never interleaved with the gradient allreduce. A failure on any rank becomes
 the same CheckpointError on every rank (carrying the failures by rank) at the next call.
 """
 
@@ -290,10 +291,11 @@ class Checkpointer:
         copied right after its weight update). Waits for the previous persist, whose buffers
         this snapshot reuses. Returns the previous checkpoint's report.
 
-        copy_in_background: capture() and end_checkpoint() only queue the copies, which this
-        checkpoint's worker thread takes while training goes on. The caller then promises to
-        call before_update(name) before it next changes a protected array in place (until
-        the next begin_checkpoint(), wait() or close()); CuPy arrays are always copied at once.
+        copy_in_background: capture() and end_checkpoint() only queue the copies, which the
+        copier thread takes once end_checkpoint() returns, while training goes on. The caller
+        then promises to call before_update(name) before it next changes a protected array
+        in place (until the next begin_checkpoint(), wait() or close()); CuPy arrays are
+        always copied at once.
         """
         if self._pending is not None:
             raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._pending.step} is open")
@@ -332,7 +334,13 @@ class Checkpointer:
         if event is None or event.is_set():
             return
         started = time.perf_counter()
-        event.wait()
+        if self._pending is not None:
+            # Changed again before end_checkpoint() (e.g. two updates in one step): the copier
+            # has not started, so the copy is taken here, with the value it had at capture().
+            self._copy_piece(name)
+            event.set()
+        else:
+            event.wait()
         copies.report.copy_wait_s += time.perf_counter() - started
 
     def end_checkpoint(self, metrics: dict | None = None, final: bool = False) -> PersistReport:
@@ -362,6 +370,11 @@ class Checkpointer:
         else:
             self._persist_guarded(snapshot, report, remaining_started)
         return report
+
+    @property
+    def persisting(self) -> bool:
+        """A checkpoint's copies or persist are running in the background right now."""
+        return self._in_flight is not None and not self._in_flight.is_set()
 
     def wait(self) -> PersistReport | None:
         """(all ranks) Block until the checkpoint in flight is durable; raise if it failed."""
@@ -507,7 +520,7 @@ class Checkpointer:
         try:
             started = time.perf_counter()
             for name, taken in list(copies.taken.items()):
-                if copies.error is None:
+                if copies.error is None and not taken.is_set():
                     try:
                         self._copy_piece(name)
                     except Exception as exc:  # agreed by every rank before the persist

@@ -4,12 +4,15 @@
 checkpoint to measure its cost (blocking time and time until durable), then pick the
 shortest interval N whose overhead stays under `checkpoint.max_overhead`:
 
-    N >= blocking / (max_overhead * step_time)     the snapshot's share of run time
     N >= durable / step_time                       the next snapshot never waits for a persist
+    C  = blocking + interference * durable / step_time            cost of one checkpoint
+    N >= C / (max_overhead * step_time)            the checkpoint's share of run time
 
-and retune after every checkpoint from the cost measured while running (interference from
-other jobs raises it). With `checkpoint.mtbf_hours = H` the interval is Young/Daly's
-sqrt(2 * C * MTBF) with C the measured blocking cost, never below the persist bound.
+`interference` is how much longer a step takes while a persist runs in the background than
+one without (the persist shares the cores, the disk and the network with training); it is
+measured while running, so the interval is retuned after every checkpoint (interference from
+other jobs raises it too). With `checkpoint.mtbf_hours = H` the interval is Young/Daly's
+sqrt(2 * C * MTBF), never below the persist bound.
 
 The policy is pure arithmetic over measurements; it is the same on every rank because the
 measurements it is fed are agreed (maxima over ranks) by the caller.
@@ -29,7 +32,8 @@ class IntervalPolicy:
     every_steps: int | str  # int > 0 fixed, "auto"; 0 = off
     max_overhead: float = 0.035
     mtbf_hours: float = 0.0
-    step_time: float = 0.0  # seconds, smoothed
+    step_time: float = 0.0  # seconds, smoothed, steps with no persist in flight
+    busy_step_time: float = 0.0  # seconds, smoothed, steps run while a persist is in flight
     blocking: float = 0.0  # seconds per checkpoint, smoothed
     durable: float = 0.0  # seconds until the last level is durable, smoothed
     interval: int = 0  # chosen interval; 0 while profiling
@@ -66,17 +70,34 @@ class IntervalPolicy:
             return step >= self.last_checkpoint + PROFILE_STEPS + 1 and self.step_time > 0
         return step - self.last_checkpoint >= self.interval
 
-    def observe_step(self, seconds: float) -> None:
-        self.step_time = seconds if self.step_time == 0 else (1 - EWMA) * self.step_time + EWMA * seconds
+    def observe_step(self, seconds: float, persisting: bool = False) -> None:
+        """One step's time; `persisting`: a checkpoint was being persisted while it ran."""
+        if persisting:
+            self.busy_step_time = _smooth(self.busy_step_time, seconds)
+        else:
+            self.step_time = _smooth(self.step_time, seconds)
+
+    @property
+    def interference(self) -> float:
+        """Seconds a step loses while a persist runs behind it (0 until both are measured)."""
+        if not self.busy_step_time or not self.step_time:
+            return 0.0
+        return max(0.0, self.busy_step_time - self.step_time)
+
+    @property
+    def cost(self) -> float:
+        """Seconds of training one checkpoint costs: what it blocks, and what the steps run
+        during its persist lose (the interval is never shorter than the persist)."""
+        return self.blocking + self.interference * self.durable / max(self.step_time, 1e-9)
 
     def observe_checkpoint(self, step: int, blocking: float, durable: float | None) -> str | None:
         """Feed one checkpoint's cost; returns a log line when the interval changes."""
         self.last_checkpoint = step
         if not self.adaptive:
             return None
-        self.blocking = blocking if self.blocking == 0 else (1 - EWMA) * self.blocking + EWMA * blocking
+        self.blocking = _smooth(self.blocking, blocking)
         if durable is not None:
-            self.durable = durable if self.durable == 0 else (1 - EWMA) * self.durable + EWMA * durable
+            self.durable = _smooth(self.durable, durable)
         chosen, reason = self._choose()
         if chosen != self.interval:
             self.interval, self.reason = chosen, reason
@@ -88,28 +109,35 @@ class IntervalPolicy:
         step_time = max(self.step_time, 1e-9)
         persist_bound = max(1, math.ceil(self.durable / step_time))
         measured = (f"step {1000 * self.step_time:.2f} ms, snapshot blocks {1000 * self.blocking:.2f} ms, "
-                    f"durable after {1000 * self.durable:.1f} ms")
+                    f"durable after {1000 * self.durable:.1f} ms, "
+                    f"steps {1000 * self.interference:.2f} ms slower while it persists")
         if self.mtbf_hours > 0:
-            young_daly = math.sqrt(2 * self.blocking * self.mtbf_hours * 3600) / step_time
+            young_daly = math.sqrt(2 * self.cost * self.mtbf_hours * 3600) / step_time
             interval = max(persist_bound, math.ceil(young_daly))
-            return interval, (f"Young/Daly sqrt(2 C MTBF) with C = {1000 * self.blocking:.2f} ms and MTBF "
+            return interval, (f"Young/Daly sqrt(2 C MTBF) with C = {1000 * self.cost:.2f} ms and MTBF "
                               f"{self.mtbf_hours} h is {young_daly:.1f} steps; {measured}")
-        overhead_bound = max(1, math.ceil(self.blocking / (self.max_overhead * step_time)))
+        overhead_bound = max(1, math.ceil(self.cost / (self.max_overhead * step_time)))
         interval = max(overhead_bound, persist_bound)
         binding = "overhead bound" if overhead_bound >= persist_bound else "persist must finish first"
         return interval, (f"shortest interval with overhead <= {100 * self.max_overhead:.1f} % ({binding}); "
                           f"{measured}")
 
     def state(self) -> dict:
-        return {"step_time": self.step_time, "blocking": self.blocking, "durable": self.durable,
+        return {"step_time": self.step_time, "busy_step_time": self.busy_step_time,
+                "blocking": self.blocking, "durable": self.durable,
                 "interval": self.interval, "last_checkpoint": self.last_checkpoint, "reason": self.reason}
 
     def load_state(self, state: dict) -> None:
         """A restart keeps the profile: no second profiling phase."""
         self.step_time = float(state.get("step_time", 0.0))
+        self.busy_step_time = float(state.get("busy_step_time", 0.0))
         self.blocking = float(state.get("blocking", 0.0))
         self.durable = float(state.get("durable", 0.0))
         self.last_checkpoint = int(state.get("last_checkpoint", 0))
         if self.adaptive:
             self.interval = int(state.get("interval", 0))
             self.reason = str(state.get("reason", ""))
+
+
+def _smooth(previous: float, value: float) -> float:
+    return value if previous == 0 else (1 - EWMA) * previous + EWMA * value

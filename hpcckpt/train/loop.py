@@ -157,6 +157,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
                 previous_durable = max(previous.durable_s.values())
                 log.metrics({"step": previous.step, "checkpoint_durable_s": previous.durable_s})
         stopper.post()
+        persisting = checkpointer is not None and checkpointer.persisting
         result = trainer.train_step(reduce_loss=report)
         steps_this_run += 1
         if copies_behind is not None:
@@ -169,7 +170,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
         if checkpointer is not None and steps_this_run == config.checkpoint.confirm_after_steps:
             checkpointer.confirm_restart()
         if not checkpoint_due:
-            policy.observe_step(result.seconds)
+            policy.observe_step(result.seconds, persisting)
         window_time += result.seconds
         window_samples += result.samples
         window_steps += 1
@@ -215,9 +216,9 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
                 checkpointer.wait()
                 previous_durable = max(closing.durable_s.values()) if closing.durable_s else 0.0
             if policy.adaptive:
-                step_time, blocking, durable = _agreed_max(trainer.comm, [policy.step_time, blocked,
-                                                                          previous_durable])
-                policy.step_time = step_time
+                step_time, busy_step_time, blocking, durable = _agreed_max(
+                    trainer.comm, [policy.step_time, policy.busy_step_time, blocked, previous_durable])
+                policy.step_time, policy.busy_step_time = step_time, busy_step_time
                 change = policy.observe_checkpoint(result.step, blocking, durable or None)
                 if change:
                     log.info(change, console=True)

@@ -41,22 +41,39 @@ def main():
         ckpt.before_update(name)
         arrays[name][:] = -1.0
     ckpt.wait()
+    # Changed twice in one step: the second change comes before end_checkpoint(), so the copy
+    # must be taken at that guard, with the value of the capture.
+    for name in NAMES:
+        arrays[name][:] = 2.0
+    ckpt.begin_checkpoint(2, copy_in_background=True)
+    for name in NAMES:
+        ckpt.capture(name)
+        ckpt.before_update(name)
+        arrays[name][:] = 3.0
+    ckpt.end_checkpoint({})
+    ckpt.wait()
     background = [t for t in threading.enumerate() if t.name in ("hpcckpt-copy", "hpcckpt-persist")]
     policies = sorted({t.name: os.sched_getscheduler(t.native_id) == os.SCHED_BATCH for t in background}.items())
     # A snapshot opened and never ended (an exception in the step) is abandoned by close().
-    ckpt.begin_checkpoint(2, copy_in_background=True)
+    ckpt.begin_checkpoint(3, copy_in_background=True)
     ckpt.capture(NAMES[0])
     ckpt.close()
 
     restored = {name: np.zeros(ELEMENTS) for name in NAMES}
     again = make_checkpointer(comm, run_dir, restored)
-    step = again.restart("require")
-    again.close()
+    first = again.restart("require", step=1)
     equal = all(restored[n].tobytes() == expected[n].tobytes() for n in NAMES)
-    print("RESULT " + json.dumps({"rank": comm.rank, "step": step, "equal": equal,
-                                  "background_copy_s": report.background_copy_s,
-                                  "captured_early_s": report.captured_early_s,
-                                  "copy_wait_s": report.copy_wait_s, "batch_policy": policies}), flush=True)
+    step = again.restart("require")
+    twice_changed = all(np.all(restored[n] == 2.0) for n in NAMES)
+    again.close()
+    result = {"rank": comm.rank, "first": first, "step": step, "equal": equal,
+              "twice_changed_holds_capture": twice_changed, "background_copy_s": report.background_copy_s,
+              "captured_early_s": report.captured_early_s, "copy_wait_s": report.copy_wait_s,
+              "batch_policy": policies}
+    results = comm.gather(result, root=0)  # one writer: lines of two ranks would interleave
+    if comm.rank == 0:
+        for result in results:
+            print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
