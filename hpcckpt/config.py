@@ -99,6 +99,7 @@ class StorageConfig:
     pfs_dir: str = "{run_dir}/pfs"
     pfs_every: int = 1
     pfs_bandwidth_mb: float = 0.0
+    local_bandwidth_mb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ _POSITIVE = {
 }
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
-    ("storage", "pfs_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
+    ("storage", "pfs_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
 }
 

@@ -321,3 +321,17 @@ def test_copies_behind_the_step_hold_the_values_at_capture(tmp_path):
         assert result["background_copy_s"] > 0  # the copies ran on the worker, behind the step
         # Their wake-ups must not preempt training (checkpoint.background_policy = "batch").
         assert result["batch_policy"] == [["hpcckpt-copy", True], ["hpcckpt-persist", True]]
+
+
+def test_bandwidth_caps_hold_every_level_to_its_rate(tmp_path):
+    from conftest import REPO, run_script
+
+    proc = run_script(2, REPO / "tests" / "scripts" / "throttled.py", [str(tmp_path / "run")], cwd=tmp_path)
+    assert_ok(proc)
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    for result in json.loads(line[7:]):
+        durable = result["durable_s"]
+        # 4 MiB at 8 MB/s: >= 0.52 s per level, each level after the one before it.
+        assert durable["local"] >= 0.5, result
+        assert durable["partner"] - durable["local"] >= 0.5, result
+        assert durable["pfs"] - durable["partner"] >= 0.5, result
