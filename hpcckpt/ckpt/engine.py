@@ -18,8 +18,9 @@ that can block training) -> L1 node-local write -> L2 partner -> L3 erasure -> L
 -> L4 flush -> L4 commit -> retention. Background copies run on a copier thread, the rest on
 a persist thread; both live as long as the Checkpointer. At most one checkpoint is in
 flight: the next snapshot first waits for the previous persist. Checkpoint traffic uses its
-own communicator (a duplicate), never interleaved with the gradient allreduce. A failure on any rank becomes
-the same CheckpointError on every rank (carrying the failures by rank) at the next call.
+own communicator (a duplicate), never interleaved with the gradient allreduce. A failure on
+any rank becomes the same CheckpointError on every rank (carrying the failures by rank) at
+the next call.
 """
 
 from __future__ import annotations
@@ -89,11 +90,6 @@ class PersistReport:
     copy_wait_s: float = 0.0
     background_copy_s: float = 0.0
     durable_s: dict = field(default_factory=dict)
-
-    @property
-    def blocking_s(self) -> float:
-        """Training time this checkpoint took, without waiting for the previous persist."""
-        return self.snapshot_s + self.captured_early_s + self.copy_wait_s
 
 
 @dataclass
@@ -366,7 +362,7 @@ class Checkpointer:
             self._copier.submit(self._take_copies, copies, self._in_flight)
         elif self._threaded:
             self._in_flight = threading.Event()
-            self._persister.submit(self._persist_job, snapshot, report, remaining_started, self._in_flight)
+            self._persister.submit(self._persist_guarded, snapshot, report, remaining_started, self._in_flight)
         else:
             self._persist_guarded(snapshot, report, remaining_started)
         return report
@@ -529,27 +525,7 @@ class Checkpointer:
             copies.report.background_copy_s += time.perf_counter() - started
         finally:
             copies.release_all()
-        self._persister.submit(self._persist_copied, copies, done)
-
-    def _persist_copied(self, copies: _BackgroundCopies, done: threading.Event) -> None:
-        """(persist thread) A failed copy is agreed on by every rank like any stage, so no
-        rank persists a torn snapshot."""
-        report = copies.report
-        try:
-            self._raise_if_any_failed("snapshot", copies.error, step=report.step)
-        except BaseException as exc:
-            self._worker_error = exc
-            if self.log:
-                self.log.error(f"checkpoint of step {report.step} failed: {exc}")
-            done.set()
-            return
-        self._persist_job(copies.snapshot, report, copies.ended_at, done)
-
-    def _persist_job(self, snapshot: Snapshot, report: PersistReport, started: float, done: threading.Event) -> None:
-        try:
-            self._persist_guarded(snapshot, report, started)
-        finally:
-            done.set()
+        self._persister.submit(self._persist_guarded, copies.snapshot, copies.report, copies.ended_at, done, copies)
 
     def _finish_in_flight(self) -> PersistReport | None:
         if self._in_flight is not None:
@@ -589,14 +565,23 @@ class Checkpointer:
                 self.log.info(f"cannot lower the persist thread's priority here ({exc}); it runs at normal priority")
                 self._priority_warned = True
 
-    def _persist_guarded(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
+    def _persist_guarded(self, snapshot: Snapshot, report: PersistReport, started: float,
+                         done: threading.Event | None = None, copies: _BackgroundCopies | None = None) -> None:
+        """Persist; a failure surfaces on the next call on the main thread. With background
+        `copies`, every rank first agrees on a failed copy like on any stage, so no rank
+        persists a torn snapshot. `done` marks the checkpoint finished either way."""
         try:
+            if copies is not None:
+                self._raise_if_any_failed("snapshot", copies.error, step=report.step)
             self._persist(snapshot, report, started)
             self.last_report = report
-        except BaseException as exc:  # surfaces on the next call on this thread's owner
+        except BaseException as exc:
             self._worker_error = exc
             if self.log:
-                self.log.error(f"checkpoint of step {snapshot.step} failed: {exc}")
+                self.log.error(f"checkpoint of step {report.step} failed: {exc}")
+        finally:
+            if done is not None:
+                done.set()
 
     def levels_due(self, snapshot: Snapshot) -> tuple[str, ...]:
         due = []
