@@ -235,8 +235,10 @@ def test_decode_matrix_rows_give_the_lost_blocks():
     code = ErasureCode(6, 3)
     data = _blocks(6, 300, seed=8)
     blocks = data + code.encode(data)
-    src, rows = code.decode_matrix([0, 2, 3, 6, 7, 8], [1, 4, 5, 6])
-    for w, row in zip([1, 4, 5, 6], rows):
+    wanted = [6, 1, 4, 5]  # a parity block first: rows come back in the order asked for
+    src, rows = code.decode_matrix([0, 2, 3, 6, 7, 8], wanted)
+    assert all(len(row) == len(src) for row in rows)  # one coefficient per source
+    for w, row in zip(wanted, rows):
         acc = np.zeros(300, np.uint8)
         for s, c in zip(src, row):
             acc ^= gf256.MUL_TABLE[c][blocks[s]]

@@ -29,7 +29,7 @@ class Backend:
 
     def synchronize(self) -> None:
         if self.is_gpu:
-            self.xp.cuda.get_current_device().synchronize()
+            self.xp.cuda.Device().synchronize()
 
 
 def gpu_available() -> bool:

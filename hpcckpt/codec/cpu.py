@@ -255,8 +255,11 @@ class ErasureCode:
         ids = sorted(set(int(i) for i in available_ids))
         if len(ids) < self.k:
             raise CodecError(self._too_few(len(ids)))
-        src_ids, _, rows = self._plan(ids, list(wanted), chain=False)
-        return src_ids, rows
+        src_ids, order, rows = self._plan(ids, list(wanted), chain=False)
+        # Without chaining no row uses a computed block, so the columns past the k sources
+        # are zero: drop them (gpu_apply wants one coefficient per source), in wanted order.
+        by_block = {w: row[:len(src_ids)] for w, row in zip(order, rows)}
+        return src_ids, [by_block[int(w)] for w in wanted]
 
     # -- internals ------------------------------------------------------------------------
 
