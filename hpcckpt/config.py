@@ -88,6 +88,10 @@ class CheckpointConfig:
     # Linux scheduling policy of the copy and persist threads: "batch" (SCHED_BATCH) keeps
     # their many wake-ups from preempting training, at an unchanged share of the CPU.
     background_policy: str = "batch"
+    # Where snapshots of CuPy arrays go: "device" (device-to-device into preallocated GPU
+    # buffers, brought to host by the persist), "pinned" (straight into pinned host memory),
+    # or "auto": device while the buffers take at most half of the free GPU memory.
+    gpu_snapshot: str = "auto"
     # A restart counts as good after this many steps (or its next checkpoint); a crash before
     # marks the version it loaded failed, and the next restart falls back to an older one.
     confirm_after_steps: int = 1
@@ -158,6 +162,7 @@ _CHOICES = {
     ("data", "source"): ("digits", "synthetic", "hdf5"),
     ("optimizer", "kind"): ("sgd", "adam"),
     ("checkpoint", "background_policy"): ("batch", "normal"),
+    ("checkpoint", "gpu_snapshot"): ("auto", "device", "pinned"),
 }
 _POSITIVE = {
     ("run", "steps"), ("run", "log_every"), ("data", "samples"), ("data", "features"),

@@ -259,17 +259,29 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
     assert (tmp_path / "run" / "local" / "node0" / "v000000000001" / "commit-r00000.json").exists()
 
 
-def test_snapshot_taken_during_backprop_equals_weights_of_that_step(tmp_path):
+def _gpu_ready():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.skipif(not _gpu_ready(),
+                                                                                         reason="no GPU"))])
+def test_snapshot_taken_during_backprop_equals_weights_of_that_step(tmp_path, device):
     """Shards are copied right after each layer's update, while lower layers are still in
-    backward: the version of step 12 must equal the weights of a run that stopped at 12."""
+    backward: the version of step 12 must equal the weights of a run that stopped at 12. On a
+    GPU the copies run on a side stream while the next kernels go on."""
     stop = tmp_path / "stop"
     stop.mkdir()
-    assert_ok(train(stop, ckpt_job(stop, run={"steps": 12})))
+    assert_ok(train(stop, ckpt_job(stop, run={"steps": 12, "device": device})))
     weights_at_12 = final_record(stop / "run")["weights_digest"]
-    job = ckpt_job(tmp_path, run={"steps": 20}, checkpoint={"every_steps": 4, "keep_local": 5})
+    job = ckpt_job(tmp_path, run={"steps": 20, "device": device}, checkpoint={"every_steps": 4, "keep_local": 5})
     assert_ok(train(tmp_path, job))
     tensors, attrs = export(tmp_path, job, "v12.h5", version="12")
-    stop_tensors, _ = export(stop, ckpt_job(stop, run={"steps": 12}), "stop.h5")
+    stop_tensors, _ = export(stop, ckpt_job(stop, run={"steps": 12, "device": device}), "stop.h5")
     assert attrs["step"] == 12
     assert_same_export(tensors, stop_tensors)
     assert weights_at_12 == final_record(stop / "run")["weights_digest"]

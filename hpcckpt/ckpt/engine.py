@@ -14,7 +14,8 @@ Or, to overlap the snapshot with the step (what the trainer does):
     ckpt.end_checkpoint(metrics)             # returns at once; copies finish behind the step
 
 Save flow: snapshot (this rank's slice of every tensor, into reused buffers; the only part
-that can block training) -> L1 node-local write -> L2 partner -> L3 erasure -> L1-L3 commit
+that can block training; CuPy arrays go device to device on a side stream, see
+ckpt/device_snapshot.py) -> L1 node-local write -> L2 partner -> L3 erasure -> L1-L3 commit
 -> L4 flush -> L4 commit -> retention. Background copies run on a copier thread, the rest on
 a persist thread; both live as long as the Checkpointer. At most one checkpoint is in
 flight: the next snapshot first waits for the previous persist. Checkpoint traffic uses its
@@ -81,6 +82,8 @@ class PersistReport:
     during the step (the copies themselves, or only queueing them with copy_in_background);
     copy_wait_s: what before_update() blocked for until a background copy was taken;
     background_copy_s: the copies made behind the step by the worker thread;
+    device_to_host_s: the persist thread's wait for the GPU snapshot to reach host memory;
+    device_copy_s: GPU time of the snapshot's copies on the side stream (CuPy arrays);
     durable_s: seconds from end_checkpoint() until each level was durable.
     """
 
@@ -89,6 +92,8 @@ class PersistReport:
     captured_early_s: float = 0.0
     copy_wait_s: float = 0.0
     background_copy_s: float = 0.0
+    device_to_host_s: float = 0.0
+    device_copy_s: float = 0.0
     durable_s: dict = field(default_factory=dict)
 
 
@@ -207,6 +212,7 @@ class Checkpointer:
         self._pending: _PendingSnapshot | None = None
         self._copies: _BackgroundCopies | None = None
         self._read_back_buffer: np.ndarray | None = None
+        self._device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
         # Copies run at normal priority (training may wait for them in before_update()), the
         # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
         self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
@@ -290,8 +296,10 @@ class Checkpointer:
         copy_in_background: capture() and end_checkpoint() only queue the copies, which the
         copier thread takes once end_checkpoint() returns, while training goes on. The caller
         then promises to call before_update(name) before it next changes a protected array
-        in place (until the next begin_checkpoint(), wait() or close()); CuPy arrays are
-        always copied at once.
+        in place (until the next begin_checkpoint(), wait() or close()). CuPy arrays are
+        copied on a side stream of the GPU as they are captured, ordered after the work
+        enqueued before capture(); before_update() then makes the GPU wait for the copy, not
+        the host (without copy_in_background, capture() does so at once).
         """
         if self._pending is not None:
             raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._pending.step} is open")
@@ -325,6 +333,9 @@ class Checkpointer:
         background; call before changing a protected array in place. Cheap otherwise."""
         copies = self._copies
         if copies is None:
+            return
+        if self._device_snapshot is not None and self._on_gpu(name):
+            self._device_snapshot.guard(name)  # the GPU waits, not the host
             return
         event = copies.taken.get(name)
         if event is None or event.is_set():
@@ -457,13 +468,20 @@ class Checkpointer:
             specs = [TensorSpec.of(p.name, p.array) for p in self._protected.values() if p.replicated]
             threshold = self.config.checkpoint.split_threshold_kb * 1024
             self._layout = plan_layout(specs, self.world_size, threshold)
-            self._buffers = {}
-            for tl in self._layout.rank_pieces(self.rank):
-                self._buffers[tl.name] = np.empty(tl.piece_shape(self.rank), dtype=tl.spec.dtype)
-            for p in self._protected.values():
-                if not p.replicated:
-                    self._buffers[p.name] = np.empty(p.array.shape, dtype=p.array.dtype)
+            shapes = {tl.name: (tl.piece_shape(self.rank), tl.spec.dtype) for tl in self._layout.rank_pieces(self.rank)}
+            shapes.update({p.name: (p.array.shape, p.array.dtype) for p in self._protected.values() if not p.replicated})
+            on_gpu = {name: shape for name, shape in shapes.items() if self._on_gpu(name)}
+            self._buffers = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in shapes.items()
+                             if name not in on_gpu}
+            if on_gpu:
+                from hpcckpt.ckpt.device_snapshot import DeviceSnapshot
+
+                self._device_snapshot = DeviceSnapshot(on_gpu, self.config.checkpoint.gpu_snapshot, self.log)
+                self._buffers.update(self._device_snapshot.host_buffers)
         return self._layout
+
+    def _on_gpu(self, name: str) -> bool:
+        return not isinstance(self._protected[name].array, np.ndarray)
 
     @property
     def layout(self) -> Layout:
@@ -475,7 +493,13 @@ class Checkpointer:
 
     def _take_or_queue(self, name: str) -> None:
         copies = self._copies
-        if copies is not None and isinstance(self._protected[name].array, np.ndarray):
+        if self._on_gpu(name):
+            # Enqueued on the GPU's side stream, so the host goes on at once either way. Without
+            # the before_update() promise the compute stream must not run ahead of the copy.
+            self._copy_piece(name)
+            if copies is None:
+                self._device_snapshot.guard(name)
+        elif copies is not None:
             copies.taken[name] = threading.Event()
         else:
             self._copy_piece(name)
@@ -486,14 +510,17 @@ class Checkpointer:
         if buffer is None:  # a whole tensor that another rank stores
             return
         if not protected.replicated:
-            _copy_to_host(protected.array, buffer)
-            return
-        tl = self._layout.tensor(name)
-        if not tl.piece_nbytes(self.rank):
-            return
-        region = protected.array.reshape(tl.logical_shape)[piece_view_slices(tl, self.rank)]
-        region = array_module(protected.array).moveaxis(region, tl.axis, 0) if tl.axis else region
-        _copy_to_host(region, buffer)
+            region = protected.array
+        else:
+            tl = self._layout.tensor(name)
+            if not tl.piece_nbytes(self.rank):
+                return
+            region = protected.array.reshape(tl.logical_shape)[piece_view_slices(tl, self.rank)]
+            region = array_module(protected.array).moveaxis(region, tl.axis, 0) if tl.axis else region
+        if self._on_gpu(name):
+            self._device_snapshot.copy(name, region)
+        else:
+            copy_strided(buffer, region)
 
     def _freeze(self, step: int, metrics: dict, final: bool) -> Snapshot:
         pieces = [(tl.name, self._buffers[tl.name]) for tl in self._layout.rank_pieces(self.rank)]
@@ -571,8 +598,16 @@ class Checkpointer:
         `copies`, every rank first agrees on a failed copy like on any stage, so no rank
         persists a torn snapshot. `done` marks the checkpoint finished either way."""
         try:
-            if copies is not None:
-                self._raise_if_any_failed("snapshot", copies.error, step=report.step)
+            error = copies.error if copies is not None else None
+            if error is None and self._device_snapshot is not None:
+                device_started = time.perf_counter()
+                try:
+                    report.device_copy_s = self._device_snapshot.to_host()
+                except Exception as exc:  # a CUDA error of an asynchronous copy lands here
+                    error = f"copying GPU arrays into the snapshot: {type(exc).__name__}: {exc}"
+                report.device_to_host_s = time.perf_counter() - device_started
+            # Every rank agrees, so none persists a torn snapshot (one cheap allgather).
+            self._raise_if_any_failed("snapshot", error, step=report.step)
             self._persist(snapshot, report, started)
             self.last_report = report
         except BaseException as exc:
@@ -728,10 +763,3 @@ class Checkpointer:
                     continue
         stale = [s for s in level.uncommitted_steps() if s < newest]
         return steps_to_delete(committed, keep, metrics, self.config.checkpoint.keep_best) + stale
-
-
-def _copy_to_host(region, buffer: np.ndarray) -> None:
-    if isinstance(region, np.ndarray):
-        copy_strided(buffer, region)
-    else:  # CuPy: gather the (possibly strided) region on the device, then one copy down
-        array_module(region).ascontiguousarray(region).get(out=buffer)

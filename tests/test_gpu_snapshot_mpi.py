@@ -1,0 +1,32 @@
+"""GPU snapshots on real ranks (mpiexec -n 2): side-stream copies hold the values at capture in
+both buffer modes, and GPU memory stays flat. Skips where no GPU is present."""
+
+import json
+
+import pytest
+
+from conftest import REPO, assert_ok, run_script
+
+
+def _gpu_ready():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _gpu_ready(), reason="no GPU")
+def test_gpu_snapshot_holds_the_values_at_capture_in_both_modes(tmp_path):
+    proc = run_script(2, REPO / "tests" / "scripts" / "gpu_snapshot.py", [str(tmp_path / "run")], cwd=tmp_path)
+    assert_ok(proc)
+    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
+    for result in results:
+        for mode in ("device", "pinned"):
+            got = result[mode]
+            assert got["mode"] == mode
+            for step, arrays in got["equal"].items():
+                assert all(arrays.values()), (mode, step, arrays)
+            assert got["used_after"] == got["used_before"], got  # nothing kept per checkpoint
