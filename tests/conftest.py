@@ -15,6 +15,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _gpu_available() -> bool:
+    from hpcckpt.cluster.backend import gpu_available
+
+    return gpu_available()
+
+
+# GPU tests skip where no GPU is present (CI); they must then have been run on one.
+needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="no GPU")
+
+
 @functools.lru_cache(maxsize=None)
 def mpiexec_prefix() -> tuple[str, ...]:
     """mpiexec beside this Python first (the `mpich` wheel's), with Open MPI's flags when needed."""

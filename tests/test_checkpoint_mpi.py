@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import assert_ok, final_record, run_mpi, small_job
+from conftest import assert_ok, final_record, needs_gpu, run_mpi, small_job
 
 STEPS = 30
 
@@ -259,17 +259,7 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
     assert (tmp_path / "run" / "local" / "node0" / "v000000000001" / "commit-r00000.json").exists()
 
 
-def _gpu_ready():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.skipif(not _gpu_ready(),
-                                                                                         reason="no GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=needs_gpu)])
 def test_snapshot_taken_during_backprop_equals_weights_of_that_step(tmp_path, device):
     """Shards are copied right after each layer's update, while lower layers are still in
     backward: the version of step 12 must equal the weights of a run that stopped at 12. On a

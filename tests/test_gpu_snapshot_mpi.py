@@ -3,21 +3,10 @@ both buffer modes, and GPU memory stays flat. Skips where no GPU is present."""
 
 import json
 
-import pytest
-
-from conftest import REPO, assert_ok, run_script
+from conftest import REPO, assert_ok, needs_gpu, run_script
 
 
-def _gpu_ready():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _gpu_ready(), reason="no GPU")
+@needs_gpu
 def test_gpu_snapshot_holds_the_values_at_capture_in_both_modes(tmp_path):
     proc = run_script(2, REPO / "tests" / "scripts" / "gpu_snapshot.py", [str(tmp_path / "run")], cwd=tmp_path)
     assert_ok(proc)

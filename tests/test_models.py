@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import needs_gpu
 from hpcckpt.errors import ConfigError, DataError, IncompatibleCheckpointError
 from hpcckpt.train.kernels import bias_activation, bias_activation_backward, softmax_cross_entropy
 from hpcckpt.train.models import build_model
@@ -203,18 +204,9 @@ def test_softmax_cross_entropy_matches_reference_and_is_stable():
         softmax_cross_entropy(logits, np.full(8, 5))
 
 
-def _gpu_ready():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
 BACKENDS = [
     "numpy",
-    pytest.param("cupy", marks=pytest.mark.skipif(not _gpu_ready(), reason="no GPU")),
+    pytest.param("cupy", marks=needs_gpu),
 ]
 
 
