@@ -81,7 +81,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
 import argparse
 import filecmp
 import json
-import platform
 import re
 import shutil
 import statistics
@@ -97,7 +96,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-MiB = 1 << 20
+from restore_fixtures import (MiB, cold_method_works, digests, evict, fill, machine, proc_io, quiet_barrier,
+                              state_shapes)
+
 STEP = 1
 RANKS = 4
 LOST_NODE = 1
@@ -122,74 +123,12 @@ DERIVED = ("xfer_net", "l3_rest", "disk_rd", "disk_wr")
 # worker side (runs under mpiexec)
 
 
-def quiet_barrier(comm) -> None:
-    from hpcckpt.ckpt.engine import quiet_barrier as sleeping_barrier
-
-    sleeping_barrier(comm)
-
-
-def _proc_io() -> dict:
-    values = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            values[key.strip()] = int(value)
-    return values
-
-
-def _state_shapes(size_mib: float, tensors: int) -> list[tuple[int, int]]:
-    """Equal 2-D float32 tensors, rows >= columns (hpcckpt cuts them along axis 0)."""
-    elements = int(size_mib * MiB) // tensors // 4
-    columns = 1 << max(0, (elements.bit_length() - 1) // 2)
-    rows = elements // columns
-    if rows < RANKS:
-        raise SystemExit(f"--size-mib {size_mib} is too small for {tensors} tensors")
-    return [(rows, columns)] * tensors
-
-
-def _fill(arrays: list[np.ndarray]) -> None:
-    """Deterministic, position-dependent contents (no RNG), the same on every rank."""
-    for i, a in enumerate(arrays):
-        bits = a.reshape(-1).view(np.uint32)
-        np.multiply(np.arange(bits.size, dtype=np.uint32), np.uint32(2654435761), out=bits)
-        bits += np.uint32(i * 7919 + 1)
-
-
-def _digests(arrays) -> list[str]:
-    import xxhash
-
-    return [xxhash.xxh3_64_hexdigest(memoryview(a.reshape(-1).view(np.uint8))) for a in arrays]
-
-
 def _config(args, levels: str):
     from hpcckpt import load_config
 
     return load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={RANKS}",
                               f"resilience.levels={levels}", f"resilience.group_size={RANKS}",
                               "resilience.parity=2", "checkpoint.split_threshold_kb=1024"], environ={})
-
-
-def _evict(comm, method: str, run_dir: Path) -> None:
-    """(all ranks) Make the run directory's files cold before the timed restart."""
-    quiet_barrier(comm)
-    if comm.Get_rank() == 0 and method != "none":
-        if method == "drop_caches":
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-        else:
-            for root, _, files in os.walk(run_dir):
-                for name in files:
-                    try:
-                        fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                    except OSError:
-                        continue
-                    try:
-                        os.fsync(fd)
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    finally:
-                        os.close(fd)
-    quiet_barrier(comm)
 
 
 class Probes:
@@ -249,8 +188,8 @@ def worker_save(args) -> None:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    arrays = [np.empty(s, dtype=np.float32) for s in _state_shapes(args.size_mib, args.tensors)]
-    _fill(arrays)
+    arrays = [np.empty(s, dtype=np.float32) for s in state_shapes(args.size_mib, args.tensors, min_rows=RANKS)]
+    fill(arrays)
     ckpt = Checkpointer(comm, _config(args, ALL_LEVELS))
     for i, a in enumerate(arrays):
         ckpt.protect(f"w{i:02d}", a)
@@ -268,7 +207,7 @@ def worker_save(args) -> None:
     ckpt.close()
     if rank == 0:
         Path(args.out).write_text(json.dumps({
-            "digests": _digests(arrays), "state_bytes": sum(a.nbytes for a in arrays),
+            "digests": digests(arrays), "state_bytes": sum(a.nbytes for a in arrays),
             "save_blocking_s": blocking, "save_durable_s": durable}))
     quiet_barrier(comm)
 
@@ -284,7 +223,7 @@ def worker_restore(args) -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     expected = json.loads(Path(args.expect).read_text())["digests"]
     levels = VARIANTS[args.variant][0]
-    arrays = [np.zeros(s, dtype=np.float32) for s in _state_shapes(args.size_mib, args.tensors)]
+    arrays = [np.zeros(s, dtype=np.float32) for s in state_shapes(args.size_mib, args.tensors, min_rows=RANKS)]
     log = RunLog(args.log_dir, rank, size, console=False)
     ckpt = Checkpointer(comm, _config(args, levels), log=log)
     for i, a in enumerate(arrays):
@@ -293,21 +232,21 @@ def worker_restore(args) -> None:
     ckpt.register_state("loop", lambda: dict(loop), loop.update)
     ckpt.layout  # plan the layout and allocate the shard buffers, as a fresh job does
     probes = _install_probes()
-    _evict(comm, args.cold_method, Path(args.run_dir))
+    evict(comm, args.cold_method, Path(args.run_dir))
     quiet_barrier(comm)
-    io0 = _proc_io()
+    io0 = proc_io()
     t0 = time.perf_counter()
     try:
         step = ckpt.restart()
     finally:
         mine = time.perf_counter() - t0
         probes.remove()
-    io1 = _proc_io()
+    io1 = proc_io()
     quiet_barrier(comm)
     total = time.perf_counter() - t0
     ckpt.close()
     log.close()
-    bad = [i for i, (got, want) in enumerate(zip(_digests(arrays), expected)) if got != want]
+    bad = [i for i, (got, want) in enumerate(zip(digests(arrays), expected)) if got != want]
     row = {"rank": rank, "rank_s": mine, "total_s": total, "step": step, "loop_step": loop["step"], "bad": bad,
            "seconds": probes.seconds, "enter": probes.enter, "exit": probes.exit,
            "disk_rd": (io1["read_bytes"] - io0["read_bytes"]) / MiB,
@@ -450,48 +389,8 @@ def _sample(result: dict) -> dict:
             "lost": lost_parts, "survivors": surv_parts}
 
 
-def _cold_works(method: str, probe_dir: Path) -> tuple[bool, str]:
-    """Write + fsync 64 MiB, evict, read back: did the block layer read it?"""
-    if method == "none":
-        return False, "warm page cache (--cold-method none)"
-    path = probe_dir / "probe.bin"
-    try:
-        with open(path, "wb") as f:
-            f.write(os.urandom(MiB) * 64)
-            f.flush()
-            os.fsync(f.fileno())
-        if method == "drop_caches":
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-        else:
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        before = _proc_io()["read_bytes"]
-        with open(path, "rb") as f:
-            while f.read(8 * MiB):
-                pass
-        read = _proc_io()["read_bytes"] - before
-    except OSError as exc:
-        return False, f"{method} failed ({exc}): warm page cache"
-    finally:
-        path.unlink(missing_ok=True)
-    if read < 48 * MiB:
-        return False, f"{method} did not evict (read {read / MiB:.0f} of 64 MiB from disk): warm page cache"
-    return True, f"cold page cache ({method} before each restart; probe read {read / MiB:.0f} of 64 MiB from disk)"
-
-
 def _machine(args) -> dict:
-    mem = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) * 1024
-    except OSError:
-        pass
-    return {"host": platform.node(), "cpus": os.cpu_count(), "mem_gib": round(mem / 2**30, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "numpy": np.__version__,
-            "mpiexec": _mpiexec(args)[1], "loadavg_start": round(os.getloadavg()[0], 2)}
+    return machine(_mpiexec(args)[1])
 
 
 def main(argv=None) -> None:
@@ -538,7 +437,7 @@ def main(argv=None) -> None:
     samples: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     checks: dict[str, list] = {v: [] for v in VARIANTS}
     try:
-        cold_ok, cold_note = _cold_works(args.cold_method, scratch)
+        cold_ok, cold_note = cold_method_works(args.cold_method, scratch)
         if not cold_ok:
             args.cold_method = "none"
         save = _launch(args, ["--phase", "save"], "save")
@@ -587,7 +486,7 @@ def main(argv=None) -> None:
 
     cache = "cold" if cold_ok else "warm"
     flat = {"size_mib": args.size_mib, "tensors": args.tensors,
-            "tensor_shape": list(_state_shapes(args.size_mib, args.tensors)[0]), "state_bytes": save["state_bytes"],
+            "tensor_shape": list(state_shapes(args.size_mib, args.tensors, min_rows=RANKS)[0]), "state_bytes": save["state_bytes"],
             "ranks": RANKS, "simulated_nodes": RANKS, "group_size": RANKS, "parity": 2, "lost_node": LOST_NODE,
             "shard_mib": round(shard_bytes / MiB, 3), "parity_file_mib": round(parity_bytes / MiB, 3),
             "repeats": args.repeats, "quick": args.quick, "cache": cache, "cold_method": args.cold_method,

@@ -67,7 +67,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
 
 import argparse
 import json
-import platform
 import shutil
 import socket
 import statistics
@@ -83,56 +82,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-MiB = 1 << 20
+from restore_fixtures import MiB, cold_method_works, digests, evict, fill, machine, proc_io, quiet_barrier, state_shapes
+
 STEP = 1
 
 # ------------------------------------------------------------------------------------------
 # worker side (runs under mpiexec; mpi4py is imported inside functions only: DCP's process
 # machinery dislikes a top-level mpi4py import)
-
-
-def quiet_barrier(comm) -> None:
-    from hpcckpt.ckpt.engine import quiet_barrier as sleeping_barrier
-
-    sleeping_barrier(comm)
-
-
-def _proc_io() -> dict:
-    values = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            values[key.strip()] = int(value)
-    return values
-
-
-def _state_shapes(size_mib: float, tensors: int, layout: str = "tall") -> list[tuple[int, int]]:
-    """Equal 2-D float32 tensors, about square: "tall" (rows >= columns) is cut along axis 0 by
-    hpcckpt's layout (its largest dimension, lowest on ties); "wide" transposes the shape so
-    it is cut along axis 1 (pieces are stored axis-major: a transposing copy on both sides)."""
-    elements = int(size_mib * MiB) // tensors // 4
-    columns = 1 << max(0, (elements.bit_length() - 1) // 2)  # the power of two <= sqrt(elements)
-    rows = elements // columns
-    if rows < 1:
-        raise SystemExit(f"--size-mib {size_mib} is too small for {tensors} tensors")
-    if layout == "wide":
-        rows, columns = max(1, columns // 2), rows * 2 if columns > 1 else rows  # columns > rows: cut along axis 1
-        return [(rows, columns)] * tensors
-    return [(rows, columns)] * tensors
-
-
-def _fill(arrays: list[np.ndarray]) -> None:
-    """Deterministic, position-dependent contents (cheap: no RNG), the same on every rank."""
-    for i, a in enumerate(arrays):
-        bits = a.reshape(-1).view(np.uint32)
-        np.multiply(np.arange(bits.size, dtype=np.uint32), np.uint32(2654435761), out=bits)
-        bits += np.uint32(i * 7919 + 1)
-
-
-def _digests(arrays) -> list[str]:
-    import xxhash
-
-    return [xxhash.xxh3_64_hexdigest(memoryview(a.reshape(-1).view(np.uint8))) for a in arrays]
 
 
 class Worker:
@@ -146,10 +102,10 @@ class Worker:
         self.size = self.comm.Get_size()
         self.run_dir = Path(args.run_dir)
         self.names = [f"w{i:02d}" for i in range(args.tensors)]
-        self.shapes = _state_shapes(args.size_mib, args.tensors, args.layout)
+        self.shapes = state_shapes(args.size_mib, args.tensors, args.layout)
         self.arrays = [np.empty(s, dtype=np.float32) for s in self.shapes]
-        _fill(self.arrays)
-        self.expected = _digests(self.arrays)
+        fill(self.arrays)
+        self.expected = digests(self.arrays)
         self.nbytes = sum(a.nbytes for a in self.arrays)
         self.h5_path = self.run_dir / "baseline.h5"
         self.dcp_dir = self.run_dir / "dcp"
@@ -173,33 +129,14 @@ class Worker:
             a.fill(0)
 
     def check(self, what: str) -> None:
-        bad = [n for n, got, want in zip(self.names, _digests(self.arrays), self.expected) if got != want]
+        bad = [n for n, got, want in zip(self.names, digests(self.arrays), self.expected) if got != want]
         bad_anywhere = self.comm.allreduce(len(bad))
         if bad_anywhere:
             raise SystemExit(f"bench_restart: {what} restored wrong contents on rank {self.rank}: {bad[:4]}")
 
     def evict(self) -> None:
         """(all ranks) Push every file of the run directory out of the page cache."""
-        quiet_barrier(self.comm)
-        if self.rank == 0:
-            if self.args.cold_method == "drop_caches":
-                os.sync()
-                with open("/proc/sys/vm/drop_caches", "w") as f:
-                    f.write("3\n")
-            else:
-                for root, _, files in os.walk(self.run_dir):
-                    for name in files:
-                        path = os.path.join(root, name)
-                        try:
-                            fd = os.open(path, os.O_RDONLY)
-                        except OSError:
-                            continue
-                        try:
-                            os.fsync(fd)
-                            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                        finally:
-                            os.close(fd)
-        quiet_barrier(self.comm)
+        evict(self.comm, self.args.cold_method, self.run_dir)
 
     def timed(self, key: str, cache: str, fn) -> None:
         """(all ranks) One restore: barrier, fn(), barrier; record the slowest rank's numbers."""
@@ -208,11 +145,11 @@ class Worker:
             self.evict()
         extra = {}
         quiet_barrier(self.comm)
-        io0 = _proc_io()
+        io0 = proc_io()
         t0 = time.perf_counter()
         fn(extra)
         mine = time.perf_counter() - t0
-        io1 = _proc_io()
+        io1 = proc_io()
         quiet_barrier(self.comm)
         total = time.perf_counter() - t0
         rows = self.comm.gather({"rank_s": mine, "total_s": total, "rchar": io1["rchar"] - io0["rchar"],
@@ -322,6 +259,9 @@ class Worker:
         finally:
             for name, fn in originals.items():
                 setattr(recovery, name, fn)
+        # The restore worked: without this, the restart ledger counts every repeat as a restart
+        # that crashed, and marks the version failed after a few.
+        ckpt.confirm_restart()
         ckpt.close()
         if step != STEP or loop["step"] != STEP:
             raise SystemExit(f"bench_restart: restart() returned {step}, loop state {loop}; expected step {STEP}")
@@ -471,38 +411,6 @@ def _launch(args, ranks: int, phase: str, run_dir: Path) -> dict:
         Path(out).unlink(missing_ok=True)
 
 
-def _cold_method_works(method: str, probe_dir: Path) -> tuple[bool, str]:
-    """Write and fsync 64 MiB, evict it, read it back: did the block layer read it?"""
-    if method == "none":
-        return False, "cold runs disabled"
-    path = probe_dir / "probe.bin"
-    with open(path, "wb") as f:
-        f.write(os.urandom(MiB) * 64)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        if method == "drop_caches":
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-        else:
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        before = _proc_io()["read_bytes"]
-        with open(path, "rb") as f:
-            while f.read(8 * MiB):
-                pass
-        read = _proc_io()["read_bytes"] - before
-    except OSError as exc:
-        return False, f"{method} failed: {exc}"
-    finally:
-        path.unlink(missing_ok=True)
-    if read < 48 * MiB:
-        return False, f"{method} did not evict (read {read / MiB:.0f} of 64 MiB from disk)"
-    return True, f"{method} evicts (read {read / MiB:.0f} of 64 MiB from disk)"
-
-
 def _summarise(samples: dict) -> dict:
     """key|cache -> medians of every field over repeats."""
     out = {}
@@ -523,17 +431,8 @@ def _machine(args) -> dict:
         torch_version = torch.__version__
     except ImportError:
         torch_version = None
-    mem = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) * 1024
-    except OSError:
-        pass
     _, mpi_version = _mpiexec_command(args, 1)
-    return {"host": platform.node(), "cpus": os.cpu_count(), "mem_gib": round(mem / 2**30, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "numpy": np.__version__,
-            "h5py": h5py.__version__, "torch": torch_version, "mpiexec": mpi_version,
-            "loadavg_start": os.getloadavg()[0]}
+    return machine(mpi_version, h5py=h5py.__version__, torch=torch_version)
 
 
 LABELS = [
@@ -593,7 +492,7 @@ def main(argv=None) -> None:
     machine = _machine(args)
     started = time.perf_counter()
     try:
-        cold_ok, cold_note = _cold_method_works(args.cold_method, run_dir)
+        cold_ok, cold_note = cold_method_works(args.cold_method, run_dir)
         if not cold_ok:
             args.cold_method = "none"
         save = _launch(args, args.ranks, "save", run_dir)
@@ -614,7 +513,7 @@ def main(argv=None) -> None:
     primary = caches[0]
 
     flat = {"size_mib": args.size_mib, "tensors": args.tensors, "layout": args.layout,
-            "tensor_shape": list(_state_shapes(args.size_mib, args.tensors, args.layout)[0]), "ranks": args.ranks, "to_ranks": args.to_ranks,
+            "tensor_shape": list(state_shapes(args.size_mib, args.tensors, args.layout)[0]), "ranks": args.ranks, "to_ranks": args.to_ranks,
             "repeats": args.repeats, "cache": primary, "cold_method": args.cold_method if cold_ok else "none",
             "cold_note": cold_note, "quick": args.quick, "wall_s": round(elapsed, 1), **machine}
     flat.update({k: round(v, 4) for k, v in save["write"].items()})
