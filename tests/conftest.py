@@ -72,6 +72,11 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
 
 
+def script_results(proc: subprocess.CompletedProcess) -> list:
+    """The JSON values a test script printed on its "RESULT " lines (rank 0 prints them all)."""
+    return [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+
+
 def small_job(tmp_path: Path, **sections) -> Path:
     """A fast job config under tmp_path; keyword sections override keys, e.g. run={"steps": 20}."""
     base = {

@@ -310,11 +310,11 @@ def test_end_of_run_drains_node_local_versions_that_l4_keeps(tmp_path):
 
 
 def test_copies_behind_the_step_hold_the_values_at_capture(tmp_path):
-    from conftest import REPO, run_script
+    from conftest import REPO, run_script, script_results
 
     proc = run_script(2, REPO / "tests" / "scripts" / "copy_behind.py", [str(tmp_path / "run")], cwd=tmp_path)
     assert_ok(proc)
-    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    results = script_results(proc)
     assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
     for result in results:
         assert (result["first"], result["step"]) == (1, 2)  # version 3 was abandoned, never committed
@@ -326,12 +326,11 @@ def test_copies_behind_the_step_hold_the_values_at_capture(tmp_path):
 
 
 def test_bandwidth_caps_hold_every_level_to_its_rate(tmp_path):
-    from conftest import REPO, run_script
+    from conftest import REPO, run_script, script_results
 
     proc = run_script(2, REPO / "tests" / "scripts" / "throttled.py", [str(tmp_path / "run")], cwd=tmp_path)
     assert_ok(proc)
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    for result in json.loads(line[7:]):
+    for result in script_results(proc)[0]:
         durable = result["durable_s"]
         # 4 MiB at 8 MB/s: >= 0.52 s per level, each level after the one before it.
         assert durable["local"] >= 0.5, result

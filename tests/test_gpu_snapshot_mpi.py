@@ -1,16 +1,14 @@
 """GPU snapshots on real ranks (mpiexec -n 2): side-stream copies hold the values at capture in
 both buffer modes, and GPU memory stays flat. Skips where no GPU is present."""
 
-import json
-
-from conftest import REPO, assert_ok, needs_gpu, run_script
+from conftest import REPO, assert_ok, needs_gpu, run_script, script_results
 
 
 @needs_gpu
 def test_gpu_snapshot_holds_the_values_at_capture_in_both_modes(tmp_path):
     proc = run_script(2, REPO / "tests" / "scripts" / "gpu_snapshot.py", [str(tmp_path / "run")], cwd=tmp_path)
     assert_ok(proc)
-    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    results = script_results(proc)
     assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
     for result in results:
         for mode in ("device", "pinned"):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcckpt.cluster.backend import pinned_empty
 from hpcckpt.errors import ConfigError
 
 DEVICE_SHARE_OF_FREE_MEMORY = 0.5
@@ -40,17 +41,6 @@ class _Piece:
     started: object | None = None  # cupy.cuda.Events on the side stream around the copy
     copied: object | None = None
     temporary: object | None = None  # a gathered strided piece kept alive until its copy is done
-
-
-def pinned_empty(shape, dtype) -> np.ndarray:
-    """A NumPy array in page-locked memory: device-to-host copies into it run asynchronously
-    at full PCIe speed (into pageable memory they are staged and synchronous)."""
-    import cupy
-
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    memory = cupy.cuda.alloc_pinned_memory(max(1, count * dtype.itemsize))
-    return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
 
 
 class DeviceSnapshot:
@@ -71,7 +61,6 @@ class DeviceSnapshot:
             raise ConfigError(f"checkpoint.gpu_snapshot = 'device' needs {nbytes / 2**20:.0f} MiB of GPU memory "
                               f"for the snapshot buffers, but {free / 2**20:.0f} MiB are free; use 'pinned' or 'auto'")
         self.mode = mode
-        self.nbytes = nbytes
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.pieces: dict[str, _Piece] = {}
         for name, (shape, dtype) in pieces.items():

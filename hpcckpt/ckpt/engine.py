@@ -46,6 +46,7 @@ from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
 from hpcckpt.faults import NO_FAULTS
+from hpcckpt.levels.base import hold_to_bandwidth
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
 from hpcckpt.levels.messaging import quiet_allgather
@@ -114,8 +115,6 @@ class _BackgroundCopies:
         self.taken: dict[str, threading.Event] = {}
         self.report = report
         self.error: str | None = None
-        self.snapshot: Snapshot | None = None  # set by end_checkpoint(); None: abandoned
-        self.ended_at = 0.0
 
     def release_all(self) -> None:
         for event in self.taken.values():
@@ -368,9 +367,8 @@ class Checkpointer:
         report.snapshot_s = time.perf_counter() - remaining_started
         report.captured_early_s = pending.capture_s
         if copies is not None:
-            copies.snapshot, copies.ended_at = snapshot, remaining_started
             self._in_flight = threading.Event()
-            self._copier.submit(self._take_copies, copies, self._in_flight)
+            self._copier.submit(self._take_copies, copies, snapshot, remaining_started, self._in_flight)
         elif self._threaded:
             self._in_flight = threading.Event()
             self._persister.submit(self._persist_guarded, snapshot, report, remaining_started, self._in_flight)
@@ -535,7 +533,8 @@ class Checkpointer:
         return Snapshot(step, self._ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
 
     # -- persist (background) ------------------------------------------------------------
-    def _take_copies(self, copies: _BackgroundCopies, done: threading.Event) -> None:
+    def _take_copies(self, copies: _BackgroundCopies, snapshot: Snapshot, ended_at: float,
+                     done: threading.Event) -> None:
         """(copier thread) The snapshot's copies in capture order (the order the next step
         updates them in), then on to the persist; after a failed copy the rest are skipped.
         They start once the step is over: copies woken during the step competed with it for
@@ -552,7 +551,7 @@ class Checkpointer:
             copies.report.background_copy_s += time.perf_counter() - started
         finally:
             copies.release_all()
-        self._persister.submit(self._persist_guarded, copies.snapshot, copies.report, copies.ended_at, done, copies)
+        self._persister.submit(self._persist_guarded, snapshot, copies.report, ended_at, done, copies)
 
     def _finish_in_flight(self) -> PersistReport | None:
         if self._in_flight is not None:
@@ -705,20 +704,12 @@ class Checkpointer:
         except (OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         if error is None and phase in ("local", "partner", "erasure"):
-            self._pace_node_local(result, started)
+            # storage.local_bandwidth_mb: checkpoints leave the node-local disk to the
+            # application's own I/O (L1 returns a ShardInfo, L2/L3 the bytes they stored).
+            nbytes = result.size if hasattr(result, "size") else int(result or 0)
+            hold_to_bandwidth(nbytes, self.config.storage.local_bandwidth_mb * 1e6, started)
         self._raise_if_any_failed(label, error, step=step)
         return result
-
-    def _pace_node_local(self, stored, started: float) -> None:
-        """storage.local_bandwidth_mb: hold this rank's L1-L3 writes to the cap, so that
-        checkpoints leave the node-local disk to the application's own I/O."""
-        cap = self.config.storage.local_bandwidth_mb * 1e6
-        if cap <= 0:
-            return
-        nbytes = stored.size if hasattr(stored, "size") else int(stored or 0)
-        remaining = nbytes / cap - (time.perf_counter() - started)
-        if remaining > 0:
-            time.sleep(remaining)
 
     def _mark(self, report: PersistReport, step: int, level: str, started: float, nbytes: int) -> None:
         report.durable_s[level] = time.perf_counter() - started

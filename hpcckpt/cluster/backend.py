@@ -69,3 +69,15 @@ def array_module(array) -> ModuleType:
 
         return cupy
     return np
+
+
+def pinned_empty(shape, dtype) -> np.ndarray:
+    """A NumPy array in page-locked host memory: device-to-host copies into it run
+    asynchronously at full PCIe speed (into pageable memory they are staged and synchronous),
+    and a non-CUDA-aware MPI can send from it."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    memory = cupy.cuda.alloc_pinned_memory(max(1, count * dtype.itemsize))
+    return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)

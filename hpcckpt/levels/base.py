@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from hpcckpt.ckpt.manifest import Manifest
@@ -18,6 +19,15 @@ from hpcckpt.ckpt.shardfile import ShardInfo, write_shard
 from hpcckpt.errors import StorageError
 
 _VERSION_DIR = re.compile(r"^v(\d{12})$")
+
+
+def hold_to_bandwidth(nbytes: int, bytes_per_s: float, started: float) -> None:
+    """Sleep until `nbytes` written since `started` (perf_counter) average at most
+    `bytes_per_s`, so the next write cannot start before this one's share; 0: no cap."""
+    if bytes_per_s > 0:
+        remaining = nbytes / bytes_per_s - (time.perf_counter() - started)
+        if remaining > 0:
+            time.sleep(remaining)
 
 
 def version_dir_name(step: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hpcckpt.levels.base import VersionedLevel, list_version_steps, remove_tree
+from hpcckpt.levels.base import VersionedLevel, hold_to_bandwidth, list_version_steps, remove_tree
 
 
 class PfsLevel(VersionedLevel):
@@ -30,20 +30,13 @@ class PfsLevel(VersionedLevel):
     def write_shard(self, step: int, world_size: int, pieces, extra: dict):
         started = time.perf_counter()
         info = super().write_shard(step, world_size, pieces, extra)
-        self._pace(info.size, started)
+        hold_to_bandwidth(info.size, self.bandwidth_bytes, started)
         return info
 
     def write_shard_bytes(self, step: int, data) -> None:
         started = time.perf_counter()
         super().write_shard_bytes(step, data)
-        self._pace(len(memoryview(data).cast("B")), started)
-
-    def _pace(self, nbytes: int, started: float) -> None:
-        """Hold the flush to the bandwidth cap: the next one cannot start before this one's share."""
-        if self.bandwidth_bytes > 0:
-            remaining = nbytes / self.bandwidth_bytes - (time.perf_counter() - started)
-            if remaining > 0:
-                time.sleep(remaining)
+        hold_to_bandwidth(len(memoryview(data).cast("B")), self.bandwidth_bytes, started)
 
     def committed_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root) if self.commit_path(s).is_file()]

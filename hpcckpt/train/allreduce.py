@@ -13,6 +13,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from hpcckpt.cluster.backend import pinned_empty
+
 
 @dataclass
 class _Slot:
@@ -36,13 +38,7 @@ class _Bucket:
 
 
 def _host_buffer(count: int, dtype, pinned: bool) -> np.ndarray:
-    if not pinned:
-        return np.empty(count, dtype)
-    import cupy
-
-    nbytes = max(1, count * np.dtype(dtype).itemsize)
-    memory = cupy.cuda.alloc_pinned_memory(nbytes)
-    return np.frombuffer(memory, dtype, count)
+    return pinned_empty(count, dtype) if pinned else np.empty(count, dtype)
 
 
 class GradientAllreduce:
