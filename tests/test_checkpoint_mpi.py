@@ -336,3 +336,22 @@ def test_bandwidth_caps_hold_every_level_to_its_rate(tmp_path):
         assert durable["local"] >= 0.5, result
         assert durable["partner"] - durable["local"] >= 0.5, result
         assert durable["pfs"] - durable["partner"] >= 0.5, result
+
+
+def test_l1_failure_while_l3_encodes_fails_the_version_on_every_rank(tmp_path):
+    """L1's write runs on its own thread while L3 sends and encodes the same bytes; a failed
+    L1 write on one rank must still fail the version everywhere and commit nothing."""
+    from conftest import REPO, run_script, script_results
+
+    proc = run_script(4, REPO / "tests" / "scripts" / "l1_fails_during_l3.py", [str(tmp_path / "run")], cwd=tmp_path)
+    assert_ok(proc)
+    results = script_results(proc)
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3], proc.stdout
+    for r in results:
+        assert "L1 local write of step 2 failed on rank(s) [1]" in r["error"], r
+        assert "already exists" in r["error"], r
+        assert r["failed_ranks"] == [1]
+        assert r["parity_of_2"], r  # L3 did run alongside
+        assert not r["committed_2"], r
+        assert r["restored"] == 1 and r["weights_back"], r
+    assert next(r for r in results if r["rank"] == 1)["in_the_way"] == "not a shard"

@@ -15,9 +15,10 @@ Or, to overlap the snapshot with the step (what the trainer does):
 
 Save flow: snapshot (this rank's slice of every tensor, into reused buffers; the only part
 that can block training; CuPy arrays go device to device on a side stream, see
-ckpt/device_snapshot.py) -> L1 node-local write -> L2 partner -> L3 erasure -> L1-L3 commit
--> L4 flush -> L4 commit -> retention. Background copies run on a copier thread, the rest on
-a persist thread; both live as long as the Checkpointer. At most one checkpoint is in
+ckpt/device_snapshot.py) -> shard image (checksums, layout) -> L1 node-local write, while L2
+partner and L3 erasure send and encode the same bytes -> L1-L3 commit -> L4 flush -> L4
+commit -> retention. Background copies run on a copier thread, the L1 write on a writer
+thread, the rest on a persist thread; all live as long as the Checkpointer. At most one checkpoint is in
 flight: the next snapshot first waits for the previous persist. Checkpoint traffic uses its
 own communicator (a duplicate), never interleaved with the gradient allreduce. A failure on
 any rank becomes the same CheckpointError on every rank (carrying the failures by rank) at
@@ -41,7 +42,7 @@ import numpy as np
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
-from hpcckpt.ckpt.shardfile import verify_shard
+from hpcckpt.ckpt.shardfile import ShardImage, plan_shard, verify_shard
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
@@ -54,6 +55,8 @@ from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 
 ENGINE_STATE_KEY = "_hpcckpt"
+_STAGE_LABELS = {"layout": "shard layout", "local": "L1 local write", "partner": "L2 partner copy",
+                 "erasure": "L3 erasure coding", "pfs": "L4 pfs write"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,19 @@ class _BackgroundCopies:
     def release_all(self) -> None:
         for event in self.taken.values():
             event.set()
+
+
+class _LocalWrite:
+    """One shard's L1 write, on the writer thread: L2 and L3 send and encode the same bytes
+    meanwhile, so the checkpoint is durable on L1-L3 after the disk's time for the files
+    rather than after the disk's time plus the transfers and the encoding."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.info = None
+        self.finished_at = 0.0
+        self.agreed = False
 
 
 class _Worker:
@@ -210,12 +226,13 @@ class Checkpointer:
         self._ordinal = 0
         self._pending: _PendingSnapshot | None = None
         self._copies: _BackgroundCopies | None = None
-        self._read_back_buffer: np.ndarray | None = None
+        self._shard_bytes: np.ndarray | None = None  # the shard file's bytes, contiguous, for L2/L3
         self._device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
         # Copies run at normal priority (training may wait for them in before_update()), the
         # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
         self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
         self._persister = _Worker("hpcckpt-persist", on_start=self._lower_priority)
+        self._local_writer = _Worker("hpcckpt-l1-write", on_start=self._lower_priority)
         self._in_flight: threading.Event | None = None
         self._worker_error: BaseException | None = None
         self.last_report: PersistReport | None = None
@@ -393,6 +410,7 @@ class Checkpointer:
         finally:
             self._copier.stop()  # after the copies queued for the abandoned snapshot
             self._persister.stop()
+            self._local_writer.stop()
             if self.erasure is not None and self.erasure.comm is not None:
                 self.erasure.comm.Free()
                 self.erasure.comm = None
@@ -636,65 +654,83 @@ class Checkpointer:
         agreement, so a failure anywhere stops the version everywhere before its commit."""
         step = snapshot.step
         due = self.levels_due(snapshot)
-        shard = None  # the L1 file's bytes, once read back
+        to_pfs = self.pfs is not None and "pfs" in due
+        if self.local is None and not to_pfs:
+            return
+        where = self.local if self.local is not None else self.pfs
+        image = self._stage(step, "layout", lambda: plan_shard(step, self.rank, self.world_size, snapshot.pieces,
+                                                               {"node": self.node}, str(where.shard_path(step))))
+        shard_infos = self.comm.allgather((image.size, image.checksums))
+        shard = None  # the file's bytes, contiguous, once L2 or L3 needs them
         if self.local is not None:
-            info = self._stage(step, "local", lambda: self.local.write_shard(step, self.world_size, snapshot.pieces,
-                                                                           {"node": self.node}))
-            shard_infos = self.comm.allgather((info.size, info.checksums))
-            self._mark(report, step, "local", started, info.size)
-            if "partner" in due or "erasure" in due or (self.pfs is not None and "pfs" in due):
-                shard = self._read_back(self.local.shard_path(step))
-                sizes = [size for size, _ in shard_infos]
-                if "partner" in due:
-                    stored = self._stage(step, "partner", lambda: self.partner.protect(step, shard))
-                    self._mark(report, step, "partner", started, stored)
-                if "erasure" in due:
-                    stored = self._stage(step, "erasure", lambda: self.erasure.protect(step, shard, sizes,
-                                                                                       self.world_size))
-                    self._mark(report, step, "erasure", started, stored)
+            writing = self._start_local_write(step, image)
+            try:
+                if self.config.storage.local_bandwidth_mb:
+                    self._finish_local_write(step, writing, report, started)  # capped: one write at a time
+                if "partner" in due or "erasure" in due:
+                    shard = image.copy_into(self._shard_buffer(image.size))
+                    sizes = [size for size, _ in shard_infos]
+                    if "partner" in due:
+                        stored = self._stage(step, "partner", lambda: self.partner.protect(step, shard))
+                        self._mark(report, step, "partner", started, stored)
+                    if "erasure" in due:
+                        stored = self._stage(step, "erasure", lambda: self.erasure.protect(step, shard, sizes,
+                                                                                           self.world_size))
+                        self._mark(report, step, "erasure", started, stored)
+                self._finish_local_write(step, writing, report, started)
+            finally:
+                writing.done.wait()  # never leave while the writer still reads the snapshot
             manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")
             self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
-        if self.pfs is not None and "pfs" in due:
+        if to_pfs:
+            # L4 gets L1's exact bytes (same header, same checksums, one manifest for both).
             if shard is not None:
-                # The L1 file's exact bytes (same header, same checksums): L4 costs no second
-                # serialisation and checksum pass, and its manifest is L1's.
                 self._stage(step, "pfs", lambda: self.pfs.write_shard_bytes(step, shard))
-                size = int(shard.size)
             else:
-                info = self._stage(step, "pfs", lambda: self.pfs.write_shard(step, self.world_size, snapshot.pieces,
-                                                                             {"node": self.node}))
-                shard_infos = self.comm.allgather((info.size, info.checksums))
-                size = info.size
+                self._stage(step, "pfs", lambda: self.pfs.write_image(step, image))
             manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")
             self._stage(step, "commit", lambda: self.pfs.commit(manifest) if self.rank == 0 else None,
                         label="L4 commit")
-            self._mark(report, step, "pfs", started, size)
+            self._mark(report, step, "pfs", started, image.size)
         self._apply_retention(step)
 
-    def _read_back(self, path) -> np.ndarray:
-        """The shard file just written (from the page cache) into a reused buffer: L2 sends and
-        L3 encodes the file's exact bytes, without a fresh allocation per checkpoint."""
-        size = os.path.getsize(path)
-        if self._read_back_buffer is None or self._read_back_buffer.size < size:
-            self._read_back_buffer = np.empty(size, dtype=np.uint8)
-        view = self._read_back_buffer[:size]
-        with open(path, "rb", buffering=0) as f:
-            done = 0
-            while done < size:
-                got = f.readinto(memoryview(view)[done:])
-                if not got:
-                    raise StorageError(f"{path}: file shrank while being read back ({done} of {size} bytes)")
-                done += got
-        return view
+    def _start_local_write(self, step: int, image: ShardImage) -> _LocalWrite:
+        """(all ranks) Hand the L1 write to the writer thread; _finish_local_write agrees on it."""
+        self.faults.strike(step, "local")
+        writing = _LocalWrite()
 
-    def _stage(self, step: int, phase: str, action, label: str | None = None):
-        """(all ranks) Run one stage of the persist; a failure on any rank fails it on all."""
-        label = label or {"local": "L1 local write", "partner": "L2 partner copy", "erasure": "L3 erasure coding",
-                          "pfs": "L4 pfs write"}[phase]
-        if phase != "commit":
-            self.faults.strike(step, phase)
+        def write():
+            try:
+                writing.error, writing.info = self._attempt("local", lambda: self.local.write_image(step, image))
+            except Exception as exc:  # agreed by every rank like any stage's error, never lost
+                writing.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                writing.finished_at = time.perf_counter()
+                writing.done.set()
+
+        self._local_writer.submit(write)
+        return writing
+
+    def _finish_local_write(self, step: int, writing: _LocalWrite, report: PersistReport, started: float) -> None:
+        """(all ranks) Wait for the L1 write and agree on it, once."""
+        if writing.agreed:
+            return
+        writing.done.wait()
+        writing.agreed = True
+        self._raise_if_any_failed(_STAGE_LABELS["local"], writing.error, step=step)
+        self._mark(report, step, "local", started, writing.info.size, finished=writing.finished_at)
+
+    def _shard_buffer(self, size: int) -> np.ndarray:
+        """A reused buffer for the shard file's bytes: no fresh allocation per checkpoint."""
+        if self._shard_bytes is None or self._shard_bytes.size < size:
+            self._shard_bytes = None
+            self._shard_bytes = np.empty(size, dtype=np.uint8)
+        return self._shard_bytes
+
+    def _attempt(self, phase: str, action) -> tuple[str | None, object]:
+        """Run one stage's action on this rank: (error or None, result)."""
         error, result = None, None
         started = time.perf_counter()
         try:
@@ -708,11 +744,19 @@ class Checkpointer:
             # application's own I/O (L1 returns a ShardInfo, L2/L3 the bytes they stored).
             nbytes = result.size if hasattr(result, "size") else int(result or 0)
             hold_to_bandwidth(nbytes, self.config.storage.local_bandwidth_mb * 1e6, started)
-        self._raise_if_any_failed(label, error, step=step)
+        return error, result
+
+    def _stage(self, step: int, phase: str, action, label: str | None = None):
+        """(all ranks) Run one stage of the persist; a failure on any rank fails it on all."""
+        if phase != "commit":
+            self.faults.strike(step, phase)
+        error, result = self._attempt(phase, action)
+        self._raise_if_any_failed(label or _STAGE_LABELS[phase], error, step=step)
         return result
 
-    def _mark(self, report: PersistReport, step: int, level: str, started: float, nbytes: int) -> None:
-        report.durable_s[level] = time.perf_counter() - started
+    def _mark(self, report: PersistReport, step: int, level: str, started: float, nbytes: int,
+              finished: float | None = None) -> None:
+        report.durable_s[level] = (finished or time.perf_counter()) - started
         self.bytes_stored[level] = self.bytes_stored.get(level, 0) + int(nbytes)
         if self.log:
             self.log.info(f"step {step}: {level} done after {report.durable_s[level]:.3f} s "

@@ -199,24 +199,39 @@ def _as_bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
-                pieces: Sequence[tuple[str, np.ndarray]], extra: dict | None = None,
-                fsync: bool = True) -> ShardInfo:
-    """Write one rank's pieces as a new shard file; never replaces an existing file.
+@dataclass(frozen=True)
+class ShardImage:
+    """A shard file's bytes before they are written: the header, table and padding, and
+    views of the pieces, in file order. One image can go to several places (L1's file, L2's
+    and L3's messages, L4's file) without another serialisation or checksum pass."""
 
-    `pieces` are (name, NumPy array) in the order to store them (CuPy arrays must be
-    copied to the host first); arrays are written as
-    they are (shape and dtype recorded), so pass axis-major pieces from
-    layout.extract_piece. Non-contiguous arrays are copied first; contiguous ones are
-    handed to the kernel directly. `extra` must be JSON-serializable.
-    """
-    path = os.fspath(path)
+    step: int
+    rank: int
+    world_size: int
+    buffers: tuple  # bytes and memoryviews, concatenated they are the file
+    size: int
+    checksums: dict[str, str]
+
+    def copy_into(self, out: np.ndarray) -> np.ndarray:
+        """The file's bytes, contiguous, in `out` (uint8, at least `size` long)."""
+        if out.size < self.size:
+            raise ValueError(f"buffer of {out.size} bytes cannot hold a shard of {self.size}")
+        position = 0
+        for buffer in self.buffers:
+            view = np.frombuffer(buffer, dtype=np.uint8)
+            out[position:position + view.size] = view
+            position += view.size
+        return out[:self.size]
+
+
+def plan_shard(step: int, rank: int, world_size: int, pieces: Sequence[tuple[str, np.ndarray]],
+               extra: dict | None = None, path: str = "shard") -> ShardImage:
+    """Checksum `pieces` and lay them out as a shard file (see write_shard); `path` only
+    names the shard in errors. The image holds views of the pieces: keep them unchanged
+    until the image is written."""
     if step < 0 or world_size < 1 or not 0 <= rank < world_size:
         raise FormatError(f"shard {path}: step {step}, rank {rank}, world size {world_size} "
                           "cannot be stored (need step >= 0 and 0 <= rank < world size)")
-    if os.path.lexists(path):
-        raise _exists_error(path)
-
     arrays = []
     seen = set()
     for name, array in pieces:
@@ -259,10 +274,34 @@ def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
         buffers.extend(_padding(offset - position))
         buffers.append(_as_bytes_view(array))
         position = offset + array.nbytes
+    return ShardImage(int(step), int(rank), int(world_size), tuple(b for b in buffers if len(b)), file_size,
+                      {name: c for (name, _), c in zip(arrays, checksums)})
 
-    _write_buffers_atomically(path, buffers, fsync=fsync, overwrite=False)
-    return ShardInfo(path, file_size, {name: c for (name, _), c in zip(arrays, checksums)},
-                     int(step), int(rank))
+
+def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = True) -> ShardInfo:
+    """Write a planned shard as a new file; never replaces an existing file."""
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        raise _exists_error(path)
+    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False)
+    return ShardInfo(path, image.size, dict(image.checksums), image.step, image.rank)
+
+
+def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
+                pieces: Sequence[tuple[str, np.ndarray]], extra: dict | None = None,
+                fsync: bool = True) -> ShardInfo:
+    """Write one rank's pieces as a new shard file; never replaces an existing file.
+
+    `pieces` are (name, NumPy array) in the order to store them (CuPy arrays must be
+    copied to the host first); arrays are written as
+    they are (shape and dtype recorded), so pass axis-major pieces from
+    layout.extract_piece. Non-contiguous arrays are copied first; contiguous ones are
+    handed to the kernel directly. `extra` must be JSON-serializable.
+    """
+    path = os.fspath(path)
+    if os.path.lexists(path):  # before the checksum pass, which would be wasted
+        raise _exists_error(path)
+    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync)
 
 
 def _table_bytes(arrays, offsets, checksums, extra) -> bytes:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hpcckpt.ckpt.manifest import Manifest
-from hpcckpt.ckpt.shardfile import ShardInfo, write_shard
+from hpcckpt.ckpt.shardfile import ShardImage, ShardInfo, plan_shard, write_shard_image
 from hpcckpt.errors import StorageError
 
 _VERSION_DIR = re.compile(r"^v(\d{12})$")
@@ -127,8 +127,13 @@ class VersionedLevel:
         raise NotImplementedError
 
     def write_shard(self, step: int, world_size: int, pieces, extra: dict) -> ShardInfo:
+        path = self.shard_path(step)
+        return self.write_image(step, plan_shard(step, self.rank, world_size, pieces, extra, str(path)))
+
+    def write_image(self, step: int, image: ShardImage) -> ShardInfo:
+        """This rank's shard of `step`, from a planned image (shardfile.plan_shard)."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        return write_shard(self.shard_path(step), step, self.rank, world_size, pieces, extra)
+        return write_shard_image(self.shard_path(step), image)
 
     def write_shard_bytes(self, step: int, data) -> None:
         """A whole shard file copied from another level (its bytes are the original file's)."""

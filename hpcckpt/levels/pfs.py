@@ -27,9 +27,9 @@ class PfsLevel(VersionedLevel):
         """The one commit record, written by the coordinator (rank 0)."""
         return self.version_dir(step) / "manifest.json"
 
-    def write_shard(self, step: int, world_size: int, pieces, extra: dict):
+    def write_image(self, step: int, image):
         started = time.perf_counter()
-        info = super().write_shard(step, world_size, pieces, extra)
+        info = super().write_image(step, image)
         hold_to_bandwidth(info.size, self.bandwidth_bytes, started)
         return info
 
