@@ -358,3 +358,29 @@ def test_bad_header_values_rejected(tmp_path):
         with pytest.raises(FormatError):
             write_shard(tmp_path / "s.bin", step, rank, world, [], fsync=False)
     assert os.listdir(tmp_path) == []
+
+
+def test_pieces_placed_at_payload_layout_give_the_file_bytes_in_place(tmp_path):
+    """The engine keeps its snapshot buffers inside one file-sized buffer at the offsets
+    payload_layout gives; the planned image must then be that buffer plus its header, byte
+    for byte the file write_shard writes, with the pieces left where they are."""
+    pieces = _pieces(np.random.default_rng(3))
+    extra = {"node": 2}
+    _, offsets, size = shardfile.payload_layout([(n, a.dtype, a.shape) for n, a in pieces], extra)
+    arena = np.zeros(size, dtype=np.uint8)
+    placed = []
+    for (name, array), offset in zip(pieces, offsets):
+        view = arena[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+        view[...] = array
+        placed.append((name, view))
+    image = shardfile.plan_shard(5, 1, 4, placed, extra)
+    assert image.size == size
+    shard = image.copy_into(arena)
+    assert np.shares_memory(shard, placed[0][1])
+    write_shard(tmp_path / "s.hck", 5, 1, 4, pieces, extra)
+    assert shard.tobytes() == (tmp_path / "s.hck").read_bytes()
+    # Into any other buffer the same bytes, copied.
+    other = np.full(size + 10, 0xAB, dtype=np.uint8)
+    assert image.copy_into(other).tobytes() == shard.tobytes()
+    with pytest.raises(ValueError, match="cannot hold"):
+        image.copy_into(np.empty(size - 1, dtype=np.uint8))

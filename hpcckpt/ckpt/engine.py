@@ -42,7 +42,7 @@ import numpy as np
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
-from hpcckpt.ckpt.shardfile import ShardImage, plan_shard, verify_shard
+from hpcckpt.ckpt.shardfile import ShardImage, payload_layout, plan_shard, verify_shard
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
@@ -227,6 +227,7 @@ class Checkpointer:
         self._pending: _PendingSnapshot | None = None
         self._copies: _BackgroundCopies | None = None
         self._shard_bytes: np.ndarray | None = None  # the shard file's bytes, contiguous, for L2/L3
+        self._shard_extra = {"node": self.node}  # the shard's extra record (layout depends on it)
         self._device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
         # Copies run at normal priority (training may wait for them in before_update()), the
         # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
@@ -487,14 +488,29 @@ class Checkpointer:
             shapes = {tl.name: (tl.piece_shape(self.rank), tl.spec.dtype) for tl in self._layout.rank_pieces(self.rank)}
             shapes.update({p.name: (p.array.shape, p.array.dtype) for p in self._protected.values() if not p.replicated})
             on_gpu = {name: shape for name, shape in shapes.items() if self._on_gpu(name)}
-            self._buffers = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in shapes.items()
-                             if name not in on_gpu}
+            self._buffers = self._snapshot_buffers(shapes, on_gpu)
             if on_gpu:
                 from hpcckpt.ckpt.device_snapshot import DeviceSnapshot
 
                 self._device_snapshot = DeviceSnapshot(on_gpu, self.config.checkpoint.gpu_snapshot, self.log)
                 self._buffers.update(self._device_snapshot.host_buffers)
         return self._layout
+
+    def _snapshot_buffers(self, shapes: dict, on_gpu: dict) -> dict[str, np.ndarray]:
+        """Host snapshot buffers as views into one buffer laid out as this rank's shard file
+        (shardfile.payload_layout, in _freeze's piece order): the contiguous file bytes that L2
+        and L3 send then cost only the header, not a second copy of the shard."""
+        order = [tl.name for tl in self._layout.rank_pieces(self.rank)] + list(self.local_array_names)
+        _, offsets, size = payload_layout([(name, shapes[name][1], shapes[name][0]) for name in order],
+                                          self._shard_extra)
+        self._shard_bytes = np.empty(size, dtype=np.uint8)
+        buffers = {}
+        for name, offset in zip(order, offsets):
+            if name not in on_gpu:
+                shape, dtype = shapes[name]
+                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                buffers[name] = self._shard_bytes[offset:offset + nbytes].view(dtype).reshape(shape)
+        return buffers
 
     def _on_gpu(self, name: str) -> bool:
         return not isinstance(self._protected[name].array, np.ndarray)
@@ -659,7 +675,7 @@ class Checkpointer:
             return
         where = self.local if self.local is not None else self.pfs
         image = self._stage(step, "layout", lambda: plan_shard(step, self.rank, self.world_size, snapshot.pieces,
-                                                               {"node": self.node}, str(where.shard_path(step))))
+                                                               self._shard_extra, str(where.shard_path(step))))
         shard_infos = self.comm.allgather((image.size, image.checksums))
         shard = None  # the file's bytes, contiguous, once L2 or L3 needs them
         if self.local is not None:
@@ -723,9 +739,9 @@ class Checkpointer:
         self._mark(report, step, "local", started, writing.info.size, finished=writing.finished_at)
 
     def _shard_buffer(self, size: int) -> np.ndarray:
-        """A reused buffer for the shard file's bytes: no fresh allocation per checkpoint."""
+        """The buffer the snapshot's pieces live in, which the header completes into the shard
+        file's bytes (see _snapshot_buffers); reused, no fresh allocation per checkpoint."""
         if self._shard_bytes is None or self._shard_bytes.size < size:
-            self._shard_bytes = None
             self._shard_bytes = np.empty(size, dtype=np.uint8)
         return self._shard_bytes
 

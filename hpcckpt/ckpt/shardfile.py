@@ -213,13 +213,16 @@ class ShardImage:
     checksums: dict[str, str]
 
     def copy_into(self, out: np.ndarray) -> np.ndarray:
-        """The file's bytes, contiguous, in `out` (uint8, at least `size` long)."""
+        """The file's bytes, contiguous, in `out` (uint8, at least `size` long). Pieces that
+        already sit at their place in `out` (see payload_layout) are not copied."""
         if out.size < self.size:
             raise ValueError(f"buffer of {out.size} bytes cannot hold a shard of {self.size}")
+        base = out.__array_interface__["data"][0]
         position = 0
         for buffer in self.buffers:
             view = np.frombuffer(buffer, dtype=np.uint8)
-            out[position:position + view.size] = view
+            if view.__array_interface__["data"][0] != base + position:
+                out[position:position + view.size] = view
             position += view.size
         return out[:self.size]
 
@@ -245,21 +248,7 @@ def plan_shard(step: int, rank: int, world_size: int, pieces: Sequence[tuple[str
         arrays.append((name, array if array.flags.c_contiguous else array.copy(order="C")))
 
     checksums = [xxhash.xxh3_64_hexdigest(_as_bytes_view(a)) for _, a in arrays]
-    # The payload starts after the table, whose length depends on the offsets' digits:
-    # size the table with offsets as wide as any uint64, the real one is never longer.
-    widest_table = _table_bytes(arrays, [10 ** 19] * len(arrays), checksums, extra)
-    meta_end = HEADER_CODEWORD_BYTES + rs_encoded_size(len(widest_table), TABLE_NSYM)
-    payload_offset = _align(meta_end, PAYLOAD_ALIGNMENT)
-
-    offsets = []
-    position = payload_offset
-    for _, array in arrays:
-        alignment = PAYLOAD_ALIGNMENT if array.nbytes >= LARGE_PIECE_BYTES else SMALL_PIECE_ALIGNMENT
-        position = _align(position, alignment)
-        offsets.append(position)
-        position += array.nbytes
-    file_size = position
-
+    payload_offset, offsets, file_size = payload_layout([(n, a.dtype, a.shape) for n, a in arrays], extra)
     table = _table_bytes(arrays, offsets, checksums, extra)
     encoded_table = rs_encode(table, TABLE_NSYM)
     header = _pack_header(FORMAT_VERSION, 0, step, rank, world_size, table, len(encoded_table),
@@ -276,6 +265,43 @@ def plan_shard(step: int, rank: int, world_size: int, pieces: Sequence[tuple[str
         position = offset + array.nbytes
     return ShardImage(int(step), int(rank), int(world_size), tuple(b for b in buffers if len(b)), file_size,
                       {name: c for (name, _), c in zip(arrays, checksums)})
+
+
+def payload_layout(pieces: Sequence[tuple[str, np.dtype, tuple]], extra: dict | None = None
+                   ) -> tuple[int, list[int], int]:
+    """(payload offset, offset of each piece, file size) of a shard of pieces given as (name,
+    dtype, shape). Checksums and step do not move them, so a snapshot's buffers can sit at
+    these offsets inside one file-sized buffer, and the file's bytes need no second copy."""
+    metas = [(name, _Meta.of(dtype, shape)) for name, dtype, shape in pieces]
+    # The payload starts after the table, whose length depends on the offsets' digits:
+    # size the table with offsets as wide as any uint64, the real one is never longer.
+    widest_table = _table_bytes(metas, [10 ** 19] * len(metas), ["0" * 16] * len(metas), extra)
+    meta_end = HEADER_CODEWORD_BYTES + rs_encoded_size(len(widest_table), TABLE_NSYM)
+    payload_offset = _align(meta_end, PAYLOAD_ALIGNMENT)
+    offsets = []
+    position = payload_offset
+    for _, meta in metas:
+        size = meta.nbytes
+        alignment = PAYLOAD_ALIGNMENT if size >= LARGE_PIECE_BYTES else SMALL_PIECE_ALIGNMENT
+        position = _align(position, alignment)
+        offsets.append(position)
+        position += size
+    return payload_offset, offsets, position
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """What the tensor table records of an array, without the array."""
+
+    dtype: np.dtype
+    shape: tuple
+    nbytes: int
+
+    @classmethod
+    def of(cls, dtype, shape) -> "_Meta":
+        dtype = np.dtype(dtype)
+        shape = tuple(int(n) for n in shape)
+        return cls(dtype, shape, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
 
 
 def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = True) -> ShardInfo:
