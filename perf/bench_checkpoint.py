@@ -128,7 +128,7 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _write_durably(path, buffers, chunk=64 << 20):
+def write_durably(path, buffers, chunk=64 << 20):
     """Write the buffers back to back into a new file, fsync it and its directory."""
     with open(path, "wb", buffering=0) as f:
         for buffer in buffers:
@@ -264,7 +264,7 @@ class Single(_Approach):
             def persist():
                 for p in old:
                     _remove(p)
-                _write_durably(path, self.buffers)
+                write_durably(path, self.buffers)
                 record["durable"]["pfs"] = time.perf_counter() - started
 
             self.writer.start(persist)
@@ -311,7 +311,7 @@ class Sharded(_Approach):
         def persist():
             for p in old:
                 _remove(p)
-            _write_durably(path, [b for _, b in self.slices])
+            write_durably(path, [b for _, b in self.slices])
             record["durable"]["pfs"] = time.perf_counter() - started
 
         self.writer.start(persist)

@@ -33,29 +33,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_checkpoint import write_durably  # perf/ is on sys.path: the scripts run from it
+
 REPO = Path(__file__).resolve().parent.parent
 ARRAYS = 8
 
 
 def _median(values):
     return float(statistics.median(values)) if values else None
-
-
-def _write_durably(path: str, buffer, nbytes: int) -> None:
-    with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left:
-            part = memoryview(buffer)[:min(left, len(buffer))]
-            while len(part):
-                written = f.write(part)
-                part = part[written:]
-                left -= written
-        os.fsync(f.fileno())
-    fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def worker(args) -> None:
@@ -90,8 +75,9 @@ def worker(args) -> None:
     def disk(nbytes: int, tag: str) -> float:
         path = str(disk_dir / f"{tag}.bin")
         quiet_barrier(comm)
+        repeats, rest = divmod(nbytes, noise.size)
         started = time.perf_counter()
-        _write_durably(path, noise, nbytes)
+        write_durably(path, [noise] * repeats + [noise[:rest]])
         elapsed = time.perf_counter() - started
         os.unlink(path)
         return max(comm.allgather(elapsed))
@@ -196,6 +182,10 @@ def main(argv=None) -> None:
         args.mib = 256 if args.quick else 1024
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
+    if args.repeats < 1 or args.mib < 1:
+        parser.error("--repeats and --mib must be >= 1")
+    if not 1 <= args.parity < args.group:
+        parser.error(f"--parity must be between 1 and --group - 1 ({args.group - 1}), got {args.parity}")
     if args.worker:
         worker(args)
         return

@@ -134,7 +134,6 @@ class _LocalWrite:
         self.error: str | None = None
         self.info = None
         self.finished_at = 0.0
-        self.agreed = False
 
 
 class _Worker:
@@ -226,7 +225,7 @@ class Checkpointer:
         self._ordinal = 0
         self._pending: _PendingSnapshot | None = None
         self._copies: _BackgroundCopies | None = None
-        self._shard_bytes: np.ndarray | None = None  # the shard file's bytes, contiguous, for L2/L3
+        self._shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
         self._shard_extra = {"node": self.node}  # the shard's extra record (layout depends on it)
         self._device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
         # Copies run at normal priority (training may wait for them in before_update()), the
@@ -504,13 +503,8 @@ class Checkpointer:
         _, offsets, size = payload_layout([(name, shapes[name][1], shapes[name][0]) for name in order],
                                           self._shard_extra)
         self._shard_bytes = np.empty(size, dtype=np.uint8)
-        buffers = {}
-        for name, offset in zip(order, offsets):
-            if name not in on_gpu:
-                shape, dtype = shapes[name]
-                nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                buffers[name] = self._shard_bytes[offset:offset + nbytes].view(dtype).reshape(shape)
-        return buffers
+        return {name: np.ndarray(shapes[name][0], dtype=shapes[name][1], buffer=self._shard_bytes, offset=offset)
+                for name, offset in zip(order, offsets) if name not in on_gpu}
 
     def _on_gpu(self, name: str) -> bool:
         return not isinstance(self._protected[name].array, np.ndarray)
@@ -677,14 +671,14 @@ class Checkpointer:
         image = self._stage(step, "layout", lambda: plan_shard(step, self.rank, self.world_size, snapshot.pieces,
                                                                self._shard_extra, str(where.shard_path(step))))
         shard_infos = self.comm.allgather((image.size, image.checksums))
-        shard = None  # the file's bytes, contiguous, once L2 or L3 needs them
         if self.local is not None:
+            capped = bool(self.config.storage.local_bandwidth_mb)  # capped: one write at a time
             writing = self._start_local_write(step, image)
             try:
-                if self.config.storage.local_bandwidth_mb:
-                    self._finish_local_write(step, writing, report, started)  # capped: one write at a time
+                if capped:
+                    self._finish_local_write(step, writing, report, started)
                 if "partner" in due or "erasure" in due:
-                    shard = image.copy_into(self._shard_buffer(image.size))
+                    shard = image.copy_into(self._shard_bytes)  # the pieces are in place already
                     sizes = [size for size, _ in shard_infos]
                     if "partner" in due:
                         stored = self._stage(step, "partner", lambda: self.partner.protect(step, shard))
@@ -693,7 +687,8 @@ class Checkpointer:
                         stored = self._stage(step, "erasure", lambda: self.erasure.protect(step, shard, sizes,
                                                                                            self.world_size))
                         self._mark(report, step, "erasure", started, stored)
-                self._finish_local_write(step, writing, report, started)
+                if not capped:
+                    self._finish_local_write(step, writing, report, started)
             finally:
                 writing.done.wait()  # never leave while the writer still reads the snapshot
             manifest = self._manifest(snapshot, shard_infos, due)
@@ -701,10 +696,7 @@ class Checkpointer:
             self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
         if to_pfs:
             # L4 gets L1's exact bytes (same header, same checksums, one manifest for both).
-            if shard is not None:
-                self._stage(step, "pfs", lambda: self.pfs.write_shard_bytes(step, shard))
-            else:
-                self._stage(step, "pfs", lambda: self.pfs.write_image(step, image))
+            self._stage(step, "pfs", lambda: self.pfs.write_image(step, image))
             manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")
             self._stage(step, "commit", lambda: self.pfs.commit(manifest) if self.rank == 0 else None,
@@ -730,20 +722,10 @@ class Checkpointer:
         return writing
 
     def _finish_local_write(self, step: int, writing: _LocalWrite, report: PersistReport, started: float) -> None:
-        """(all ranks) Wait for the L1 write and agree on it, once."""
-        if writing.agreed:
-            return
+        """(all ranks) Wait for the L1 write and agree on it."""
         writing.done.wait()
-        writing.agreed = True
         self._raise_if_any_failed(_STAGE_LABELS["local"], writing.error, step=step)
         self._mark(report, step, "local", started, writing.info.size, finished=writing.finished_at)
-
-    def _shard_buffer(self, size: int) -> np.ndarray:
-        """The buffer the snapshot's pieces live in, which the header completes into the shard
-        file's bytes (see _snapshot_buffers); reused, no fresh allocation per checkpoint."""
-        if self._shard_bytes is None or self._shard_bytes.size < size:
-            self._shard_bytes = np.empty(size, dtype=np.uint8)
-        return self._shard_bytes
 
     def _attempt(self, phase: str, action) -> tuple[str | None, object]:
         """Run one stage's action on this rank: (error or None, result)."""
