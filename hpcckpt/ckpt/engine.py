@@ -257,8 +257,7 @@ class Checkpointer:
 
     def _raise_if_any_failed(self, phase: str, error: str | None, error_type=CheckpointError, step=None):
         """(all ranks) Turn a failure on any rank into the same exception on every rank."""
-        quiet_barrier(self.comm)
-        errors = self.comm.allgather(error)
+        errors = quiet_allgather(self.comm, error)
         failures = {rank: e for rank, e in enumerate(errors) if e}
         if not failures:
             return
@@ -670,7 +669,7 @@ class Checkpointer:
         where = self.local if self.local is not None else self.pfs
         image = self._stage(step, "layout", lambda: plan_shard(step, self.rank, self.world_size, snapshot.pieces,
                                                                self._shard_extra, str(where.shard_path(step))))
-        shard_infos = self.comm.allgather((image.size, image.checksums))
+        shard_infos = quiet_allgather(self.comm, (image.size, image.checksums))
         if self.local is not None:
             capped = bool(self.config.storage.local_bandwidth_mb)  # capped: one write at a time
             writing = self._start_local_write(step, image)

@@ -6,6 +6,7 @@ training. These helpers post non-blocking operations and poll them with a short 
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import numpy as np
@@ -31,8 +32,19 @@ def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int
 
 
 def quiet_allgather(comm, value):
-    """allgather after a sleeping barrier, so nobody spins while the slowest rank arrives."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(POLL_S)
-    return comm.allgather(value)
+    """allgather of picklable values that sleeps while it waits, in both of its rounds.
+
+    A blocking allgather spins until the slowest rank arrives; a sleeping barrier in front of
+    it is not enough, since each rank notices the barrier's end at its own next poll and the
+    first ones then spin for the others (milliseconds, on cores shared with training).
+    """
+    from mpi4py import MPI
+
+    payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    wait_all([comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes)])
+    offsets = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+    wait_all([comm.Iallgatherv(payload, [gathered, sizes, offsets, MPI.BYTE])])
+    return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
