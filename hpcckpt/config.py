@@ -104,6 +104,8 @@ class StorageConfig:
     pfs_every: int = 1
     pfs_bandwidth_mb: float = 0.0
     local_bandwidth_mb: float = 0.0
+    # Checkpoint data files bypass the page cache (O_DIRECT) where the file system allows.
+    direct_io: bool = True
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ def test_env_with_underscored_key(tmp_path):
         ("[run]\ndevice = \"tpu\"\n", "use one of auto, gpu, cpu"),
         ("[checkpoint]\ngpu_snapshot = \"gpu\"\n", "use one of auto, device, pinned"),
         ("[storage]\nlocal_bandwidth_mb = -1\n", "storage.local_bandwidth_mb"),
+        ("[storage]\ndirect_io = \"yes\"\n", "storage.direct_io: expected a boolean"),
         ("[model]\nhidden = 3\n", "model.hidden: expected a list of integer"),
         ("[resilience]\nlevels = [\"pfs\", \"local\"]\n", "must be in the order"),
         ("[resilience]\nlevels = [\"tape\"]\n", "unknown level 'tape'"),

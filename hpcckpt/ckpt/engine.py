@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from hpcckpt.ckpt.direct_io import aligned_empty
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
@@ -200,8 +201,9 @@ class Checkpointer:
         self.local_dir = local_dir_of(config.storage.local_dir, run_dir, self.topology, self.rank)
         self.local_dirs = tuple(self.comm.allgather(self.local_dir))
         self.pfs_dir = config.storage.pfs_dir.format(run_dir=run_dir, node=0, rank=0, job="")
-        self.local = LocalLevel(self.local_dir, self.rank) if "local" in self.levels_enabled else None
-        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb)
+        direct_io = config.storage.direct_io
+        self.local = LocalLevel(self.local_dir, self.rank, direct_io) if "local" in self.levels_enabled else None
+        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, direct_io)
                     if "pfs" in self.levels_enabled else None)
         self.partner = None
         self.erasure = None
@@ -211,13 +213,14 @@ class Checkpointer:
             # The topology validates the scheme (e.g. partners need two nodes) on every rank
             # alike, so a bad one fails the same way everywhere before any collective.
             self.partner_of = self.topology.partner_of()
-            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm)
+            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, direct_io)
         if "erasure" in self.levels_enabled:
             self.groups = self.topology.erasure_groups(config.resilience.group_size, config.resilience.parity)
             group_index = self.topology.group_of(self.groups, self.rank)
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
-            self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity)
+            self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity,
+                                        direct_io)
         self._protected: dict[str, _Protected] = {}
         self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
         self._layout: Layout | None = None
@@ -501,7 +504,7 @@ class Checkpointer:
         order = [tl.name for tl in self._layout.rank_pieces(self.rank)] + list(self.local_array_names)
         _, offsets, size = payload_layout([(name, shapes[name][1], shapes[name][0]) for name in order],
                                           self._shard_extra)
-        self._shard_bytes = np.empty(size, dtype=np.uint8)
+        self._shard_bytes = aligned_empty(size)  # so O_DIRECT writes take the pieces in place
         return {name: np.ndarray(shapes[name][0], dtype=shapes[name][1], buffer=self._shard_bytes, offset=offset)
                 for name, offset in zip(order, offsets) if name not in on_gpu}
 

@@ -33,6 +33,7 @@ import numpy as np
 import reedsolo
 import xxhash
 
+from hpcckpt.ckpt import direct_io
 from hpcckpt.codec import gf256
 from hpcckpt.errors import ChecksumError, FormatError, StorageError
 
@@ -304,18 +305,20 @@ class _Meta:
         return cls(dtype, shape, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
 
 
-def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = True) -> ShardInfo:
-    """Write a planned shard as a new file; never replaces an existing file."""
+def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = True,
+                      direct: bool = False) -> ShardInfo:
+    """Write a planned shard as a new file; never replaces an existing file. `direct`:
+    with O_DIRECT where the file system allows (ckpt/direct_io.py)."""
     path = os.fspath(path)
     if os.path.lexists(path):
         raise _exists_error(path)
-    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False)
+    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct)
     return ShardInfo(path, image.size, dict(image.checksums), image.step, image.rank)
 
 
 def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
                 pieces: Sequence[tuple[str, np.ndarray]], extra: dict | None = None,
-                fsync: bool = True) -> ShardInfo:
+                fsync: bool = True, direct: bool = False) -> ShardInfo:
     """Write one rank's pieces as a new shard file; never replaces an existing file.
 
     `pieces` are (name, NumPy array) in the order to store them (CuPy arrays must be
@@ -327,7 +330,7 @@ def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
     path = os.fspath(path)
     if os.path.lexists(path):  # before the checksum pass, which would be wasted
         raise _exists_error(path)
-    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync)
+    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync, direct)
 
 
 def _table_bytes(arrays, offsets, checksums, extra) -> bytes:
@@ -360,7 +363,7 @@ def _padding(count: int) -> list[memoryview]:
 
 
 def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = True,
-                           overwrite: bool = False) -> None:
+                           overwrite: bool = False, direct: bool = False) -> None:
     """Publish `data` under `path` all at once: temp name, fsync, rename, fsync directory.
 
     Refuses to replace an existing file unless `overwrite` (for pointer-like records, not
@@ -369,16 +372,29 @@ def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = T
     path = os.fspath(path)
     if not overwrite and os.path.lexists(path):
         raise _exists_error(path)
-    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite)
+    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite, direct=direct)
 
 
-def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrite: bool) -> None:
+def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrite: bool,
+                              direct: bool = False) -> None:
     temporary = path + ".tmp"
     fd = None
     published = False
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        _writev_all(fd, buffers)
+        fd, is_direct = direct_io.open_for_writing(
+            temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644,
+            direct_io.wants_direct(buffers, direct))
+        if is_direct:
+            try:
+                direct_io.write_direct(fd, buffers)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # Some file systems take O_DIRECT at open and refuse it at the first write.
+                direct_io.drop_direct(fd)
+                _writev_all(fd, buffers)
+        else:
+            _writev_all(fd, buffers)
         if fsync:
             os.fsync(fd)
         os.close(fd)

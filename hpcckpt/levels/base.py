@@ -110,9 +110,10 @@ class VersionedLevel:
     label = ""
     config_key = ""  # the setting that names `root`, for error messages
 
-    def __init__(self, root: str | Path, rank: int):
+    def __init__(self, root: str | Path, rank: int, direct_io: bool = False):
         self.root = Path(root)
         self.rank = rank
+        self.direct_io = direct_io  # write shard files with O_DIRECT (ckpt/direct_io.py)
 
     def prepare(self) -> None:
         ensure_writable_dir(self.root, self.config_key)
@@ -133,14 +134,14 @@ class VersionedLevel:
     def write_image(self, step: int, image: ShardImage) -> ShardInfo:
         """This rank's shard of `step`, from a planned image (shardfile.plan_shard)."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        return write_shard_image(self.shard_path(step), image)
+        return write_shard_image(self.shard_path(step), image, direct=self.direct_io)
 
     def write_shard_bytes(self, step: int, data) -> None:
         """A whole shard file copied from another level (its bytes are the original file's)."""
         from hpcckpt.ckpt.shardfile import write_bytes_atomically
 
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        write_bytes_atomically(self.shard_path(step), memoryview(data))
+        write_bytes_atomically(self.shard_path(step), memoryview(data), direct=self.direct_io)
 
     def commit(self, manifest: Manifest) -> None:
         manifest.write(self.commit_path(manifest.step))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcckpt.ckpt.direct_io import aligned_empty
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, write_shard
 from hpcckpt.codec import ErasureCode
 from hpcckpt.levels.base import parity_file_name, version_dir_name
@@ -34,8 +35,10 @@ class ErasureLevel:
     name = "erasure"
     label = "L3 erasure"
 
-    def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int):
+    def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
+                 direct_io: bool = False):
         self.root = Path(root)
+        self.direct_io = direct_io  # write parity files with O_DIRECT (ckpt/direct_io.py)
         self.rank = rank
         self.members = tuple(members)
         self.me = self.members.index(rank)
@@ -105,7 +108,7 @@ class ErasureLevel:
         for stripe in self.stripes:
             if self.me in stripe.holders[1:] and needs[self.me]:
                 block = stripe.block_of_member(self.me)
-                receives.append((stripe.holders[0], np.empty(segment, dtype=np.uint8)))
+                receives.append((stripe.holders[0], aligned_empty(segment)))  # written with O_DIRECT
                 mine[_piece_name(stripe.index, block)] = receives[-1][1]
         exchange(self.comm, sends, receives, TAG_PARITY)
         if not needs[self.me]:
@@ -116,7 +119,7 @@ class ErasureLevel:
     def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int) -> None:
         (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         write_shard(self.parity_path(step), step, self.rank, world_size, sorted(pieces.items()),
-                    extra={"group": list(self.members), "parity": self.p, "segment": segment})
+                    extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io)
 
     def read_parity(self, step: int) -> dict[str, np.ndarray]:
         """This member's parity pieces of `step`, each checked against its checksum."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcckpt.ckpt.direct_io import aligned_empty
 from hpcckpt.ckpt.shardfile import write_bytes_atomically
 from hpcckpt.levels.base import list_version_steps, replica_file_name, version_dir_name
 from hpcckpt.levels.messaging import exchange, quiet_allgather
@@ -26,8 +27,9 @@ class PartnerLevel:
     name = "partner"
     label = "L2 partner"
 
-    def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm):
+    def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False):
         self.root = Path(root)
+        self.direct_io = direct_io
         self.rank = rank
         self.partner_of = partner_of
         self.comm = comm
@@ -54,14 +56,14 @@ class PartnerLevel:
         must_send = self.rank in wanted_by_holder[self.partner_of[self.rank]]
         if must_send and callable(shard):
             shard = shard()
-        sizes = self.comm.allgather(int(shard.size) if must_send else 0)
-        receives = [(s, np.empty(sizes[s], dtype=np.uint8)) for s in wanted]
+        sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0)
+        receives = [(s, aligned_empty(sizes[s])) for s in wanted]  # aligned: written with O_DIRECT
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
         exchange(self.comm, sends, receives, TAG_PROTECT)
         if receives:
             (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         for source, data in receives:
-            write_bytes_atomically(self.replica_path(step, source), memoryview(data))
+            write_bytes_atomically(self.replica_path(step, source), memoryview(data), direct=self.direct_io)
         return sum(int(d.size) for _, d in receives)
 
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:

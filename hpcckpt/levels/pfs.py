@@ -19,8 +19,8 @@ class PfsLevel(VersionedLevel):
     label = "L4 pfs"
     config_key = "storage.pfs_dir"
 
-    def __init__(self, root: str | Path, rank: int, bandwidth_mb: float = 0.0):
-        super().__init__(root, rank)
+    def __init__(self, root: str | Path, rank: int, bandwidth_mb: float = 0.0, direct_io: bool = False):
+        super().__init__(root, rank, direct_io)
         self.bandwidth_bytes = bandwidth_mb * 1e6
 
     def commit_path(self, step: int) -> Path:

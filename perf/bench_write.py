@@ -1,0 +1,121 @@
+"""What a durable write of checkpoint bytes costs the CPU: buffered (page cache, then fsync)
+against O_DIRECT (storage.direct_io, hpcckpt/ckpt/direct_io.py), on the same file system in
+the same run.
+
+Each repeat writes a new file of --mib MiB with shardfile.write_bytes_atomically (temp name,
+fsync, rename, directory fsync), first one way then the other, in an order that alternates.
+Per write: wall time until durable, CPU time of the writing thread, and CPU time of the whole
+machine (/proc/stat: user + system + irq + softirq of every core, which includes the kernel's
+writeback threads), and steal (time a VM's hypervisor took). With --writers N, N processes
+write at once (as the ranks of one node do); their CPU times are summed. Medians of --repeats.
+
+    PYTHONPATH=. python perf/bench_write.py --json write.json         # 256 MiB x 1 and x 4 writers, ~1 min
+    PYTHONPATH=. python perf/bench_write.py --quick                   # 32 MiB, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hpcckpt.ckpt import direct_io  # noqa: E402
+from hpcckpt.ckpt.shardfile import write_bytes_atomically  # noqa: E402
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, steal) clock ticks of all cores since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return user + nice + system + irq + softirq, steal
+
+
+def _write_one(args) -> tuple[float, float]:
+    path, mib, direct, start = args
+    data = direct_io.aligned_empty(mib << 20)
+    data[:] = 7  # pages touched before the clock starts, like a long-lived snapshot buffer
+    while time.time() < start:  # every writer starts together
+        time.sleep(0.0005)
+    cpu, wall = time.thread_time(), time.perf_counter()
+    write_bytes_atomically(path, memoryview(data), direct=direct)
+    return time.perf_counter() - wall, time.thread_time() - cpu
+
+
+def measure(directory: Path, mib: int, writers: int, direct: bool, pool) -> dict:
+    tick = os.sysconf("SC_CLK_TCK")
+    paths = [directory / f"w{i}-{time.monotonic_ns()}" for i in range(writers)]
+    start = time.time() + 1.0  # the writers fill their buffers before it
+    pending = pool.map_async(_write_one, [(p, mib, direct, start) for p in paths])
+    time.sleep(max(0.0, start - time.time()))
+    busy0, steal0 = _machine_ticks()
+    results = pending.get()
+    busy1, steal1 = _machine_ticks()
+    for path in paths:
+        os.unlink(path)
+    return {
+        "durable_s": max(w for w, _ in results),
+        "thread_cpu_s": sum(c for _, c in results),
+        "machine_cpu_s": (busy1 - busy0) / tick,
+        "steal_s": (steal1 - steal0) / tick,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="32 MiB, 3 repeats")
+    parser.add_argument("--mib", type=int, help="MiB per writer (default 256, --quick 32)")
+    parser.add_argument("--writers", default="1,4", help="comma-separated writer counts (default 1,4)")
+    parser.add_argument("--repeats", type=int, help="repeats of each way (default 5, --quick 3)")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the files go (default the temp dir)")
+    parser.add_argument("--json", help="write the result to this file")
+    args = parser.parse_args(argv)
+    mib = args.mib or (32 if args.quick else 256)
+    repeats = args.repeats or (3 if args.quick else 5)
+    try:
+        writer_counts = [int(n) for n in args.writers.split(",")]
+    except ValueError:
+        parser.error(f"--writers {args.writers!r}: expected comma-separated integers")
+    if mib < 1 or repeats < 1 or any(n < 1 for n in writer_counts):
+        parser.error("--mib, --repeats and --writers must be at least 1")
+    if not direct_io.O_DIRECT:
+        parser.error("this platform has no O_DIRECT: nothing to compare")
+    directory = Path(tempfile.mkdtemp(prefix="hpcckpt-bench-write-", dir=args.dir))
+    result = {"mib_per_writer": mib, "repeats": repeats, "dir": str(args.dir), "runs": {}}
+    try:
+        for writers in writer_counts:
+            with multiprocessing.get_context("spawn").Pool(writers) as pool:
+                samples = {"buffered": [], "direct": []}
+                for repeat in range(repeats):
+                    order = ["buffered", "direct"] if repeat % 2 == 0 else ["direct", "buffered"]
+                    for way in order:
+                        samples[way].append(measure(directory, mib, writers, way == "direct", pool))
+            run = {way: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+                   for way, runs in samples.items()}
+            run["buffered_over_direct_machine_cpu"] = run["buffered"]["machine_cpu_s"] / max(
+                run["direct"]["machine_cpu_s"], 1e-9)
+            result["runs"][str(writers)] = run
+            print(f"{writers} writer(s) x {mib} MiB, median of {repeats}:")
+            for way in ("buffered", "direct"):
+                r = run[way]
+                print(f"  {way:8s}  durable {r['durable_s']:.3f} s   writing threads' CPU {r['thread_cpu_s']:.3f} s"
+                      f"   machine CPU {r['machine_cpu_s']:.2f} s   steal {r['steal_s']:.2f} s")
+    finally:
+        for leftover in directory.iterdir():
+            leftover.unlink()
+        directory.rmdir()
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
