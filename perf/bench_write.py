@@ -89,6 +89,13 @@ def main(argv=None) -> int:
     if not direct_io.O_DIRECT:
         parser.error("this platform has no O_DIRECT: nothing to compare")
     directory = Path(tempfile.mkdtemp(prefix="hpcckpt-bench-write-", dir=args.dir))
+    probe = str(directory / "probe")
+    fd, is_direct = direct_io.open_for_writing(probe, os.O_WRONLY | os.O_CREAT, 0o644, True)
+    os.close(fd)
+    os.unlink(probe)
+    if not is_direct:
+        directory.rmdir()
+        parser.error(f"{args.dir} refuses O_DIRECT, so both ways would be buffered; pick another --dir")
     result = {"mib_per_writer": mib, "repeats": repeats, "dir": str(args.dir), "runs": {}}
     try:
         for writers in writer_counts:

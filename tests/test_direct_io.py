@@ -138,3 +138,44 @@ def test_other_write_errors_are_not_hidden_by_the_fallback(tmp_path, monkeypatch
     with pytest.raises(shardfile.StorageError, match="no space left"):
         write_bytes_atomically(tmp_path / "f", bytes(2 << 20), direct=True)
     assert not (tmp_path / "f").exists() and not (tmp_path / "f.tmp").exists()
+
+
+def test_o_direct_refused_partway_through_a_file_gives_a_whole_buffered_file(tmp_path, monkeypatch):
+    real_write = os.write
+    calls = []
+
+    def refusing_third_write(fd, data):
+        calls.append(len(data))
+        if len(calls) == 3:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(direct_io.os, "write", refusing_third_write)
+    rng = np.random.default_rng(5)
+    # Two blocks of header from the bounce buffer, an aligned piece in place, then the bounce
+    # buffer with the rest is refused: the file is written again, buffered (writev).
+    buffers = [bytes(_random(rng, 2 * ALIGNMENT)), _aligned_copy(_random(rng, 3 << 20)), bytes(_random(rng, 77)),
+               _aligned_copy(_random(rng, 2 << 20))]
+    write_bytes_atomically_of(tmp_path / "f", buffers)
+    assert len(calls) == 3
+    assert (tmp_path / "f").read_bytes() == b"".join(bytes(memoryview(b).cast("B")) for b in buffers)
+
+
+def test_short_direct_write_then_a_full_disk_reports_the_full_disk(tmp_path, monkeypatch):
+    real_write = os.write
+    state = {"short": False}
+
+    def disk_filling_up(fd, data):
+        if not state["short"]:
+            state["short"] = True
+            return real_write(fd, memoryview(data)[:ALIGNMENT])  # room for one block only
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(direct_io.os, "write", disk_filling_up)
+    with pytest.raises(shardfile.StorageError, match="no space left"):
+        write_bytes_atomically(tmp_path / "f", memoryview(_aligned_copy(np.zeros(2 << 20, np.uint8))), direct=True)
+    assert not (tmp_path / "f").exists() and not (tmp_path / "f.tmp").exists()
+
+
+def write_bytes_atomically_of(path, buffers):
+    shardfile._write_buffers_atomically(str(path), buffers, fsync=True, overwrite=False, direct=True)

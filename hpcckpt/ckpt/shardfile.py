@@ -390,7 +390,8 @@ def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwri
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                # Some file systems take O_DIRECT at open and refuse it at the first write.
+                # Some file systems take O_DIRECT at open and refuse it when writing (EINVAL,
+                # from any write): the whole file is written again, buffered.
                 direct_io.drop_direct(fd)
                 _writev_all(fd, buffers)
         else:

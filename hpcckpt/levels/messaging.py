@@ -1,4 +1,5 @@
-"""Point-to-point transfers for the redundancy levels, waiting without spinning.
+"""Transfers and small collectives for the redundancy levels and the persist's agreements,
+waiting without spinning.
 
 MPICH's blocking waits spin; on shared cores the persist thread would steal time from
 training. These helpers post non-blocking operations and poll them with a short sleep.
