@@ -7,15 +7,24 @@ Without a phase the fault strikes right after training step S; with phase = snap
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
 phase = restore while version S is being loaded at restart. `attempt=A` limits the fault to
 attempt A of a job script's restart loop (HPCCKPT_ATTEMPT, 1 when unset), so a restarted run
-does not meet the same fault again. Death is abrupt (os._exit, no cleanup, no MPI finalize),
-as in a crash; a lost node's local directory is deleted first.
+does not meet the same fault again. Death is abrupt (os._exit, or SIGKILL; no cleanup, no MPI
+finalize), as in a crash.
+
+A lost node's local directory must stay gone, as on a real node that went down. Deleting it
+from the dying rank is not enough: its persist and writer threads, and the other ranks of the
+node, keep running until the kill and may create files in it again. So a small reaper process
+first stops (SIGSTOP) every lost rank on this host, waits until none of their threads can
+still be inside a system call, deletes the lost directories, and only then kills the rank.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +33,55 @@ from hpcckpt.errors import ConfigError
 PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit", "restore")
 ATTEMPT_VARIABLE = "HPCCKPT_ATTEMPT"
 CRASH_EXIT_CODE = 137
+REAPER_GRACE_S = 30.0  # a dying rank exits by itself if its reaper has not killed it by then
+
+# Runs as `python -I -c _REAPER victim freeze_pids dir...`: standard library only, so it starts
+# in tens of milliseconds and cannot be broken by the application's environment.
+_REAPER = r"""
+import os, shutil, signal, sys, time
+
+def quiet(pid):
+    # Stopped (T/t) or gone in every thread. A thread inside a system call (an O_DIRECT write,
+    # an open with O_CREAT) finishes it before stopping, so wait for the state, not the signal.
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return None  # no /proc here
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in "TtZX":
+            return False
+    return True
+
+victim = int(sys.argv[1])
+freeze = [int(p) for p in sys.argv[2].split(",") if p]
+for pid in freeze:
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+deadline = time.monotonic() + 10.0
+while time.monotonic() < deadline:
+    states = [quiet(pid) for pid in freeze]
+    if None in states:
+        time.sleep(0.5)
+        break
+    if all(states):
+        break
+    time.sleep(0.002)
+for directory in sys.argv[3:]:
+    shutil.rmtree(directory, ignore_errors=True)
+try:
+    os.kill(victim, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
 
 
 @dataclass(frozen=True)
@@ -67,11 +125,20 @@ def current_attempt(environ=None) -> int:
     return int(value) if value.isdigit() else 1
 
 
+@dataclass(frozen=True)
+class _Peer:
+    host: str
+    pid: int
+    node: int
+    local_dir: str | None
+
+
 class FaultInjector:
     def __init__(self, faults, rank: int, node: int, local_dir: str | Path | None, comm=None):
-        """`comm` (the application's, used by the main thread) lets simultaneous node losses
-        between steps delete every lost directory before any lost rank dies: otherwise the
-        first death makes mpiexec kill the rest before they delete theirs."""
+        """`comm` (the application's, used by the main thread; construction is then collective)
+        lets simultaneous node losses between steps delete every lost directory before any lost
+        rank dies, otherwise the first death makes mpiexec kill the rest before they delete
+        theirs; and it tells a dying rank which processes share its node and host."""
         self.rank = rank
         self.node = node
         self.local_dir = Path(local_dir) if local_dir else None
@@ -79,6 +146,10 @@ class FaultInjector:
         attempt = current_attempt()
         self.all_faults = tuple(f for f in faults if f.attempt in (None, attempt))
         self.faults = tuple(f for f in self.all_faults if self._hits_me(f))
+        me = _Peer(socket.gethostname(), os.getpid(), node, str(self.local_dir) if self.local_dir else None)
+        self.peers: tuple[_Peer, ...] = (me,)
+        if comm is not None and any(f.kind == "node-loss" for f in self.all_faults):
+            self.peers = tuple(comm.allgather(me))
 
     def _hits_me(self, fault: Fault) -> bool:
         return fault.target == (self.rank if fault.kind == "rank-kill" else self.node)
@@ -92,23 +163,48 @@ class FaultInjector:
             mine = [f for f in self.faults if f.kind == "node-loss" and f.step == step and f.phase is None]
             if mine and self.local_dir is not None:
                 shutil.rmtree(self.local_dir, ignore_errors=True)
-            self.comm.Barrier()  # every lost directory is gone before anyone dies
-            if mine and self.local_dir is not None:
-                # A persist thread of this rank may have recreated a file meanwhile.
-                shutil.rmtree(self.local_dir, ignore_errors=True)
+            # Every lost directory is gone before anyone dies, on other hosts too; the reapers
+            # then make sure that stays so on this one.
+            self.comm.Barrier()
+            lost_nodes = {f.target for f in self.all_faults
+                          if f.kind == "node-loss" and f.step == step and f.phase is None}
+        else:
+            lost_nodes = {self.node}
         for fault in self.faults:
             if fault.step == step and fault.phase == phase:
-                self._die(fault)
+                self._die(fault, lost_nodes)
 
-    def _die(self, fault: Fault) -> None:
-        if fault.kind == "node-loss" and self.local_dir is not None:
-            # Every rank of the node deletes; whichever comes last finds less to delete.
-            shutil.rmtree(self.local_dir, ignore_errors=True)
+    def _die(self, fault: Fault, lost_nodes: set[int]) -> None:
         where = f" in phase {fault.phase}" if fault.phase else ""
         sys.stderr.write(f"hpcckpt: injected {fault.kind} on rank {self.rank} (node {self.node}) "
                          f"at step {fault.step}{where}\n")
         sys.stderr.flush()
+        if fault.kind == "node-loss" and self.local_dir is not None:
+            self._reap_node(lost_nodes)
         os._exit(CRASH_EXIT_CODE)
+
+    def _reap_node(self, lost_nodes: set[int]) -> None:
+        """Have a reaper freeze the lost ranks of this host, delete their node directories and
+        kill this rank; returns only if that did not happen in time."""
+        host = socket.gethostname()
+        lost = [p for p in self.peers if p.host == host and p.node in lost_nodes]
+        pids = sorted({p.pid for p in lost} | {os.getpid()})
+        directories = sorted({p.local_dir for p in lost if p.local_dir} | {str(self.local_dir)})
+        try:
+            reaper = subprocess.Popen(
+                [sys.executable, "-I", "-c", _REAPER, str(os.getpid()), ",".join(map(str, pids)), *directories],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)  # mpiexec's kill of this rank's group must not stop it
+        except OSError as exc:
+            sys.stderr.write(f"hpcckpt: could not start the node-loss reaper ({exc}); deleting from here\n")
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+            return
+        deadline = time.monotonic() + REAPER_GRACE_S
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.stderr.write(f"hpcckpt: the node-loss reaper did not kill rank {self.rank} "
+                         f"(exit {reaper.poll()}); exiting\n")
+        shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
 NO_FAULTS = FaultInjector((), 0, 0, None)
