@@ -62,7 +62,8 @@ Metrics (per approach; a step's time and a checkpoint's cost are the slowest ran
 
 Item 6 (the `frequency` block of the 100 MB / 4 ranks job): hpcckpt with all levels every 1,
 10, 100 steps and never, over --freq-steps steps each (default 100; every 100 then means one checkpoint); overhead = mean step time against
-"never" (run before and after the sweep, averaged).
+"never" (run before and after the sweep, averaged). With --freq-rounds R the sweep runs R
+times, each round between two "never" segments that are its baseline; the median is reported.
 
 Children run with OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=MKL_NUM_THREADS=1. A sampler in the
 parent records how often a process outside this benchmark was runnable (other load).
@@ -750,7 +751,9 @@ def _frequency(ctx, args, root, gather_max):
     rank = comm.Get_rank()
     trainer = ctx["trainer"]
     intervals = [int(x) for x in args.freq.split(",")]
-    order = [0] + [i for i in intervals if i] + [0]
+    # Rounds alternate with "never" segments, so each round has a baseline measured next to it:
+    # on a shared VM the step time drifts by 20 % within minutes.
+    order = [0] + ([i for i in intervals if i] + [0]) * args.freq_rounds
     runs = {}
     for every in order:
         directory = root / f"freq{every}"
@@ -790,23 +793,31 @@ def _frequency(ctx, args, root, gather_max):
                 "rss": [sum(col) for col in zip(*rss)] if rss else None})
     if rank != 0:
         return None
-    base = statistics.fmean([statistics.fmean(r["times"]) for r in runs[0]])
-    result = {"steps": args.freq_steps, "never_ms_per_step": [1000 * statistics.fmean(r["times"]) for r in runs[0]],
+    nevers = [statistics.fmean(r["times"]) for r in runs[0]]
+    base = statistics.fmean(nevers)
+    result = {"steps": args.freq_steps, "rounds": args.freq_rounds, "never_ms_per_step": [1000 * t for t in nevers],
               "intervals": {}}
     for every in intervals:
         if not every:
             continue
-        run = runs[every][0]
-        mean = statistics.fmean(run["times"])
-        paper, _ = _paper_overhead(run["times"], run["flags"])
-        rss = run["rss"] or []
+        rounds = runs[every]
+        means = [statistics.fmean(run["times"]) for run in rounds]
+        # Round r ran between never segments r and r + 1.
+        local_bases = [statistics.fmean(nevers[r:r + 2]) for r in range(len(rounds))]
+        overheads = [100.0 * (m - b) / b for m, b in zip(means, local_bases)]
+        papers = [_paper_overhead(run["times"], run["flags"])[0] for run in rounds]
+        blocking = [b for run in rounds for b in (run["blocking"] or [])]
+        durable = [d for run in rounds for d in (run["durable"] or [])]
+        rss = rounds[0]["rss"] or []
         result["intervals"][str(every)] = {
-            "checkpoints": sum(run["flags"]),
-            "ms_per_step": 1000 * mean,
-            "overhead_pct": 100.0 * (mean - base) / base,
-            "paper_overhead_pct": paper,
-            "blocking_ms": 1000 * _median(run["blocking"]) if run["blocking"] else None,
-            "max_level_durable_s": _median(run["durable"]) if run["durable"] else None,
+            "checkpoints": sum(rounds[0]["flags"]),
+            "ms_per_step": 1000 * statistics.fmean(means),
+            "overhead_pct": _median(overheads),
+            "overhead_pct_rounds": overheads,
+            "paper_overhead_pct": _median([p for p in papers if p is not None]) if any(
+                p is not None for p in papers) else None,
+            "blocking_ms": 1000 * _median(blocking) if blocking else None,
+            "max_level_durable_s": _median(durable) if durable else None,
             "rss_kib_first": rss[0] if rss else None,
             "rss_kib_last": rss[-1] if rss else None,
             "rss_kib_max": max(rss) if rss else None,
@@ -844,7 +855,7 @@ def _run_job(args, model, ranks, approaches, every, nckpt, rounds, freq):
                "--out", out, "--run-root", run_root, "--hidden", ",".join(map(str, MODELS[model])),
                "--approaches", ",".join(approaches), "--every", str(every), "--nckpt", str(nckpt),
                "--rounds", str(rounds), "--disk-repeats", str(args.disk_repeats),
-               "--freq", freq, "--freq-steps", str(args.freq_steps),
+               "--freq", freq, "--freq-steps", str(args.freq_steps), "--freq-rounds", str(args.freq_rounds),
                "--freq-steps-every1", str(args.freq_steps_every1)]
     for setting in args.set or []:
         command += ["--set", setting]
@@ -897,15 +908,19 @@ def _print_run(key, run):
             print(f"  {name} blocking by part (ms, slowest rank, median): {parts}")
     if "frequency" in run and run["frequency"]:
         freq = run["frequency"]
-        print(f"  overhead vs frequency (hpcckpt, all levels, {freq['steps']} steps each; never: "
-              f"{', '.join(f'{v:.1f}' for v in freq['never_ms_per_step'])} ms/step before/after):")
+        rounds = freq.get("rounds", 1)
+        print(f"  overhead vs frequency (hpcckpt, all levels, {freq['steps']} steps each, {rounds} round(s), "
+              f"median; never: {', '.join(f'{v:.1f}' for v in freq['never_ms_per_step'])} ms/step):")
         for every, r in freq["intervals"].items():
             rss = ""
             if r.get("rss_kib_first"):
                 rss = (f", RSS (sum of ranks) {r['rss_kib_first'] / 1024:.0f} -> {r['rss_kib_last'] / 1024:.0f} MiB"
                        f" (max {r['rss_kib_max'] / 1024:.0f})")
+            per_round = ""
+            if len(r.get("overhead_pct_rounds", ())) > 1:
+                per_round = f" [{', '.join(f'{v:.1f}' for v in r['overhead_pct_rounds'])}]"
             print(f"    every {every:>5}: {r['checkpoints']:3d} ckpts, {r['ms_per_step']:.1f} ms/step, overhead "
-                  f"{r['overhead_pct']:.1f} % (paper def. {_fmt(r.get('paper_overhead_pct'))} %), blocking "
+                  f"{r['overhead_pct']:.1f} %{per_round} (paper def. {_fmt(r.get('paper_overhead_pct'))} %), blocking "
                   f"{_fmt(r.get('blocking_ms'))} ms{rss}")
 
 
@@ -1078,6 +1093,9 @@ def main(argv=None):
     parser.add_argument("--rounds-1gb", type=int, default=1, help="rounds, 1 GB (default 1)")
     parser.add_argument("--freq", help="item 6 intervals for 100 MB / 4 ranks (default 1,10,100; --quick 1,10)")
     parser.add_argument("--freq-steps", type=int, help="steps per frequency run (default 100, --quick 12)")
+    parser.add_argument("--freq-rounds", type=int, default=1,
+                        help="rounds of the frequency sweep, each next to its own never segments; the median "
+                             "overhead is reported (default 1)")
     parser.add_argument("--freq-steps-every1", type=int, default=30,
                         help="steps of the every-step run (default 30: each checkpoint takes seconds here)")
     parser.add_argument("--disk-repeats", type=int, help="disk write+fsync repeats (default 3, --quick 2)")
@@ -1098,6 +1116,8 @@ def main(argv=None):
     if args.worker:
         worker(args)
         return
+    if args.freq_rounds < 1:
+        parser.error("--freq-rounds must be at least 1")
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"--models: unknown {sorted(unknown)}; allowed are {', '.join(MODELS)}")
