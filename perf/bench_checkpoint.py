@@ -716,6 +716,7 @@ def worker(args):
                 # Within one engine's life: between rounds the other approaches' memory (torch,
                 # allocator arenas) stays in the process and is not the engine's.
                 result["rss_change_by_round"] = [r[-1] / r[0] - 1 for r in rss]
+                result["rss_kib_by_round"] = rss
             if "shard_bytes_total" in entry:
                 result["shard_bytes_total"] = entry["shard_bytes_total"]
             if name.startswith("hpcckpt") and "pfs" in durable:

@@ -64,6 +64,17 @@ def test_aligned_empty_starts_on_a_block_boundary():
         assert nbytes == 0 or array.ctypes.data % ALIGNMENT == 0
 
 
+def test_large_aligned_buffers_are_their_own_mappings():
+    # Not from malloc's heap, where a long-lived buffer would keep freed ones resident.
+    import mmap
+
+    array = aligned_empty(MIN_DIRECT_BYTES)
+    base = array.base.obj if isinstance(array.base, memoryview) else array.base
+    assert isinstance(base, mmap.mmap) and array.flags.writeable
+    array[:] = 5
+    assert int(array.sum()) == 5 * MIN_DIRECT_BYTES
+
+
 def test_shard_written_directly_is_the_file_of_a_buffered_write(tmp_path):
     rng = np.random.default_rng(3)
     host = aligned_empty(6 << 20)

@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from hpcckpt.ckpt import direct_io
 from hpcckpt.ckpt.direct_io import aligned_empty
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
@@ -201,9 +202,9 @@ class Checkpointer:
         self.local_dir = local_dir_of(config.storage.local_dir, run_dir, self.topology, self.rank)
         self.local_dirs = tuple(self.comm.allgather(self.local_dir))
         self.pfs_dir = config.storage.pfs_dir.format(run_dir=run_dir, node=0, rank=0, job="")
-        direct_io = config.storage.direct_io
-        self.local = LocalLevel(self.local_dir, self.rank, direct_io) if "local" in self.levels_enabled else None
-        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, direct_io)
+        use_direct_io = config.storage.direct_io
+        self.local = LocalLevel(self.local_dir, self.rank, use_direct_io) if "local" in self.levels_enabled else None
+        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io)
                     if "pfs" in self.levels_enabled else None)
         self.partner = None
         self.erasure = None
@@ -213,14 +214,14 @@ class Checkpointer:
             # The topology validates the scheme (e.g. partners need two nodes) on every rank
             # alike, so a bad one fails the same way everywhere before any collective.
             self.partner_of = self.topology.partner_of()
-            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, direct_io)
+            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, use_direct_io)
         if "erasure" in self.levels_enabled:
             self.groups = self.topology.erasure_groups(config.resilience.group_size, config.resilience.parity)
             group_index = self.topology.group_of(self.groups, self.rank)
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
             self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity,
-                                        direct_io)
+                                        use_direct_io)
         self._protected: dict[str, _Protected] = {}
         self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
         self._layout: Layout | None = None
@@ -234,8 +235,8 @@ class Checkpointer:
         # Copies run at normal priority (training may wait for them in before_update()), the
         # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
         self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
-        self._persister = _Worker("hpcckpt-persist", on_start=self._lower_priority)
-        self._local_writer = _Worker("hpcckpt-l1-write", on_start=self._lower_priority)
+        self._persister = _Worker("hpcckpt-persist", on_start=self._start_writing_thread)
+        self._local_writer = _Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
         self._in_flight: threading.Event | None = None
         self._worker_error: BaseException | None = None
         self.last_report: PersistReport | None = None
@@ -607,6 +608,12 @@ class Checkpointer:
             if self.log and not getattr(self, "_policy_warned", False):
                 self.log.info(f"cannot use SCHED_BATCH for background threads here ({exc}); they run as normal")
                 self._policy_warned = True
+
+    def _start_writing_thread(self) -> None:
+        """(persist and L1 writer threads) Priority first, then the O_DIRECT bounce buffer."""
+        self._lower_priority()
+        if self.config.storage.direct_io and direct_io.O_DIRECT:
+            direct_io.reserve_bounce()
 
     def _lower_priority(self) -> None:
         """(persist thread) Its scheduling policy, and checkpoint.persist_nice if set."""
