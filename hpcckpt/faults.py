@@ -199,9 +199,7 @@ class FaultInjector:
             sys.stderr.write(f"hpcckpt: could not start the node-loss reaper ({exc}); deleting from here\n")
             shutil.rmtree(self.local_dir, ignore_errors=True)
             return
-        deadline = time.monotonic() + REAPER_GRACE_S
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
+        time.sleep(REAPER_GRACE_S)
         sys.stderr.write(f"hpcckpt: the node-loss reaper did not kill rank {self.rank} "
                          f"(exit {reaper.poll()}); exiting\n")
         shutil.rmtree(self.local_dir, ignore_errors=True)

@@ -40,7 +40,6 @@ from typing import Callable
 import numpy as np
 
 from hpcckpt.ckpt import direct_io
-from hpcckpt.ckpt.direct_io import aligned_empty
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
@@ -52,7 +51,7 @@ from hpcckpt.faults import NO_FAULTS
 from hpcckpt.levels.base import hold_to_bandwidth
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
-from hpcckpt.levels.messaging import quiet_allgather
+from hpcckpt.levels.messaging import quiet_allgather, wait_all
 from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 
@@ -172,12 +171,10 @@ class _Worker:
             self.thread = None
 
 
-def quiet_barrier(comm, poll_s: float = 0.0005) -> None:
+def quiet_barrier(comm) -> None:
     """A barrier that sleeps while it waits: MPICH's blocking barrier spins, and on shared cores
     a spinning background thread steals time from training and from the ranks doing I/O."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_s)
+    wait_all([comm.Ibarrier()])
 
 
 class Checkpointer:
@@ -505,7 +502,7 @@ class Checkpointer:
         order = [tl.name for tl in self._layout.rank_pieces(self.rank)] + list(self.local_array_names)
         _, offsets, size = payload_layout([(name, shapes[name][1], shapes[name][0]) for name in order],
                                           self._shard_extra)
-        self._shard_bytes = aligned_empty(size)  # so O_DIRECT writes take the pieces in place
+        self._shard_bytes = direct_io.aligned_empty(size)  # so O_DIRECT writes take the pieces in place
         return {name: np.ndarray(shapes[name][0], dtype=shapes[name][1], buffer=self._shard_bytes, offset=offset)
                 for name, offset in zip(order, offsets) if name not in on_gpu}
 
