@@ -81,7 +81,10 @@ class ErasureLevel:
         Returns the parity bytes stored here.
         """
         segment = self._segment(shard_sizes)
-        needs = quiet_allgather(self.comm, not (only_missing and self.has_parity(step)))
+        if only_missing:
+            needs = quiet_allgather(self.comm, not self.has_parity(step))
+        else:
+            needs = [True] * len(self.members)
         if not any(needs):
             return 0
         shard = shard() if callable(shard) else shard

@@ -44,19 +44,28 @@ class PartnerLevel:
     def steps_held(self) -> dict[int, list[int]]:
         return {step: self.held(step) for step in list_version_steps(self.root)}
 
-    def protect(self, step: int, shard, only_missing: bool = False) -> int:
+    def protect(self, step: int, shard, only_missing: bool = False, shard_sizes=None) -> int:
         """(all ranks) Send this rank's shard bytes to its partner; store the replicas it holds.
 
         `shard`: the bytes (uint8 array), or a callable returning them, called only if this
         rank must send. With `only_missing` (re-protection after a loss) only replicas a holder
-        lacks travel. Returns the bytes stored here.
+        lacks travel. `shard_sizes` (bytes per rank), where the caller has them already, spares
+        a checkpoint's protect its collectives: every replica travels then. Returns the bytes
+        stored here.
         """
-        wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
-        wanted_by_holder = quiet_allgather(self.comm, wanted)
-        must_send = self.rank in wanted_by_holder[self.partner_of[self.rank]]
+        if only_missing or shard_sizes is None:
+            wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
+            wanted_by_holder = quiet_allgather(self.comm, wanted)
+            must_send = self.rank in wanted_by_holder[self.partner_of[self.rank]]
+        else:
+            wanted = list(self.sources)
+            must_send = self.partner_of[self.rank] != self.rank
         if must_send and callable(shard):
             shard = shard()
-        sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0)
+        if only_missing or shard_sizes is None:
+            sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0)
+        else:
+            sizes = list(shard_sizes)
         receives = [(s, aligned_empty(sizes[s])) for s in wanted]  # aligned: written with O_DIRECT
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
         exchange(self.comm, sends, receives, TAG_PROTECT)
