@@ -217,22 +217,55 @@ def test_fsync_path_and_empty_shard(tmp_path):
     assert verify_shard(path) == []
 
 
+_WRITE_INTO_LOCKED = """
+import os, sys
+import numpy as np
+from hpcckpt.ckpt.shardfile import write_shard
+from hpcckpt.errors import StorageError
+locked, scratch = sys.argv[1:]
+# One write where it is allowed first, so every import happens before privileges are dropped
+# (the checkout and the interpreter may be readable by root only).
+write_shard(os.path.join(scratch, "warm.bin"), 1, 0, 1, [("a", np.ones(4))], fsync=False)
+if os.geteuid() == 0:
+    os.setgid(65534)
+    os.setuid(65534)  # nobody: root would ignore the directory's permissions
+try:
+    write_shard(os.path.join(locked, "s.bin"), 1, 0, 1, [("a", np.ones(4))], fsync=False)
+except StorageError as error:
+    print(error)
+    sys.exit(3)
+"""
+
+
 def test_unwritable_directory_is_storage_error(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root ignores directory permissions")
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
+    """A real permission check: as root, the write runs in a child that drops to `nobody`."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    # Outside pytest's tmp_path, whose parents are private to the user running the tests.
+    parent = tempfile.mkdtemp(prefix="hpcckpt_locked_")
+    locked = os.path.join(parent, "locked")
     try:
-        with pytest.raises(StorageError, match="not writable"):
-            write_shard(locked / "s.bin", 1, 0, 1, [("a", np.ones(4))], fsync=False)
+        os.chmod(parent, 0o755)
+        os.mkdir(locked)
+        os.chmod(locked, 0o555)
+        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(shardfile.__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
+        child = subprocess.run([sys.executable, "-c", _WRITE_INTO_LOCKED, locked, str(tmp_path)],
+                               env=env, capture_output=True, text=True, timeout=120)
+        assert child.returncode == 3, child.stdout + child.stderr
+        assert "not writable" in child.stdout
         assert os.listdir(locked) == []
     finally:
-        locked.chmod(0o700)
+        if os.path.isdir(locked):
+            os.chmod(locked, 0o700)
+        shutil.rmtree(parent)
 
 
 def test_permission_denied_is_storage_error(tmp_path, monkeypatch):
-    """Same as above by injection, so it also runs where tests run as root."""
+    """The same error when open() itself is refused, by injection."""
     real_open = os.open
 
     def denied(path, flags, *args):
