@@ -384,6 +384,8 @@ class Hpcckpt(_Approach):
             record["prep"] = report.captured_early_s + report.snapshot_s + report.background_copy_s
             record["blocking"] = record["begin"] + report.captured_early_s + record["end"] + report.copy_wait_s
             record["durable"] = dict(report.durable_s)
+            record["cpu"] = sum(report.cpu_s.values())  # this rank's background threads
+            record["cpu_by_thread"] = dict(report.cpu_s)
             record["wait"] = record["begin"]
             record["parts"] = {"begin": record["begin"], "capture": report.captured_early_s, "end": record["end"],
                                "copy_wait": report.copy_wait_s}
@@ -503,6 +505,16 @@ def _paper_overhead(times, flags):
     return 100.0 * (statistics.fmean(with_ckpt) - base) / base, base
 
 
+def _cpu_floor(cpus, base_s_per_step, every, ranks):
+    """The checkpoint's CPU (background threads, summed over ranks) and the overhead it would
+    cause at the least: on saturated cores every core-second it takes is one training loses,
+    spread over the cores the ranks share (perf/RESULTS.md, #5)."""
+    cores = min(ranks, os.cpu_count() or 1)
+    core_s = _median(cpus)
+    floor = 100.0 * core_s / (cores * base_s_per_step * every) if core_s is not None and every else None
+    return {"ckpt_cpu_core_s": core_s, "cpu_floor_pct": floor}
+
+
 def _clean_dir(comm, path):
     _quiet_barrier(comm)
     if comm.Get_rank() == 0:
@@ -600,6 +612,8 @@ def worker(args):
         levels, group_size, parity = ["local", "partner", "erasure", "pfs"], size, 1
     else:
         levels, group_size, parity = ["local", "pfs"], 4, 2
+    if args.levels:
+        levels = [lv for lv in args.levels.split(",") if lv]
     ctx = {"comm": comm, "trainer": trainer, "arrays": arrays, "log": log, "overrides": overrides,
            "levels": levels, "group_size": group_size, "parity": parity, "gloo": _make_gloo(comm)}
     approaches = [a for a in args.approaches.split(",") if a]
@@ -617,6 +631,10 @@ def worker(args):
             return None
         # NaN marks "nothing on this rank" (e.g. single: only rank 0 persists)
         return [max((v for v in col if v == v), default=None) for col in zip(*rows)] if rows and rows[0] else []
+
+    def gather_sum(values):
+        rows = comm.gather(values, root=0)
+        return [sum(col) for col in zip(*rows)] if rank == 0 and rows and rows[0] else None
 
     for _ in range(3):  # warm-up steps
         trainer.train_step(reduce_loss=False)
@@ -663,9 +681,12 @@ def worker(args):
                 l4_flush = gather_max([r.get("l4_flush", float("nan")) for r in recs])
                 level_names = sorted(set().union(*comm.allgather({k for r in recs for k in r["durable"]})))
                 durable = {lv: gather_max([r["durable"].get(lv, float("nan")) for r in recs]) for lv in level_names}
-                parts = None
+                parts = cpu = cpu_by_thread = None
                 if isinstance(approach, Hpcckpt):
                     parts = {part: gather_max([r["parts"][part] for r in recs]) for part in recs[0]["parts"]}
+                    cpu = gather_sum([r["cpu"] for r in recs])
+                    cpu_by_thread = {t: gather_sum([r["cpu_by_thread"].get(t, 0.0) for r in recs])
+                                     for t in ("copy", "persist", "l1_write")}
                     rss = comm.gather(approach.rss, root=0)
                     if rank == 0:
                         entry["rss"].append([sum(col) for col in zip(*rss)])
@@ -673,7 +694,8 @@ def worker(args):
                 if rank == 0:
                     entry["records"].append({"blocking": blocking, "prep": [p if p >= 0 else None for p in prep],
                                              "durable": durable, "wait": wait, "unwaited": unwaited,
-                                             "l4_flush": l4_flush, "parts": parts})
+                                             "l4_flush": l4_flush, "parts": parts, "cpu": cpu,
+                                             "cpu_by_thread": cpu_by_thread})
                 approach.close()
             del approach
             gc.collect()
@@ -705,6 +727,12 @@ def worker(args):
                 "durable_s": durable,
                 "ms_per_step": 1000 * _median([statistics.fmean(t) for t in entry["times"]]),
             }
+            cpus = [c for rec in entry["records"] for c in (rec.get("cpu") or [])]
+            if cpus:
+                result.update(_cpu_floor(cpus, base, args.every, size))
+                threads = [rec["cpu_by_thread"] for rec in entry["records"] if rec.get("cpu_by_thread")]
+                result["ckpt_cpu_core_s_by_thread"] = {t: _median([v for th in threads for v in th[t]])
+                                                       for t in threads[0]}
             part_records = [rec["parts"] for rec in entry["records"] if rec.get("parts")]
             if part_records:  # where hpcckpt's blocking goes, slowest rank, median per part
                 result["blocking_parts_ms"] = {part: 1000 * _median([v for p in part_records for v in p[part]])
@@ -731,7 +759,7 @@ def worker(args):
         out["rss_end_kib"] = out_rss
 
     if args.freq:
-        out["frequency"] = _frequency(ctx, args, root, gather_max)
+        out["frequency"] = _frequency(ctx, args, root, gather_max, gather_sum)
 
     dist_group = ctx["gloo"]
     if "dcp_async" in approaches:
@@ -746,7 +774,7 @@ def worker(args):
         Path(args.out).write_text(json.dumps(out))
 
 
-def _frequency(ctx, args, root, gather_max):
+def _frequency(ctx, args, root, gather_max, gather_sum):
     """Item 6: hpcckpt (all levels) every 1, 10, 100 steps and never; overhead vs never."""
     comm = ctx["comm"]
     rank = comm.Get_rank()
@@ -776,10 +804,11 @@ def _frequency(ctx, args, root, gather_max):
         if approach is not None:
             approach.finish()
         times = gather_max(times)
-        blocking = durable_pfs = None
+        blocking = durable_pfs = cpu = None
         rss = None
         if approach is not None:
             blocking = gather_max([r["blocking"] for r in approach.records])
+            cpu = gather_sum([r["cpu"] for r in approach.records])
             durable_pfs = gather_max([max(r["durable"].values()) if r["durable"] else float("nan")
                                       for r in approach.records])
             rss = comm.gather(approach.rss, root=0)
@@ -790,7 +819,7 @@ def _frequency(ctx, args, root, gather_max):
         _progress(rank, f"frequency every {every or 'never'}: {steps} steps done")
         if rank == 0:
             runs.setdefault(every, []).append({
-                "times": times, "flags": flags, "blocking": blocking, "durable": durable_pfs,
+                "times": times, "flags": flags, "blocking": blocking, "durable": durable_pfs, "cpu": cpu,
                 "rss": [sum(col) for col in zip(*rss)] if rss else None})
     if rank != 0:
         return None
@@ -822,6 +851,8 @@ def _frequency(ctx, args, root, gather_max):
             "rss_kib_first": rss[0] if rss else None,
             "rss_kib_last": rss[-1] if rss else None,
             "rss_kib_max": max(rss) if rss else None,
+            **_cpu_floor([c for run in rounds for c in (run["cpu"] or [])] or [float("nan")], base, every,
+                         comm.Get_size()),
         }
     result["intervals"]["never"] = {"checkpoints": 0, "ms_per_step": 1000 * base, "overhead_pct": 0.0}
     return result
@@ -858,6 +889,8 @@ def _run_job(args, model, ranks, approaches, every, nckpt, rounds, freq):
                "--rounds", str(rounds), "--disk-repeats", str(args.disk_repeats),
                "--freq", freq, "--freq-steps", str(args.freq_steps), "--freq-rounds", str(args.freq_rounds),
                "--freq-steps-every1", str(args.freq_steps_every1)]
+    if args.levels:
+        command += ["--levels", args.levels]
     for setting in args.set or []:
         command += ["--set", setting]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -907,6 +940,10 @@ def _print_run(key, run):
         if r.get("blocking_parts_ms"):
             parts = ", ".join(f"{part} {ms:.1f}" for part, ms in r["blocking_parts_ms"].items())
             print(f"  {name} blocking by part (ms, slowest rank, median): {parts}")
+        if r.get("ckpt_cpu_core_s") is not None:
+            print(f"  {name} CPU of a checkpoint (background threads, sum of ranks, median): "
+                  f"{r['ckpt_cpu_core_s']:.3f} core-s, a floor of {_fmt(r['cpu_floor_pct'])} % overhead on saturated cores"
+                  f" ({', '.join(f'{t} {v:.3f}' for t, v in r.get('ckpt_cpu_core_s_by_thread', {}).items())})")
     if "frequency" in run and run["frequency"]:
         freq = run["frequency"]
         rounds = freq.get("rounds", 1)
@@ -917,12 +954,15 @@ def _print_run(key, run):
             if r.get("rss_kib_first"):
                 rss = (f", RSS (sum of ranks) {r['rss_kib_first'] / 1024:.0f} -> {r['rss_kib_last'] / 1024:.0f} MiB"
                        f" (max {r['rss_kib_max'] / 1024:.0f})")
+            cpu = ""
+            if r.get("ckpt_cpu_core_s") is not None:
+                cpu = f", CPU {r['ckpt_cpu_core_s']:.3f} core-s per checkpoint (floor {_fmt(r['cpu_floor_pct'])} %)"
             per_round = ""
             if len(r.get("overhead_pct_rounds", ())) > 1:
                 per_round = f" [{', '.join(f'{v:.1f}' for v in r['overhead_pct_rounds'])}]"
             print(f"    every {every:>5}: {r['checkpoints']:3d} ckpts, {r['ms_per_step']:.1f} ms/step, overhead "
                   f"{r['overhead_pct']:.1f} %{per_round} (paper def. {_fmt(r.get('paper_overhead_pct'))} %), blocking "
-                  f"{_fmt(r.get('blocking_ms'))} ms{rss}")
+                  f"{_fmt(r.get('blocking_ms'))} ms{rss}{cpu}")
 
 
 def _targets(runs):
@@ -1102,6 +1142,8 @@ def main(argv=None):
     parser.add_argument("--disk-repeats", type=int, help="disk write+fsync repeats (default 3, --quick 2)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="config override for hpcckpt's engine, e.g. checkpoint.persist_nice=0 (repeatable)")
+    parser.add_argument("--levels", help="comma-separated levels for hpcckpt and the frequency sweep "
+                        "(default: all four at 2+ ranks), to see what each level costs")
     parser.add_argument("--tmp", default="/tmp", help="where run directories go (default /tmp)")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -336,6 +336,11 @@ def test_bandwidth_caps_hold_every_level_to_its_rate(tmp_path):
         assert durable["local"] >= 0.5, result
         assert durable["partner"] - durable["local"] >= 0.5, result
         assert durable["pfs"] - durable["partner"] >= 0.5, result
+        # CPU of the background threads, not their wall time: the caps are sleeps.
+        cpu = result["cpu_s"]
+        assert set(cpu) == {"persist", "l1_write"}, result  # no background copies in checkpoint()
+        assert 0 < cpu["persist"] < durable["pfs"] - 1.0, result
+        assert 0 < cpu["l1_write"] < durable["local"], result
 
 
 def test_l1_failure_while_l3_encodes_fails_the_version_on_every_rank(tmp_path):

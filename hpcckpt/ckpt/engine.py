@@ -89,7 +89,9 @@ class PersistReport:
     background_copy_s: the copies made behind the step by the worker thread;
     device_to_host_s: the persist thread's wait for the GPU snapshot to reach host memory;
     device_copy_s: GPU time of the snapshot's copies on the side stream (CuPy arrays);
-    durable_s: seconds from end_checkpoint() until each level was durable.
+    durable_s: seconds from end_checkpoint() until each level was durable;
+    cpu_s: CPU seconds this rank's background threads spent on the checkpoint, by thread
+    ("copy", "persist", "l1_write"): what it takes from training on saturated cores.
     """
 
     step: int
@@ -100,6 +102,7 @@ class PersistReport:
     device_to_host_s: float = 0.0
     device_copy_s: float = 0.0
     durable_s: dict = field(default_factory=dict)
+    cpu_s: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -135,6 +138,7 @@ class _LocalWrite:
         self.error: str | None = None
         self.info = None
         self.finished_at = 0.0
+        self.cpu_s = 0.0
 
 
 class _Worker:
@@ -568,7 +572,7 @@ class Checkpointer:
         They start once the step is over: copies woken during the step competed with it for
         the cores and the GIL, which on busy cores cost more than they overlapped."""
         try:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             for name, taken in list(copies.taken.items()):
                 if copies.error is None and not taken.is_set():
                     try:
@@ -577,6 +581,7 @@ class Checkpointer:
                         copies.error = f"copying {name!r} into the snapshot: {type(exc).__name__}: {exc}"
                 taken.set()
             copies.report.background_copy_s += time.perf_counter() - started
+            copies.report.cpu_s["copy"] = time.thread_time() - cpu_started
         finally:
             copies.release_all()
         self._persister.submit(self._persist_guarded, snapshot, copies.report, ended_at, done, copies)
@@ -630,6 +635,7 @@ class Checkpointer:
         """Persist; a failure surfaces on the next call on the main thread. With background
         `copies`, every rank first agrees on a failed copy like on any stage, so no rank
         persists a torn snapshot. `done` marks the checkpoint finished either way."""
+        cpu_started = time.thread_time()
         try:
             error = copies.error if copies is not None else None
             if error is None and self._device_snapshot is not None:
@@ -648,6 +654,7 @@ class Checkpointer:
             if self.log:
                 self.log.error(f"checkpoint of step {report.step} failed: {exc}")
         finally:
+            report.cpu_s["persist"] = time.thread_time() - cpu_started
             if done is not None:
                 done.set()
 
@@ -687,7 +694,8 @@ class Checkpointer:
                     shard = image.copy_into(self._shard_bytes)  # the pieces are in place already
                     sizes = [size for size, _ in shard_infos]
                     if "partner" in due:
-                        stored = self._stage(step, "partner", lambda: self.partner.protect(step, shard))
+                        stored = self._stage(step, "partner",
+                                             lambda: self.partner.protect(step, shard, shard_sizes=sizes))
                         self._mark(report, step, "partner", started, stored)
                     if "erasure" in due:
                         stored = self._stage(step, "erasure", lambda: self.erasure.protect(step, shard, sizes,
@@ -716,12 +724,14 @@ class Checkpointer:
         writing = _LocalWrite()
 
         def write():
+            cpu_started = time.thread_time()
             try:
                 writing.error, writing.info = self._attempt("local", lambda: self.local.write_image(step, image))
             except Exception as exc:  # agreed by every rank like any stage's error, never lost
                 writing.error = f"{type(exc).__name__}: {exc}"
             finally:
                 writing.finished_at = time.perf_counter()
+                writing.cpu_s = time.thread_time() - cpu_started
                 writing.done.set()
 
         self._local_writer.submit(write)
@@ -730,6 +740,7 @@ class Checkpointer:
     def _finish_local_write(self, step: int, writing: _LocalWrite, report: PersistReport, started: float) -> None:
         """(all ranks) Wait for the L1 write and agree on it."""
         writing.done.wait()
+        report.cpu_s["l1_write"] = writing.cpu_s
         self._raise_if_any_failed(_STAGE_LABELS["local"], writing.error, step=step)
         self._mark(report, step, "local", started, writing.info.size, finished=writing.finished_at)
 
