@@ -367,7 +367,7 @@ def test_write_bytes_atomically(tmp_path):
 
 def test_rs_encode_matches_reedsolo():
     rng = np.random.default_rng(0)
-    for length in [1, 71, 72, 222, 223, 224, 447, 3000]:
+    for length in [1, 71, 72, 222, 223, 224, 447, 3000, 20000]:  # both ways of computing parity
         data = rng.integers(0, 256, size=length, dtype=np.uint8).tobytes()
         for nsym in (32, 8):
             assert rs_encode(data, nsym) == bytes(reedsolo.RSCodec(nsym).encode(data))

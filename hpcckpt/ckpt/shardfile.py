@@ -124,19 +124,40 @@ class ShardTable:
 # The field tables are the erasure codec's (same field: 0x11d); one definition for both.
 _GF_EXP = gf256.EXP
 _GF_MUL = gf256.MUL_TABLE
-_GENERATORS: dict[int, np.ndarray] = {}
+_PARITY_MATRICES: dict[int, np.ndarray] = {}
 
 
 def _generator_poly(nsym: int) -> np.ndarray:
-    if nsym not in _GENERATORS:
-        poly = np.array([1], dtype=np.uint8)
-        for i in range(nsym):  # multiply by (x - 2**i); minus is xor in GF(2^8)
-            root = _GF_EXP[i]
-            shifted = np.append(poly, 0)
-            scaled = np.insert(_GF_MUL[poly, root], 0, 0)
-            poly = shifted ^ scaled
-        _GENERATORS[nsym] = poly
-    return _GENERATORS[nsym]
+    poly = np.array([1], dtype=np.uint8)
+    for i in range(nsym):  # multiply by (x - 2**i); minus is xor in GF(2^8)
+        root = _GF_EXP[i]
+        shifted = np.append(poly, 0)
+        scaled = np.insert(_GF_MUL[poly, root], 0, 0)
+        poly = shifted ^ scaled
+    return poly
+
+
+def _remainders(message: np.ndarray, nsym: int) -> np.ndarray:
+    """Parity of each row of `message` by long division, one column per step."""
+    generator = _generator_poly(nsym)[1:]
+    remainder = np.zeros((message.shape[0], nsym), dtype=np.uint8)
+    for column in range(message.shape[1]):
+        feedback = message[:, column] ^ remainder[:, 0]
+        remainder[:, :-1] = remainder[:, 1:]
+        remainder[:, -1] = 0
+        remainder ^= _GF_MUL[feedback[:, None], generator[None, :]]
+    return remainder
+
+
+def _parity_matrix(nsym: int) -> np.ndarray:
+    """(255 - nsym) x nsym: row i is the parity of the message with a 1 at position i. Parity
+    is linear over GF(2^8), so any message's parity is the XOR of its bytes times these rows:
+    one table lookup for all codewords of a header, instead of a division step per column
+    (2.3 ms per shard file before, and every checkpoint writes four per rank)."""
+    if nsym not in _PARITY_MATRICES:
+        block = RS_CODEWORD_BYTES - nsym
+        _PARITY_MATRICES[nsym] = _remainders(np.eye(block, dtype=np.uint8), nsym)
+    return _PARITY_MATRICES[nsym]
 
 
 def rs_encode(data: bytes, nsym: int) -> bytes:
@@ -155,13 +176,10 @@ def rs_encode(data: bytes, nsym: int) -> bytes:
         # A shortened last chunk behaves as if prefixed by zeros, which do not change
         # the remainder, so right-aligning it gives the parity reedsolo computes.
         message[full, block - tail:] = flat[full * block:]
-    generator = _generator_poly(nsym)[1:]
-    remainder = np.zeros((count, nsym), dtype=np.uint8)
-    for column in range(block):
-        feedback = message[:, column] ^ remainder[:, 0]
-        remainder[:, :-1] = remainder[:, 1:]
-        remainder[:, -1] = 0
-        remainder ^= _GF_MUL[feedback[:, None], generator[None, :]]
+    if count * nsym <= 2048:  # headers and tables of a few KiB: one lookup for everything
+        remainder = np.bitwise_xor.reduce(_GF_MUL[message[:, :, None], _parity_matrix(nsym)[None, :, :]], axis=1)
+    else:  # the lookup grows with count x block x nsym; division steps grow with block only
+        remainder = _remainders(message, nsym)
     out = bytearray()
     for index in range(count):
         start = index * block
