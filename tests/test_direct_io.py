@@ -75,6 +75,20 @@ def test_large_aligned_buffers_are_their_own_mappings():
     assert int(array.sum()) == 5 * MIN_DIRECT_BYTES
 
 
+def test_reused_buffers_keep_one_aligned_buffer_per_role():
+    buffers = direct_io.ReusedBuffers()
+    first = buffers.get("replica", 3 << 20)
+    assert first.size == 3 << 20 and first.ctypes.data % ALIGNMENT == 0
+    first[:4] = 7
+    smaller = buffers.get("replica", 1 << 20)
+    assert smaller.ctypes.data == first.ctypes.data and smaller.size == 1 << 20  # same memory, no new pages
+    other = buffers.get("parity", 1 << 20)
+    assert not np.shares_memory(other, first)
+    grown = buffers.get("replica", 5 << 20)
+    assert grown.size == 5 << 20 and grown.ctypes.data % ALIGNMENT == 0
+    assert buffers.get("replica", 4 << 20).ctypes.data == grown.ctypes.data
+
+
 def test_shard_written_directly_is_the_file_of_a_buffered_write(tmp_path):
     rng = np.random.default_rng(3)
     host = aligned_empty(6 << 20)

@@ -52,6 +52,24 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
+class ReusedBuffers:
+    """Aligned buffers kept from one checkpoint to the next, by role (e.g. the replica from
+    rank 3). A fresh mapping costs a page fault per 4 KiB on first touch: receiving 25 MB
+    into one took 26-32 ms of CPU against 5-6 ms into a reused one (4 ranks, this VM), on
+    every checkpoint. Memory stays flat: one buffer per role, grown only when a role needs
+    more. Not thread-safe: one level's transfers run on one thread at a time."""
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def get(self, role, nbytes: int) -> np.ndarray:
+        nbytes = int(nbytes)
+        buffer = self._buffers.get(role)
+        if buffer is None or buffer.size < nbytes:
+            buffer = self._buffers[role] = aligned_empty(nbytes)
+        return buffer[:nbytes]
+
+
 def _bounce() -> np.ndarray:
     bounce = getattr(_per_thread, "bounce", None)
     if bounce is None:

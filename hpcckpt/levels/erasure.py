@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.ckpt.direct_io import aligned_empty
+from hpcckpt.ckpt.direct_io import ReusedBuffers
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, write_shard
 from hpcckpt.codec import ErasureCode
 from hpcckpt.levels.base import parity_file_name, version_dir_name
@@ -48,6 +48,7 @@ class ErasureLevel:
         self.k = self.n - parity
         self.code = ErasureCode(self.k, self.p)
         self.stripes = stripe_plan(self.n, self.p)
+        self._receive_buffers = ReusedBuffers()
 
     def parity_path(self, step: int) -> Path:
         return self.root / version_dir_name(step) / parity_file_name(self.rank)
@@ -98,20 +99,23 @@ class ErasureLevel:
                 sends.append((stripe.holders[0], self._data_segment(shard, seg, segment)))
         gathered = []
         if stripe_needed[self.me]:
-            gathered = [(j, np.empty(segment, dtype=np.uint8)) for j in own.contributors]
+            # Reused from checkpoint to checkpoint (see ReusedBuffers): encoded and stored
+            # before protect returns.
+            gathered = [(j, self._receive_buffers.get(("data", j), segment)) for j in own.contributors]
         exchange(self.comm, sends, gathered, TAG_GATHER)
         # Phase 2: the gatherer encodes and forwards parity block h to holder h.
         mine: dict[str, np.ndarray] = {}
         sends = []
         if stripe_needed[self.me]:
-            parity = self.code.encode([data for _, data in gathered])
+            parity = self.code.encode([data for _, data in gathered],
+                                      out=[self._receive_buffers.get(("encoded", h), segment) for h in range(self.p)])
             mine[_piece_name(self.me, self.k)] = parity[0]
             sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
         receives = []
         for stripe in self.stripes:
             if self.me in stripe.holders[1:] and needs[self.me]:
                 block = stripe.block_of_member(self.me)
-                receives.append((stripe.holders[0], aligned_empty(segment)))  # written with O_DIRECT
+                receives.append((stripe.holders[0], self._receive_buffers.get(("parity", stripe.index), segment)))
                 mine[_piece_name(stripe.index, block)] = receives[-1][1]
         exchange(self.comm, sends, receives, TAG_PARITY)
         if not needs[self.me]:

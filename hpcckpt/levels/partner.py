@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.ckpt.direct_io import aligned_empty
+from hpcckpt.ckpt.direct_io import ReusedBuffers
 from hpcckpt.ckpt.shardfile import write_bytes_atomically
 from hpcckpt.levels.base import list_version_steps, replica_file_name, version_dir_name
 from hpcckpt.levels.messaging import exchange, quiet_allgather
@@ -34,6 +34,7 @@ class PartnerLevel:
         self.partner_of = partner_of
         self.comm = comm
         self.sources = tuple(r for r, holder in enumerate(partner_of) if holder == rank and r != rank)
+        self._receive_buffers = ReusedBuffers()
 
     def replica_path(self, step: int, source: int) -> Path:
         return self.root / version_dir_name(step) / replica_file_name(source, self.rank)
@@ -66,7 +67,8 @@ class PartnerLevel:
             sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0)
         else:
             sizes = list(shard_sizes)
-        receives = [(s, aligned_empty(sizes[s])) for s in wanted]  # aligned: written with O_DIRECT
+        # Aligned (written with O_DIRECT) and reused: written out before protect returns.
+        receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
         exchange(self.comm, sends, receives, TAG_PROTECT)
         if receives:

@@ -1,0 +1,84 @@
+"""What receiving a shard costs the receiving thread's CPU: into a fresh buffer or a kept one.
+
+Each of N ranks sends --mb MB to the next rank and receives from the previous one, polling
+like the persist thread does (Testall, 0.5 ms sleeps), into either a fresh page-aligned buffer
+(an anonymous mapping: every 4 KiB page faults on first touch) or the same buffer every
+round. Reports the median thread CPU per transfer over all ranks and rounds (the first two
+rounds are warm-up). Runs itself under mpiexec:
+
+    PYTHONPATH=. python perf/bench_transfer.py [--ranks 4] [--mb 25] [--rounds 8] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def worker(mode: str, nbytes: int, rounds: int) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcckpt.ckpt.direct_io import aligned_empty
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.ones(nbytes, dtype=np.uint8)
+    kept = aligned_empty(nbytes)
+    cpu = []
+    for _ in range(rounds):
+        receive = kept if mode == "kept" else aligned_empty(nbytes)
+        comm.Barrier()
+        started = time.thread_time()
+        requests = [comm.Irecv(receive, source=(rank - 1) % size, tag=1),
+                    comm.Isend(send, dest=(rank + 1) % size, tag=1)]
+        while not MPI.Request.Testall(requests):
+            time.sleep(0.0005)
+        cpu.append(time.thread_time() - started)
+        del receive
+    gathered = comm.gather(cpu[2:], root=0)
+    if rank == 0:
+        print(json.dumps({"mode": mode, "cpu_ms": 1000 * statistics.median(c for r in gathered for c in r)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--mb", type=float, default=25.0, help="MB per transfer (default 25: a 100 MB state on 4 ranks)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, alternated")
+    parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
+    parser.add_argument("--worker", choices=("fresh", "kept"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    nbytes = int(args.mb * 1e6)
+    if args.worker:
+        worker(args.worker, nbytes, args.rounds)
+        return
+    sys.path.insert(0, str(REPO))
+    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
+
+    mpiexec = find_mpiexec(args.mpiexec)
+    flags, _ = mpiexec_flags(mpiexec)
+    results = {"fresh": [], "kept": []}
+    for _ in range(args.repeats):
+        for mode in ("fresh", "kept"):
+            out = subprocess.run([mpiexec, "-n", str(args.ranks), *flags, sys.executable, __file__, "--worker", mode,
+                                  "--mb", str(args.mb), "--rounds", str(args.rounds)],
+                                 check=True, capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+            results[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms"])
+    for mode, values in results.items():
+        print(f"{mode:>5}: {statistics.median(values):.1f} ms CPU per {args.mb:g} MB received "
+              f"(runs: {', '.join(f'{v:.1f}' for v in values)})")
+
+
+if __name__ == "__main__":
+    main()
