@@ -59,6 +59,13 @@ Metrics (per approach; a step's time and a checkpoint's cost are the slowest ran
 - disk: rank 0 writes one file of the state's size and fsyncs it (and the directory), the
   other ranks waiting quietly; median of --disk-repeats; gives the sequential write rate.
 - RSS of every rank after each checkpoint (VmRSS), for the flat-memory target.
+- ckpt_cpu_core_s (hpcckpt): CPU seconds of the engine's background threads per checkpoint
+  (PersistReport.cpu_s), summed over ranks, median; by thread in ckpt_cpu_core_s_by_thread.
+  cpu_floor_pct: the overhead that CPU alone causes on saturated cores, CPU / (cores x
+  baseline step time x interval), with cores = min(ranks, CPUs). A measured overhead far
+  above it points at waits and stragglers rather than the checkpoint's own work.
+
+--levels picks hpcckpt's levels (default all four at 2+ ranks), to cost each one on its own.
 
 Item 6 (the `frequency` block of the 100 MB / 4 ranks job): hpcckpt with all levels every 1,
 10, 100 steps and never, over --freq-steps steps each (default 100; every 100 then means one checkpoint); overhead = mean step time against
