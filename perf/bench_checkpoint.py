@@ -516,7 +516,7 @@ def _cpu_floor(cpus, base_s_per_step, every, ranks):
     """The checkpoint's CPU (background threads, summed over ranks) and the overhead it would
     cause at the least: on saturated cores every core-second it takes is one training loses,
     spread over the cores the ranks share (perf/RESULTS.md, #5)."""
-    cores = min(ranks, os.cpu_count() or 1)
+    cores = min(ranks, len(os.sched_getaffinity(0)))  # what this process may use, not the host's
     core_s = _median(cpus)
     floor = 100.0 * core_s / (cores * base_s_per_step * every) if core_s is not None and every else None
     return {"ckpt_cpu_core_s": core_s, "cpu_floor_pct": floor}
@@ -738,7 +738,7 @@ def worker(args):
             if cpus:
                 result.update(_cpu_floor(cpus, base, args.every, size))
                 threads = [rec["cpu_by_thread"] for rec in entry["records"] if rec.get("cpu_by_thread")]
-                result["ckpt_cpu_core_s_by_thread"] = {t: _median([v for th in threads for v in th[t]])
+                result["ckpt_cpu_core_s_by_thread"] = {t: _median([v for th in threads for v in (th[t] or [])])
                                                        for t in threads[0]}
             part_records = [rec["parts"] for rec in entry["records"] if rec.get("parts")]
             if part_records:  # where hpcckpt's blocking goes, slowest rank, median per part
@@ -782,7 +782,7 @@ def worker(args):
 
 
 def _frequency(ctx, args, root, gather_max, gather_sum):
-    """Item 6: hpcckpt (all levels) every 1, 10, 100 steps and never; overhead vs never."""
+    """Item 6: hpcckpt (all levels, or --levels) every 1, 10, 100 steps and never; overhead vs never."""
     comm = ctx["comm"]
     rank = comm.Get_rank()
     trainer = ctx["trainer"]

@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
     parser.add_argument("--worker", choices=("fresh", "kept"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error("--rounds must be at least 3: the first two are warm-up")
     nbytes = int(args.mb * 1e6)
     if args.worker:
         worker(args.worker, nbytes, args.rounds)
@@ -73,7 +75,7 @@ def main() -> None:
             out = subprocess.run([mpiexec, "-n", str(args.ranks), *flags, sys.executable, __file__, "--worker", mode,
                                   "--mb", str(args.mb), "--rounds", str(args.rounds)],
                                  check=True, capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
             results[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms"])
     for mode, values in results.items():
         print(f"{mode:>5}: {statistics.median(values):.1f} ms CPU per {args.mb:g} MB received "

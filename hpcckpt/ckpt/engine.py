@@ -90,8 +90,9 @@ class PersistReport:
     device_to_host_s: the persist thread's wait for the GPU snapshot to reach host memory;
     device_copy_s: GPU time of the snapshot's copies on the side stream (CuPy arrays);
     durable_s: seconds from end_checkpoint() until each level was durable;
-    cpu_s: CPU seconds this rank's background threads spent on the checkpoint, by thread
-    ("copy", "persist", "l1_write"): what it takes from training on saturated cores.
+    cpu_s: CPU seconds this rank spent on the checkpoint outside the training loop's own
+    work, by thread ("copy", "persist", "l1_write"; "persist" is the calling thread when the
+    engine runs unthreaded): what it takes from training on saturated cores.
     """
 
     step: int

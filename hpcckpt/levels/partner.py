@@ -51,7 +51,8 @@ class PartnerLevel:
         `shard`: the bytes (uint8 array), or a callable returning them, called only if this
         rank must send. With `only_missing` (re-protection after a loss) only replicas a holder
         lacks travel. `shard_sizes` (bytes per rank), where the caller has them already, spares
-        a checkpoint's protect its collectives: every replica travels then. Returns the bytes
+        a checkpoint's protect its collectives: every replica travels then (ignored with
+        `only_missing`, which must ask who lacks what). Returns the bytes
         stored here.
         """
         if only_missing or shard_sizes is None:
