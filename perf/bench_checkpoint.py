@@ -391,8 +391,8 @@ class Hpcckpt(_Approach):
             record["prep"] = report.captured_early_s + report.snapshot_s + report.background_copy_s
             record["blocking"] = record["begin"] + report.captured_early_s + record["end"] + report.copy_wait_s
             record["durable"] = dict(report.durable_s)
-            record["cpu"] = sum(report.cpu_s.values())  # this rank's background threads
-            record["cpu_by_thread"] = dict(report.cpu_s)
+            record["cpu_by_thread"] = dict(report.cpu_s)  # this rank's background threads
+            record["cpu"] = sum(report.cpu_s.values())
             record["wait"] = record["begin"]
             record["parts"] = {"begin": record["begin"], "capture": report.captured_early_s, "end": record["end"],
                                "copy_wait": report.copy_wait_s}
@@ -691,9 +691,10 @@ def worker(args):
                 parts = cpu = cpu_by_thread = None
                 if isinstance(approach, Hpcckpt):
                     parts = {part: gather_max([r["parts"][part] for r in recs]) for part in recs[0]["parts"]}
-                    cpu = gather_sum([r["cpu"] for r in recs])
                     cpu_by_thread = {t: gather_sum([r["cpu_by_thread"].get(t, 0.0) for r in recs])
                                      for t in ("copy", "persist", "l1_write")}
+                    if rank == 0 and recs:
+                        cpu = [sum(per_thread) for per_thread in zip(*cpu_by_thread.values())]
                     rss = comm.gather(approach.rss, root=0)
                     if rank == 0:
                         entry["rss"].append([sum(col) for col in zip(*rss)])
@@ -858,8 +859,7 @@ def _frequency(ctx, args, root, gather_max, gather_sum):
             "rss_kib_first": rss[0] if rss else None,
             "rss_kib_last": rss[-1] if rss else None,
             "rss_kib_max": max(rss) if rss else None,
-            **_cpu_floor([c for run in rounds for c in (run["cpu"] or [])] or [float("nan")], base, every,
-                         comm.Get_size()),
+            **_cpu_floor([c for run in rounds for c in (run["cpu"] or [])], base, every, comm.Get_size()),
         }
     result["intervals"]["never"] = {"checkpoints": 0, "ms_per_step": 1000 * base, "overhead_pct": 0.0}
     return result

@@ -2,6 +2,10 @@
 
 import io
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -244,10 +248,7 @@ except StorageError as error:
 
 def test_unwritable_directory_is_storage_error(tmp_path):
     """A real permission check: as root, the write runs in a child that drops to `nobody`."""
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
+    from conftest import mpi_env
 
     # Outside pytest's tmp_path, whose parents are private to the user running the tests.
     parent = tempfile.mkdtemp(prefix="hpcckpt_locked_")
@@ -256,10 +257,8 @@ def test_unwritable_directory_is_storage_error(tmp_path):
         os.chmod(parent, 0o755)
         os.mkdir(locked)
         os.chmod(locked, 0o555)
-        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(shardfile.__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
         child = subprocess.run([sys.executable, "-c", _WRITE_INTO_LOCKED, locked, str(tmp_path)],
-                               env=env, capture_output=True, text=True, timeout=120)
+                               env=mpi_env(), capture_output=True, text=True, timeout=120)
         if child.returncode == 4:
             pytest.skip(child.stdout.strip())  # root here cannot drop its privileges
         assert child.returncode == 3, child.stdout + child.stderr

@@ -52,22 +52,18 @@ class PartnerLevel:
         rank must send. With `only_missing` (re-protection after a loss) only replicas a holder
         lacks travel. `shard_sizes` (bytes per rank), where the caller has them already, spares
         a checkpoint's protect its collectives: every replica travels then (ignored with
-        `only_missing`, which must ask who lacks what). Returns the bytes
-        stored here.
+        `only_missing`, which must ask who lacks what). Returns the bytes stored here.
         """
-        if only_missing or shard_sizes is None:
+        ask = only_missing or shard_sizes is None
+        if ask:
             wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
-            wanted_by_holder = quiet_allgather(self.comm, wanted)
-            must_send = self.rank in wanted_by_holder[self.partner_of[self.rank]]
+            must_send = self.rank in quiet_allgather(self.comm, wanted)[self.partner_of[self.rank]]
         else:
             wanted = list(self.sources)
             must_send = self.partner_of[self.rank] != self.rank
         if must_send and callable(shard):
             shard = shard()
-        if only_missing or shard_sizes is None:
-            sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0)
-        else:
-            sizes = list(shard_sizes)
+        sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0) if ask else shard_sizes
         # Aligned (written with O_DIRECT) and reused: written out before protect returns.
         receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
