@@ -620,7 +620,9 @@ def worker(args):
     else:
         levels, group_size, parity = ["local", "pfs"], 4, 2
     if args.levels:
-        levels = [lv for lv in args.levels.split(",") if lv]
+        from hpcckpt.config import LEVEL_ORDER
+
+        levels = [lv for lv in LEVEL_ORDER if lv in args.levels.split(",")]  # the data-flow order
     ctx = {"comm": comm, "trainer": trainer, "arrays": arrays, "log": log, "overrides": overrides,
            "levels": levels, "group_size": group_size, "parity": parity, "gloo": _make_gloo(comm)}
     approaches = [a for a in args.approaches.split(",") if a]
@@ -1174,6 +1176,12 @@ def main(argv=None):
     unknown = set(a for a in args.approaches.split(",") if a) - set(APPROACHES)
     if unknown:
         parser.error(f"--approaches: unknown {sorted(unknown)}; allowed are {', '.join(APPROACHES)}")
+    if args.levels is not None:
+        from hpcckpt.config import LEVEL_ORDER
+
+        levels = [lv for lv in args.levels.split(",") if lv]
+        if not levels or set(levels) - set(LEVEL_ORDER):
+            parser.error(f"--levels {args.levels!r}: expected a comma-separated subset of {', '.join(LEVEL_ORDER)}")
     parent(args)
 
 
