@@ -9,9 +9,11 @@ from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
 from hpcckpt.errors import StorageError
 from hpcckpt.levels.local import LocalLevel
 from hpcckpt.levels.pfs import PfsLevel
+from hpcckpt.levels.spares import SpareFiles
 
 LEVELS = {
     "local": lambda root, rank: LocalLevel(root, rank),
+    "local-recycling": lambda root, rank: LocalLevel(root, rank, spares=SpareFiles(root)),
     "pfs": lambda root, rank: PfsLevel(root, rank),
 }
 

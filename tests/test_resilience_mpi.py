@@ -111,6 +111,16 @@ def test_corrupted_replica_and_parity_are_detected_and_not_used(tmp_path, refere
     assert_ok(train(tmp_path, config))
     version = "v000000000012"
     root = tmp_path / "run" / "local"
+    # Version 4 was retired after 12's commit: each rank's shard, the replica it holds and its
+    # parity wait in its node's spares, and version 12 overwrote none of them (it came first).
+    for node in range(4):
+        node_ranks = [r for r in range(8) if (root / f"node{node}" / version / f"shard-r{r:05d}.hck").exists()]
+        assert len(node_ranks) == 2
+        spares = sorted(p.name for p in (root / f"node{node}" / ".spare").iterdir())
+        assert [n for n in spares if n.startswith("shard-")] == [f"shard-r{r:05d}.hck" for r in node_ranks]
+        assert [n for n in spares if n.startswith("parity-")] == [f"parity-r{r:05d}.hck" for r in node_ranks]
+        assert [n[-10:-4] for n in spares if n.startswith("replica-")] == [f"r{r:05d}" for r in node_ranks]
+        assert sorted(p.name for p in (root / f"node{node}").iterdir()) == [".spare", "v000000000008", version]
     import shutil
 
     shutil.rmtree(root / "node1")  # ranks 2, 3 lost; their replicas live on node 2

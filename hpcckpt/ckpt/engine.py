@@ -54,6 +54,7 @@ from hpcckpt.levels.local import LocalLevel
 from hpcckpt.levels.messaging import quiet_allgather, wait_all
 from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
+from hpcckpt.levels.spares import SpareFiles
 
 ENGINE_STATE_KEY = "_hpcckpt"
 _STAGE_LABELS = {"layout": "shard layout", "local": "L1 local write", "partner": "L2 partner copy",
@@ -205,7 +206,11 @@ class Checkpointer:
         self.local_dirs = tuple(self.comm.allgather(self.local_dir))
         self.pfs_dir = config.storage.pfs_dir.format(run_dir=run_dir, node=0, rank=0, job="")
         use_direct_io = config.storage.direct_io
-        self.local = LocalLevel(self.local_dir, self.rank, use_direct_io) if "local" in self.levels_enabled else None
+        # L1-L3 share the node-local directory and so its spares: L1's retention retires
+        # replicas and parity too (levels/spares.py).
+        spares = SpareFiles(self.local_dir, config.storage.recycle_files)
+        self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares)
+                      if "local" in self.levels_enabled else None)
         self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io)
                     if "pfs" in self.levels_enabled else None)
         self.partner = None
@@ -216,14 +221,14 @@ class Checkpointer:
             # The topology validates the scheme (e.g. partners need two nodes) on every rank
             # alike, so a bad one fails the same way everywhere before any collective.
             self.partner_of = self.topology.partner_of()
-            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, use_direct_io)
+            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, use_direct_io, spares)
         if "erasure" in self.levels_enabled:
             self.groups = self.topology.erasure_groups(config.resilience.group_size, config.resilience.parity)
             group_index = self.topology.group_of(self.groups, self.rank)
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
             self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity,
-                                        use_direct_io)
+                                        use_direct_io, spares)
         self._protected: dict[str, _Protected] = {}
         self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
         self._layout: Layout | None = None

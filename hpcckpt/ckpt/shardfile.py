@@ -324,19 +324,20 @@ class _Meta:
 
 
 def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = True,
-                      direct: bool = False) -> ShardInfo:
+                      direct: bool = False, recycle: str | os.PathLike | None = None) -> ShardInfo:
     """Write a planned shard as a new file; never replaces an existing file. `direct`:
-    with O_DIRECT where the file system allows (ckpt/direct_io.py)."""
+    with O_DIRECT where the file system allows (ckpt/direct_io.py). `recycle`: a retired
+    file to overwrite in place if it exists (levels/spares.py)."""
     path = os.fspath(path)
     if os.path.lexists(path):
         raise _exists_error(path)
-    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct)
+    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct, recycle=recycle)
     return ShardInfo(path, image.size, dict(image.checksums), image.step, image.rank)
 
 
 def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
                 pieces: Sequence[tuple[str, np.ndarray]], extra: dict | None = None,
-                fsync: bool = True, direct: bool = False) -> ShardInfo:
+                fsync: bool = True, direct: bool = False, recycle: str | os.PathLike | None = None) -> ShardInfo:
     """Write one rank's pieces as a new shard file; never replaces an existing file.
 
     `pieces` are (name, NumPy array) in the order to store them (CuPy arrays must be
@@ -348,7 +349,7 @@ def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
     path = os.fspath(path)
     if os.path.lexists(path):  # before the checksum pass, which would be wasted
         raise _exists_error(path)
-    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync, direct)
+    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync, direct, recycle)
 
 
 def _table_bytes(arrays, offsets, checksums, extra) -> bytes:
@@ -381,27 +382,31 @@ def _padding(count: int) -> list[memoryview]:
 
 
 def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = True,
-                           overwrite: bool = False, direct: bool = False) -> None:
+                           overwrite: bool = False, direct: bool = False,
+                           recycle: str | os.PathLike | None = None) -> None:
     """Publish `data` under `path` all at once: temp name, fsync, rename, fsync directory.
 
     Refuses to replace an existing file unless `overwrite` (for pointer-like records, not
-    checkpoint data: invariant 3).
+    checkpoint data: invariant 3). `recycle`: a retired file to overwrite in place if it
+    exists (levels/spares.py).
     """
     path = os.fspath(path)
     if not overwrite and os.path.lexists(path):
         raise _exists_error(path)
-    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite, direct=direct)
+    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite, direct=direct, recycle=recycle)
 
 
 def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrite: bool,
-                              direct: bool = False) -> None:
+                              direct: bool = False, recycle: str | os.PathLike | None = None) -> None:
     temporary = path + ".tmp"
     fd = None
     published = False
     try:
-        fd, is_direct = direct_io.open_for_writing(
-            temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644,
-            direct_io.wants_direct(buffers, direct))
+        # The spare becomes the temporary file: its pages (tmpfs) or blocks (ext4) are
+        # overwritten instead of allocated, and it is never visible under `path` half-written.
+        recycled = _take_spare(recycle, temporary)
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | (0 if recycled else os.O_TRUNC)
+        fd, is_direct = direct_io.open_for_writing(temporary, flags, 0o644, direct_io.wants_direct(buffers, direct))
         if is_direct:
             try:
                 direct_io.write_direct(fd, buffers)
@@ -414,6 +419,8 @@ def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwri
                 _writev_all(fd, buffers)
         else:
             _writev_all(fd, buffers)
+        if recycled:  # a longer spare leaves its tail behind the new bytes
+            os.ftruncate(fd, sum(memoryview(b).nbytes for b in buffers))
         if fsync:
             os.fsync(fd)
         os.close(fd)
@@ -434,6 +441,17 @@ def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwri
                 os.unlink(temporary)
             except OSError:
                 pass
+
+
+def _take_spare(spare: str | os.PathLike | None, temporary: str) -> bool:
+    """Move a retired file onto `temporary` to be overwritten; False when there is none."""
+    if spare is None:
+        return False
+    try:
+        os.rename(spare, temporary)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _publish(temporary: str, path: str, overwrite: bool) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.shardfile import ShardImage, ShardInfo, plan_shard, write_shard_image
 from hpcckpt.errors import StorageError
+from hpcckpt.levels.spares import SpareFiles
 
 _VERSION_DIR = re.compile(r"^v(\d{12})$")
 
@@ -110,10 +111,11 @@ class VersionedLevel:
     label = ""
     config_key = ""  # the setting that names `root`, for error messages
 
-    def __init__(self, root: str | Path, rank: int, direct_io: bool = False):
+    def __init__(self, root: str | Path, rank: int, direct_io: bool = False, spares: SpareFiles | None = None):
         self.root = Path(root)
         self.rank = rank
         self.direct_io = direct_io  # write shard files with O_DIRECT (ckpt/direct_io.py)
+        self.spares = spares  # retired files to overwrite instead of new ones (levels/spares.py)
 
     def prepare(self) -> None:
         ensure_writable_dir(self.root, self.config_key)
@@ -134,14 +136,19 @@ class VersionedLevel:
     def write_image(self, step: int, image: ShardImage) -> ShardInfo:
         """This rank's shard of `step`, from a planned image (shardfile.plan_shard)."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        return write_shard_image(self.shard_path(step), image, direct=self.direct_io)
+        path = self.shard_path(step)
+        return write_shard_image(path, image, direct=self.direct_io, recycle=self._spare_for(path))
 
     def write_shard_bytes(self, step: int, data) -> None:
         """A whole shard file copied from another level (its bytes are the original file's)."""
         from hpcckpt.ckpt.shardfile import write_bytes_atomically
 
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        write_bytes_atomically(self.shard_path(step), memoryview(data), direct=self.direct_io)
+        path = self.shard_path(step)
+        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self._spare_for(path))
+
+    def _spare_for(self, path: Path) -> Path | None:
+        return self.spares.spare_for(path) if self.spares is not None else None
 
     def commit(self, manifest: Manifest) -> None:
         manifest.write(self.commit_path(manifest.step))

@@ -20,6 +20,7 @@ from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, write_shard
 from hpcckpt.codec import ErasureCode
 from hpcckpt.levels.base import parity_file_name, version_dir_name
 from hpcckpt.levels.messaging import exchange, quiet_allgather
+from hpcckpt.levels.spares import SpareFiles
 from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
 
 TAG_GATHER = 301
@@ -36,9 +37,10 @@ class ErasureLevel:
     label = "L3 erasure"
 
     def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
-                 direct_io: bool = False):
+                 direct_io: bool = False, spares: SpareFiles | None = None):
         self.root = Path(root)
         self.direct_io = direct_io  # write parity files with O_DIRECT (ckpt/direct_io.py)
+        self.spares = spares  # retired parity files to overwrite (levels/spares.py)
         self.rank = rank
         self.members = tuple(members)
         self.me = self.members.index(rank)
@@ -125,8 +127,10 @@ class ErasureLevel:
 
     def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int) -> None:
         (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
-        write_shard(self.parity_path(step), step, self.rank, world_size, sorted(pieces.items()),
-                    extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io)
+        path = self.parity_path(step)
+        write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
+                    extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io,
+                    recycle=self.spares.spare_for(path) if self.spares is not None else None)
 
     def read_parity(self, step: int) -> dict[str, np.ndarray]:
         """This member's parity pieces of `step`, each checked against its checksum."""

@@ -5,7 +5,8 @@
 
 Every rank keeps its own copy of the commit record, so a version stays readable from L1 as
 long as the rank's node survives, whichever other nodes are lost. A rank only ever creates or
-deletes its own files there (ranks of one node share the directory).
+deletes its own files there (ranks of one node share the directory). Retired data files may
+stay in <local_dir>/.spare/ for the next checkpoint to overwrite (levels/spares.py).
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ class LocalLevel(VersionedLevel):
 
     def remove(self, step: int) -> None:
         """Delete this rank's files of a version (its shard, commit record, and the replicas and
-        parity it holds for others); the directory goes with the node's last rank."""
+        parity it holds for others); the directory goes with the node's last rank. Data files
+        become spares for the next checkpoint to overwrite, where recycling is on."""
         directory = self.version_dir(step)
         for path in files_of_rank(directory, self.rank):
-            path.unlink(missing_ok=True)
+            if self.spares is not None and path.suffix == ".hck":
+                self.spares.retire(path)
+            else:
+                path.unlink(missing_ok=True)
         remove_dir_if_empty(directory)

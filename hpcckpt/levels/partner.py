@@ -18,6 +18,7 @@ from hpcckpt.ckpt.direct_io import ReusedBuffers
 from hpcckpt.ckpt.shardfile import write_bytes_atomically
 from hpcckpt.levels.base import list_version_steps, replica_file_name, version_dir_name
 from hpcckpt.levels.messaging import exchange, quiet_allgather
+from hpcckpt.levels.spares import SpareFiles
 
 TAG_PROTECT = 201
 TAG_FETCH = 202
@@ -27,9 +28,11 @@ class PartnerLevel:
     name = "partner"
     label = "L2 partner"
 
-    def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False):
+    def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False,
+                 spares: SpareFiles | None = None):
         self.root = Path(root)
         self.direct_io = direct_io
+        self.spares = spares  # retired replicas to overwrite (levels/spares.py)
         self.rank = rank
         self.partner_of = partner_of
         self.comm = comm
@@ -71,7 +74,9 @@ class PartnerLevel:
         if receives:
             (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         for source, data in receives:
-            write_bytes_atomically(self.replica_path(step, source), memoryview(data), direct=self.direct_io)
+            path = self.replica_path(step, source)
+            write_bytes_atomically(path, memoryview(data), direct=self.direct_io,
+                                   recycle=self.spares.spare_for(path) if self.spares is not None else None)
         return sum(int(d.size) for _, d in receives)
 
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:

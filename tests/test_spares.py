@@ -1,0 +1,107 @@
+"""Recycled node-local files (levels/spares.py): a retired file is overwritten in place by the
+next write of its name, and the result is exactly the file a fresh write makes."""
+
+import os
+
+import numpy as np
+import pytest
+
+from hpcckpt.ckpt import direct_io, shardfile
+from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard, write_bytes_atomically
+from hpcckpt.errors import StorageError
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.spares import SPARE_DIR_NAME, SpareFiles
+
+MIB = 1 << 20
+
+
+def _bytes(seed, nbytes):
+    return np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("spare_size,new_size", [(3 * MIB, 3 * MIB), (5 * MIB, 3 * MIB + 17), (MIB + 5, 4 * MIB)])
+def test_write_over_a_spare_keeps_its_inode_and_holds_only_the_new_bytes(tmp_path, direct, spare_size, new_size):
+    if direct and not direct_io.O_DIRECT:
+        pytest.skip("this platform has no O_DIRECT")
+    spare = tmp_path / "spare.hck"
+    spare.write_bytes(_bytes(1, spare_size).tobytes())
+    inode = spare.stat().st_ino
+    new = direct_io.aligned_empty(new_size)
+    new[:] = _bytes(2, new_size)
+    target = tmp_path / "v1" / "shard.hck"
+    target.parent.mkdir()
+    write_bytes_atomically(target, memoryview(new), direct=direct, recycle=spare)
+    assert target.read_bytes() == new.tobytes()
+    assert target.stat().st_ino == inode
+    assert not spare.exists() and not (tmp_path / "v1" / "shard.hck.tmp").exists()
+
+
+def test_missing_spare_means_a_new_file(tmp_path):
+    target = tmp_path / "shard.hck"
+    write_bytes_atomically(target, b"fresh", recycle=tmp_path / "no-such-spare")
+    assert target.read_bytes() == b"fresh"
+
+
+def test_a_failed_write_over_a_spare_publishes_nothing_and_raises(tmp_path, monkeypatch):
+    spare = tmp_path / "spare.hck"
+    spare.write_bytes(b"old" * 1000)
+
+    def full_disk(fd, buffers):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shardfile, "_writev_all", full_disk)
+    with pytest.raises(StorageError, match="no space left"):
+        write_bytes_atomically(tmp_path / "shard.hck", b"new", recycle=spare)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _level(root, rank, enabled=True):
+    level = LocalLevel(root, rank, spares=SpareFiles(root, enabled))
+    level.prepare()
+    return level
+
+
+def _write(level, step, value):
+    info = level.write_shard(step, 2, [("w", np.full(300_000, value, np.float32))], {})
+    (level.version_dir(step) / f"replica-of-r00009-held-by-r{level.rank:05d}.hck").write_bytes(b"r" * 100)
+    return info
+
+
+def test_retention_keeps_data_files_as_spares_and_the_next_version_overwrites_them(tmp_path):
+    level = _level(tmp_path / "node0", 0)
+    _write(level, 4, 4.0)
+    retired_inode = level.shard_path(4).stat().st_ino
+    level.commit_path(4).write_text("{}")
+    level.remove(4)
+    spares = tmp_path / "node0" / SPARE_DIR_NAME
+    assert sorted(p.name for p in spares.iterdir()) == ["replica-of-r00009-held-by-r00000.hck", "shard-r00000.hck"]
+    assert not level.version_dir(4).exists()
+    assert level.committed_steps() == [] and level.uncommitted_steps() == []
+    _write(level, 8, 8.0)
+    assert level.shard_path(8).stat().st_ino == retired_inode
+    assert not (spares / "shard-r00000.hck").exists()
+    assert verify_shard(level.shard_path(8)) == []
+    table = read_shard_table(level.shard_path(8))
+    assert np.all(read_tensor(str(level.shard_path(8)), table, "w") == 8.0)
+
+
+def test_ranks_sharing_a_node_directory_recycle_only_their_own_files(tmp_path):
+    ranks = [_level(tmp_path / "node0", r) for r in (0, 1)]
+    for level in ranks:
+        _write(level, 4, float(level.rank))
+    inodes = {level.rank: level.shard_path(4).stat().st_ino for level in ranks}
+    for level in ranks:
+        level.remove(4)
+    for level in ranks:
+        _write(level, 8, 10.0 + level.rank)
+        assert level.shard_path(8).stat().st_ino == inodes[level.rank]
+        table = read_shard_table(level.shard_path(8))
+        assert np.all(read_tensor(str(level.shard_path(8)), table, "w") == 10.0 + level.rank)
+
+
+def test_recycling_off_deletes_retired_files(tmp_path):
+    level = _level(tmp_path / "node0", 0, enabled=False)
+    _write(level, 4, 4.0)
+    level.remove(4)
+    assert os.listdir(tmp_path / "node0") == []
