@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="check the checksum of every stored piece")
     _add_config_arguments(verify)
 
+    clean_shm = commands.add_parser("clean-shm", help="delete the shared-memory segments killed MPI ranks left in "
+                                                      "/dev/shm on this node (ours, open or mapped by no process)")
+    clean_shm.add_argument("--dry-run", action="store_true", help="list them without deleting")
+
     make_data = commands.add_parser("make-data", help="write a synthetic HDF5 data set (datasets x, y)")
     make_data.add_argument("-o", "--output", required=True, help="HDF5 file to write")
     make_data.add_argument("--samples", type=int, default=4096)
@@ -242,7 +246,18 @@ def _command_verify(args) -> int:
     return 0 if not problems else 1
 
 
-COMMANDS = {"train": _command_train, "make-data": _command_make_data, "inspect": _command_inspect,
+def _command_clean_shm(args) -> int:
+    from hpcckpt.cluster.shm_orphans import find_orphans, remove_orphans
+
+    found = find_orphans() if args.dry_run else remove_orphans()
+    for path in found.paths:
+        print(path)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"clean-shm: {verb} {len(found.paths)} orphaned MPI segment(s), {found.nbytes / 2**20:.1f} MiB")
+    return 0
+
+
+COMMANDS = {"clean-shm": _command_clean_shm, "train": _command_train, "make-data": _command_make_data, "inspect": _command_inspect,
             "export": _command_export, "evaluate": _command_evaluate, "verify": _command_verify,
             "report": _command_report}
 

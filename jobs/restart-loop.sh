@@ -40,6 +40,13 @@ _hpcckpt_on_signal() {
     fi
 }
 
+_hpcckpt_clean_shm() {
+    # Killed ranks leave MPICH's shared-memory segments in /dev/shm (RAM) until reboot; only
+    # this host's can be reached from here (other nodes: run `hpcckpt clean-shm` on each).
+    # shellcheck disable=SC2086
+    $HPCCKPT clean-shm 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
+}
+
 hpcckpt_restart_loop() {
     trap '_hpcckpt_on_signal TERM' TERM
     trap '_hpcckpt_on_signal USR1' USR1
@@ -73,6 +80,7 @@ hpcckpt_restart_loop() {
             [ "$_hpcckpt_trapped" = 1 ] || break
         done
         _hpcckpt_child=""
+        [ "$status" = 0 ] || [ "$status" = 75 ] || _hpcckpt_clean_shm
         case $status in
             0)
                 hpcckpt_say "finished after $attempt attempt(s)"

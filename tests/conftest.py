@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,17 @@ def _gpu_available() -> bool:
 
 # GPU tests skip where no GPU is present (CI); they must then have been run on one.
 needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="no GPU")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_mpi_segments():
+    """Fault tests kill ranks, and MPICH leaves each such job's shared-memory segment in
+    /dev/shm (RAM) until reboot: the session removes the ones it left (cluster/shm_orphans.py)."""
+    started = time.time() - 1
+    yield
+    from hpcckpt.cluster.shm_orphans import remove_orphans
+
+    remove_orphans(newer_than=started)
 
 
 @functools.lru_cache(maxsize=None)
