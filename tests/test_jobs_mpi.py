@@ -63,11 +63,17 @@ def test_demo_loses_two_nodes_restarts_and_summarises(tmp_path):
 
 
 def test_slurm_script_outside_slurm_restarts_after_a_crash_and_finishes(tmp_path):
+    from hpcckpt.cluster.shm_orphans import find_orphans
+
+    started = time.time() - 1
     config = job(tmp_path)
     proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
                           TRAIN_ARGS="--inject rank-kill:rank=1:step=20:phase=snapshot:attempt=1")
     assert_ok(proc)
     assert "attempt 1 failed with exit code" in proc.stdout and "finished after 2 attempt(s)" in proc.stdout
+    # The killed attempt's MPI shared memory went before the restart (MPICH leaves it behind).
+    assert "hpcckpt-job: clean-shm: deleted" in proc.stdout
+    assert find_orphans(newer_than=started).paths == ()
     assert "restored version 15" in proc.stdout
     assert final_record(tmp_path / "run")["step"] == 30
     assert final_record(tmp_path / "run")["weights_digest"] == straight_digest(tmp_path, config)
