@@ -106,7 +106,7 @@ class StorageConfig:
     local_bandwidth_mb: float = 0.0
     # Checkpoint data files bypass the page cache (O_DIRECT) where the file system allows.
     direct_io: bool = True
-    # Retired node-local data files are overwritten by the next checkpoint (levels/spares.py).
+    # Retired data files (L1-L4) are overwritten by the next checkpoint (levels/spares.py).
     recycle_files: bool = True
 
 

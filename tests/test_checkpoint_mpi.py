@@ -336,6 +336,12 @@ def test_bandwidth_caps_hold_every_level_to_its_rate(tmp_path):
         assert durable["local"] >= 0.5, result
         assert durable["partner"] - durable["local"] >= 0.5, result
         assert durable["pfs"] - durable["partner"] >= 0.5, result
+        # Capped writes go one at a time, so each level starts once the one before is durable,
+        # and each level's own time (durable - started) holds its cap.
+        started = result["started_s"]
+        assert set(started) == set(durable), result
+        assert started["partner"] >= durable["local"] and started["pfs"] >= durable["partner"], result
+        assert all(durable[level] - started[level] >= 0.5 for level in durable), result
         # CPU of the background threads, not their wall time: the caps are sleeps.
         cpu = result["cpu_s"]
         assert set(cpu) == {"persist", "l1_write"}, result  # no background copies in checkpoint()

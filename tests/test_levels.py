@@ -15,6 +15,7 @@ LEVELS = {
     "local": lambda root, rank: LocalLevel(root, rank),
     "local-recycling": lambda root, rank: LocalLevel(root, rank, spares=SpareFiles(root)),
     "pfs": lambda root, rank: PfsLevel(root, rank),
+    "pfs-recycling": lambda root, rank: PfsLevel(root, rank, spares=SpareFiles(root)),
 }
 
 

@@ -10,6 +10,7 @@ from hpcckpt.ckpt import direct_io, shardfile
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard, write_bytes_atomically
 from hpcckpt.errors import StorageError
 from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME, SpareFiles
 
 MIB = 1 << 20
@@ -105,3 +106,20 @@ def test_recycling_off_deletes_retired_files(tmp_path):
     _write(level, 4, 4.0)
     level.remove(4)
     assert os.listdir(tmp_path / "node0") == []
+
+
+def test_l4_coordinator_retires_every_ranks_shard_and_each_rank_overwrites_its_own(tmp_path):
+    root = tmp_path / "pfs"
+    ranks = [PfsLevel(root, r, spares=SpareFiles(root)) for r in (0, 1)]
+    for level in ranks:
+        level.prepare()
+        _write(level, 4, float(level.rank))
+    (root / "v000000000004" / "manifest.json").write_text("{}")
+    inodes = {level.rank: level.shard_path(4).stat().st_ino for level in ranks}
+    ranks[0].remove(4)  # only the coordinator removes L4 versions
+    assert sorted(p.name for p in (root / SPARE_DIR_NAME).iterdir()) == ["shard-r00000.hck", "shard-r00001.hck"]
+    assert not (root / "v000000000004").exists() and ranks[0].committed_steps() == []
+    for level in ranks:
+        _write(level, 8, 20.0 + level.rank)
+        assert level.shard_path(8).stat().st_ino == inodes[level.rank]
+        assert verify_shard(level.shard_path(8)) == []

@@ -91,6 +91,8 @@ class PersistReport:
     device_to_host_s: the persist thread's wait for the GPU snapshot to reach host memory;
     device_copy_s: GPU time of the snapshot's copies on the side stream (CuPy arrays);
     durable_s: seconds from end_checkpoint() until each level was durable;
+    started_s: seconds from end_checkpoint() until this rank began writing each level (a
+    level's own time is durable_s - started_s; L4 starts after the L1-L3 commit);
     cpu_s: CPU seconds this rank spent on the checkpoint outside the training loop's own
     work, by thread ("copy", "persist", "l1_write"; "persist" is the calling thread when the
     engine runs unthreaded): what it takes from training on saturated cores.
@@ -104,6 +106,7 @@ class PersistReport:
     device_to_host_s: float = 0.0
     device_copy_s: float = 0.0
     durable_s: dict = field(default_factory=dict)
+    started_s: dict = field(default_factory=dict)
     cpu_s: dict = field(default_factory=dict)
 
 
@@ -211,7 +214,8 @@ class Checkpointer:
         spares = SpareFiles(self.local_dir, config.storage.recycle_files)
         self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares)
                       if "local" in self.levels_enabled else None)
-        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io)
+        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io,
+                             SpareFiles(self.pfs_dir, config.storage.recycle_files))
                     if "pfs" in self.levels_enabled else None)
         self.partner = None
         self.erasure = None
@@ -692,6 +696,7 @@ class Checkpointer:
         shard_infos = quiet_allgather(self.comm, (image.size, image.checksums))
         if self.local is not None:
             capped = bool(self.config.storage.local_bandwidth_mb)  # capped: one write at a time
+            report.started_s["local"] = time.perf_counter() - started
             writing = self._start_local_write(step, image)
             try:
                 if capped:
@@ -700,10 +705,12 @@ class Checkpointer:
                     shard = image.copy_into(self._shard_bytes)  # the pieces are in place already
                     sizes = [size for size, _ in shard_infos]
                     if "partner" in due:
+                        report.started_s["partner"] = time.perf_counter() - started
                         stored = self._stage(step, "partner",
                                              lambda: self.partner.protect(step, shard, shard_sizes=sizes))
                         self._mark(report, step, "partner", started, stored)
                     if "erasure" in due:
+                        report.started_s["erasure"] = time.perf_counter() - started
                         stored = self._stage(step, "erasure", lambda: self.erasure.protect(step, shard, sizes,
                                                                                            self.world_size))
                         self._mark(report, step, "erasure", started, stored)
@@ -716,6 +723,7 @@ class Checkpointer:
             self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
         if to_pfs:
             # L4 gets L1's exact bytes (same header, same checksums, one manifest for both).
+            report.started_s["pfs"] = time.perf_counter() - started
             self._stage(step, "pfs", lambda: self.pfs.write_image(step, image))
             manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from hpcckpt.levels.base import VersionedLevel, hold_to_bandwidth, list_version_steps, remove_tree
+from hpcckpt.levels.spares import SpareFiles
 
 
 class PfsLevel(VersionedLevel):
@@ -19,8 +20,9 @@ class PfsLevel(VersionedLevel):
     label = "L4 pfs"
     config_key = "storage.pfs_dir"
 
-    def __init__(self, root: str | Path, rank: int, bandwidth_mb: float = 0.0, direct_io: bool = False):
-        super().__init__(root, rank, direct_io)
+    def __init__(self, root: str | Path, rank: int, bandwidth_mb: float = 0.0, direct_io: bool = False,
+                 spares: SpareFiles | None = None):
+        super().__init__(root, rank, direct_io, spares)
         self.bandwidth_bytes = bandwidth_mb * 1e6
 
     def commit_path(self, step: int) -> Path:
@@ -45,6 +47,15 @@ class PfsLevel(VersionedLevel):
         return [s for s in list_version_steps(self.root) if not self.commit_path(s).is_file()]
 
     def remove(self, step: int) -> None:
-        """(coordinator) Delete a whole version: commit record first, then the shards."""
+        """(coordinator) Delete a whole version: commit record first, then the shards, which
+        become every rank's spares where recycling is on (the coordinator retires them all;
+        each rank's next L4 write takes its own)."""
         self.commit_path(step).unlink(missing_ok=True)
+        if self.spares is not None:
+            try:
+                shards = sorted(self.version_dir(step).glob("shard-r*.hck"))
+            except OSError:
+                shards = []
+            for path in shards:
+                self.spares.retire(path)
         remove_tree(self.version_dir(step))

@@ -1,4 +1,4 @@
-"""Recycled node-local files: a retired version's data files are kept as spares, and the next
+"""Recycled checkpoint files: a retired version's data files are kept as spares, and the next
 checkpoint overwrites them in place instead of creating new files.
 
 Retention deletes a version's shard, replica and parity files right after a newer version is
@@ -7,10 +7,12 @@ Creating a file and deleting it again are not free: tmpfs allocates and zeroes a
 per 4 KiB written to a new file and frees them all on unlink; ext4 allocates blocks and, after
 an O_DIRECT write past the end of a file, converts its unwritten extents at fsync. Overwriting
 a file in place does neither. So a rank moves each of its retired data files into
-`<local_dir>/.spare/` (the name unchanged), and its next write of that name renames the spare
-to its temporary name and overwrites it (PostgreSQL recycles its WAL segments for the same
-reason). On the 2-core box, a 25 MB write to tmpfs plus the unlink of an old file took 19.5 ms
-of CPU; overwriting a spare took 7.5 ms (perf/RESULTS.md).
+`<local_dir>/.spare/` (the name unchanged; on L4 the coordinator moves every rank's shard into
+`<pfs_dir>/.spare/`), and the next write of that name renames the spare to its temporary name
+and overwrites it (PostgreSQL recycles its WAL segments for the same reason). On the 2-core
+box, a 25 MB write to tmpfs plus the unlink of an old file took 24.3 ms of CPU, overwriting a
+spare 8.8 ms; on its disk, with O_DIRECT, the overwrite was durable after 79 ms instead of
+130 ms (perf/bench_recycle.py, perf/RESULTS.md).
 
 A spare is never a version: restart, listing and verification only look into version
 directories (v<step>), and an interrupted overwrite leaves only a temporary file behind.
@@ -27,8 +29,8 @@ SPARE_DIR_NAME = ".spare"
 
 
 class SpareFiles:
-    """The spares of one node-local directory. Ranks sharing the directory each only retire
-    and take files of their own names (file names carry the rank), so they never collide."""
+    """The spares of one level's directory. File names carry the rank, and each rank only
+    takes spares of its own names, so ranks sharing the directory never collide."""
 
     def __init__(self, root: str | Path, enabled: bool = True):
         self.directory = Path(root) / SPARE_DIR_NAME

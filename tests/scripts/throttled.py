@@ -22,7 +22,8 @@ def main():
     ckpt.checkpoint(1)
     report = ckpt.wait()
     ckpt.close()
-    results = comm.gather({"rank": comm.rank, "durable_s": report.durable_s, "cpu_s": report.cpu_s}, root=0)
+    results = comm.gather({"rank": comm.rank, "durable_s": report.durable_s, "started_s": report.started_s,
+                           "cpu_s": report.cpu_s}, root=0)
     if comm.rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
 
