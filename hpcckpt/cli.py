@@ -58,9 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="check the checksum of every stored piece")
     _add_config_arguments(verify)
 
-    clean_shm = commands.add_parser("clean-shm", help="delete the shared-memory segments killed MPI ranks left in "
-                                                      "/dev/shm on this node (ours, open or mapped by no process)")
+    clean_shm = commands.add_parser(
+        "clean-shm", help="delete the shared-memory segments killed MPI ranks left in /dev/shm on this node "
+                          "(ours, open or mapped by no process)")
     clean_shm.add_argument("--dry-run", action="store_true", help="list them without deleting")
+    clean_shm.add_argument("--newer-than", type=float, metavar="EPOCH_SECONDS",
+                           help="only segments last modified at or after this time (e.g. the failed job's start)")
 
     make_data = commands.add_parser("make-data", help="write a synthetic HDF5 data set (datasets x, y)")
     make_data.add_argument("-o", "--output", required=True, help="HDF5 file to write")
@@ -249,9 +252,13 @@ def _command_verify(args) -> int:
 def _command_clean_shm(args) -> int:
     from hpcckpt.cluster.shm_orphans import find_orphans, remove_orphans
 
-    found = find_orphans() if args.dry_run else remove_orphans()
+    since = args.newer_than
+    found = find_orphans(newer_than=since) if args.dry_run else remove_orphans(newer_than=since)
     for path in found.paths:
         print(path)
+    if found.uninspected and found.paths:
+        print(f"clean-shm: note: could not inspect process(es) {', '.join(found.uninspected[:5])}; a segment "
+              "only they use would look orphaned (limit the age with --newer-than)")
     verb = "would delete" if args.dry_run else "deleted"
     print(f"clean-shm: {verb} {len(found.paths)} orphaned MPI segment(s), {found.nbytes / 2**20:.1f} MiB")
     return 0

@@ -106,8 +106,10 @@ class StorageConfig:
     local_bandwidth_mb: float = 0.0
     # Checkpoint data files bypass the page cache (O_DIRECT) where the file system allows.
     direct_io: bool = True
-    # Retired data files (L1-L4) are overwritten by the next checkpoint (levels/spares.py).
+    # Retired node-local data files are overwritten by the next checkpoint (levels/spares.py);
+    # L4's only on request: users copy and archive versions there while a job runs.
     recycle_files: bool = True
+    pfs_recycle_files: bool = False
 
 
 @dataclass(frozen=True)

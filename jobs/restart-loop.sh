@@ -43,8 +43,9 @@ _hpcckpt_on_signal() {
 _hpcckpt_clean_shm() {
     # Killed ranks leave MPICH's shared-memory segments in /dev/shm (RAM) until reboot; only
     # this host's can be reached from here (other nodes: run `hpcckpt clean-shm` on each).
+    # Only segments created since the failed attempt began, so no other job's are judged.
     # shellcheck disable=SC2086
-    $HPCCKPT clean-shm 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
+    $HPCCKPT clean-shm --newer-than "$1" 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
 }
 
 hpcckpt_restart_loop() {
@@ -55,7 +56,7 @@ hpcckpt_restart_loop() {
         export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
-    local attempt=0 status=0
+    local attempt=0 status=0 attempt_started
     while :; do
         attempt=$((attempt + 1))
         export HPCCKPT_ATTEMPT=$attempt
@@ -68,6 +69,7 @@ hpcckpt_restart_loop() {
             return 0
         fi
         hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT train -c $CONFIG --restart auto $TRAIN_ARGS"
+        attempt_started=$(( $(date +%s) - 1 ))
         # In the background, so a signal reaches the trap while we wait.
         # shellcheck disable=SC2086
         hpcckpt_launch train -c "$CONFIG" --restart auto $TRAIN_ARGS &
@@ -80,7 +82,7 @@ hpcckpt_restart_loop() {
             [ "$_hpcckpt_trapped" = 1 ] || break
         done
         _hpcckpt_child=""
-        [ "$status" = 0 ] || [ "$status" = 75 ] || _hpcckpt_clean_shm
+        [ "$status" = 0 ] || [ "$status" = 75 ] || _hpcckpt_clean_shm "$attempt_started"
         case $status in
             0)
                 hpcckpt_say "finished after $attempt attempt(s)"

@@ -85,6 +85,20 @@ def test_remove_deletes_a_whole_version_commit_first(make_level):
     assert not levels[0].version_dir(5).exists()
 
 
+def test_a_version_written_after_a_removal_reads_back(make_level):
+    levels = [make_level(0), make_level(1)]
+    for step in (5, 10):
+        write_version(levels, step)
+    for lv in levels:
+        if lv.name.startswith("local") or lv.rank == 0:
+            lv.remove(5)
+    write_version(levels, 15)  # over the spares, where the level recycles
+    for lv in levels:
+        assert lv.committed_steps() == [10, 15]
+        path = lv.shard_path(15)
+        assert np.all(read_tensor(str(path), read_shard_table(path), "w") == 15 + lv.rank)
+
+
 def test_unusable_root_is_a_clear_storage_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -27,10 +27,13 @@ def test_only_segments_nobody_holds_are_orphans(tmp_path):
         (tmp_path / name).write_bytes(bytes(8192))
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "mpich_shm_open"),
                                str(tmp_path / "mpich_shm_mapped")], stdout=subprocess.PIPE, text=True)
+    link = tmp_path.parent / (tmp_path.name + "-link")  # /dev/shm is a link to /run/shm on some systems
+    link.symlink_to(tmp_path)
     try:
         assert holder.stdout.readline().strip() == "ready"
         found = find_orphans(tmp_path)
         assert [p.name for p in found.paths] == ["mpich_shm_orphan"] and found.nbytes == 8192
+        assert [p.name for p in find_orphans(link).paths] == ["mpich_shm_orphan"]
         assert [p.name for p in remove_orphans(tmp_path).paths] == ["mpich_shm_orphan"]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["mpich_shm_mapped", "mpich_shm_open", "other_file"]
     finally:
@@ -68,8 +71,8 @@ def test_a_killed_mpich_rank_leaves_a_segment_that_clean_shm_deletes(tmp_path):
     assert killed.returncode != 0
     leaked = find_orphans(newer_than=started).paths
     assert leaked, "no segment left in /dev/shm by the killed job"
-    cleaned = subprocess.run([sys.executable, "-m", "hpcckpt", "clean-shm"], env=mpi_env(),
-                             capture_output=True, text=True, timeout=60)
+    cleaned = subprocess.run([sys.executable, "-m", "hpcckpt", "clean-shm", "--newer-than", str(started)],
+                             env=mpi_env(), capture_output=True, text=True, timeout=60)
     assert_ok(cleaned)
     assert "deleted" in cleaned.stdout and all(str(p) in cleaned.stdout for p in leaked)
     assert not any(p.exists() for p in leaked)

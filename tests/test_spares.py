@@ -123,3 +123,49 @@ def test_l4_coordinator_retires_every_ranks_shard_and_each_rank_overwrites_its_o
         _write(level, 8, 20.0 + level.rank)
         assert level.shard_path(8).stat().st_ino == inodes[level.rank]
         assert verify_shard(level.shard_path(8)) == []
+
+
+def test_a_spare_with_other_names_is_not_overwritten(tmp_path):
+    """A hard-linked backup of a retired version keeps its bytes: the writer drops the spare."""
+    level = _level(tmp_path / "node0", 0)
+    _write(level, 4, 4.0)
+    backup = tmp_path / "backup.hck"
+    os.link(level.shard_path(4), backup)
+    kept = backup.read_bytes()
+    level.remove(4)
+    _write(level, 8, 8.0)
+    assert backup.read_bytes() == kept and backup.stat().st_nlink == 1
+    assert level.shard_path(8).stat().st_ino != backup.stat().st_ino
+    assert verify_shard(level.shard_path(8)) == []
+
+
+def test_a_spare_that_cannot_be_taken_is_a_clear_error_naming_it(tmp_path, monkeypatch):
+    spare = tmp_path / "spare.hck"
+    spare.write_bytes(b"old")
+
+    def refused(source, destination):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(shardfile.os, "rename", refused)
+    with pytest.raises(StorageError, match="spare file .*spare.hck.*recycle_files = false"):
+        write_bytes_atomically(tmp_path / "shard.hck", b"new", recycle=spare)
+    assert spare.read_bytes() == b"old" and not (tmp_path / "shard.hck").exists()
+
+
+def test_retiring_survives_the_spare_directory_vanishing(tmp_path, monkeypatch):
+    level = _level(tmp_path / "node0", 0)
+    _write(level, 4, 4.0)
+    spares = level.spares
+    real_mkdir = type(spares.directory).mkdir
+    calls = []
+
+    def mkdir_then_vanish(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        calls.append(self)
+        if len(calls) == 1:
+            self.rmdir()  # someone cleans up between the mkdir and the rename
+
+    monkeypatch.setattr(type(spares.directory), "mkdir", mkdir_then_vanish)
+    spares.retire(level.shard_path(4))
+    assert not level.shard_path(4).exists()
+    assert (spares.directory / "shard-r00000.hck").exists()

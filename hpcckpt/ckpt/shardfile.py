@@ -444,14 +444,22 @@ def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwri
 
 
 def _take_spare(spare: str | os.PathLike | None, temporary: str) -> bool:
-    """Move a retired file onto `temporary` to be overwritten; False when there is none."""
+    """Move a retired file onto `temporary` to be overwritten; False when there is none, or
+    when the file has other names (a hard-linked backup of a retired version, `cp -al`):
+    overwriting it would change their bytes, so it is dropped and a new file written."""
     if spare is None:
         return False
     try:
         os.rename(spare, temporary)
+        if os.stat(temporary).st_nlink == 1:
+            return True
+        os.unlink(temporary)
+        return False
     except FileNotFoundError:
         return False
-    return True
+    except OSError as exc:
+        raise StorageError(f"cannot reuse the spare file {os.fspath(spare)!r} for {temporary!r}: "
+                           f"{exc.strerror or exc}; delete its directory or set storage.recycle_files = false") from exc
 
 
 def _publish(temporary: str, path: str, overwrite: bool) -> None:

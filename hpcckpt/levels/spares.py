@@ -18,7 +18,13 @@ A spare is never a version: restart, listing and verification only look into ver
 directories (v<step>), and an interrupted overwrite leaves only a temporary file behind.
 Disk use: the peak is what it was (keep + 1 versions, while the newest one is written); in
 between, the spares keep it there instead of dropping back to `keep` versions.
-`storage.recycle_files = false` deletes retired files instead.
+`storage.recycle_files = false` deletes retired node-local files instead.
+
+A spare is overwritten in place, so whatever still reads the retired file sees the new bytes
+(checksums catch it in hpcckpt's readers), and a spare with other names (hard links of a
+backup) is never reused. On L4, where users copy and archive versions while a job runs, it is
+off unless `storage.pfs_recycle_files` turns it on; there it also saved time only while
+training was idle (perf/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -42,11 +48,16 @@ class SpareFiles:
         if not self.enabled:
             path.unlink(missing_ok=True)
             return
-        self.directory.mkdir(exist_ok=True)
-        try:
-            path.rename(self.directory / path.name)
-        except FileNotFoundError:
-            pass
+        for _ in range(2):
+            self.directory.mkdir(exist_ok=True)
+            try:
+                path.rename(self.directory / path.name)
+                return
+            except FileNotFoundError:
+                if not path.exists():  # never written, or gone with its version
+                    return
+                # The spare directory went in between (someone cleaned it up): once more.
+        path.unlink(missing_ok=True)
 
     def spare_for(self, path: Path | str) -> Path | None:
         """Where a spare to overwrite for a file named like `path` would be (it may not exist:
