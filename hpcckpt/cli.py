@@ -264,9 +264,9 @@ def _command_clean_shm(args) -> int:
     return 0
 
 
-COMMANDS = {"clean-shm": _command_clean_shm, "train": _command_train, "make-data": _command_make_data, "inspect": _command_inspect,
-            "export": _command_export, "evaluate": _command_evaluate, "verify": _command_verify,
-            "report": _command_report}
+COMMANDS = {"clean-shm": _command_clean_shm, "train": _command_train, "make-data": _command_make_data,
+            "inspect": _command_inspect, "export": _command_export, "evaluate": _command_evaluate,
+            "verify": _command_verify, "report": _command_report}
 
 
 def main(argv=None) -> int:

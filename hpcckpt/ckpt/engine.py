@@ -215,7 +215,7 @@ class Checkpointer:
         self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares)
                       if "local" in self.levels_enabled else None)
         self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io,
-                             SpareFiles(self.pfs_dir) if config.storage.pfs_recycle_files else None)
+                             SpareFiles(self.pfs_dir, config.storage.pfs_recycle_files))
                     if "pfs" in self.levels_enabled else None)
         self.partner = None
         self.erasure = None

@@ -114,7 +114,7 @@ def _inodes_in_use(directory: Path) -> tuple[set[int], list[str]]:
 
 
 def _owned_by_us(pid: str) -> bool:
-    """Whether a process belongs to this user (root reads every process, so never asks)."""
+    """Whether a process belongs to this user (only those can use our segments)."""
     try:
         return os.stat(f"/proc/{pid}").st_uid == os.getuid()
     except OSError:

@@ -115,7 +115,8 @@ class VersionedLevel:
         self.root = Path(root)
         self.rank = rank
         self.direct_io = direct_io  # write shard files with O_DIRECT (ckpt/direct_io.py)
-        self.spares = spares  # retired files to overwrite instead of new ones (levels/spares.py)
+        # Retired files to overwrite instead of new ones (levels/spares.py); none by default.
+        self.spares = spares or SpareFiles(self.root, enabled=False)
 
     def prepare(self) -> None:
         ensure_writable_dir(self.root, self.config_key)
@@ -137,7 +138,7 @@ class VersionedLevel:
         """This rank's shard of `step`, from a planned image (shardfile.plan_shard)."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        return write_shard_image(path, image, direct=self.direct_io, recycle=self._spare_for(path))
+        return write_shard_image(path, image, direct=self.direct_io, recycle=self.spares.spare_for(path))
 
     def write_shard_bytes(self, step: int, data) -> None:
         """A whole shard file copied from another level (its bytes are the original file's)."""
@@ -145,10 +146,7 @@ class VersionedLevel:
 
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self._spare_for(path))
-
-    def _spare_for(self, path: Path) -> Path | None:
-        return self.spares.spare_for(path) if self.spares is not None else None
+        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path))
 
     def commit(self, manifest: Manifest) -> None:
         manifest.write(self.commit_path(manifest.step))

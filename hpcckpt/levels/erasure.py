@@ -40,7 +40,7 @@ class ErasureLevel:
                  direct_io: bool = False, spares: SpareFiles | None = None):
         self.root = Path(root)
         self.direct_io = direct_io  # write parity files with O_DIRECT (ckpt/direct_io.py)
-        self.spares = spares  # retired parity files to overwrite (levels/spares.py)
+        self.spares = spares or SpareFiles(self.root, enabled=False)  # retired parity files (levels/spares.py)
         self.rank = rank
         self.members = tuple(members)
         self.me = self.members.index(rank)
@@ -130,7 +130,7 @@ class ErasureLevel:
         path = self.parity_path(step)
         write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
                     extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io,
-                    recycle=self.spares.spare_for(path) if self.spares is not None else None)
+                    recycle=self.spares.spare_for(path))
 
     def read_parity(self, step: int) -> dict[str, np.ndarray]:
         """This member's parity pieces of `step`, each checked against its checksum."""

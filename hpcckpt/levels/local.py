@@ -45,7 +45,7 @@ class LocalLevel(VersionedLevel):
         become spares for the next checkpoint to overwrite, where recycling is on."""
         directory = self.version_dir(step)
         for path in files_of_rank(directory, self.rank):
-            if self.spares is not None and path.suffix == ".hck":
+            if path.suffix == ".hck":
                 self.spares.retire(path)
             else:
                 path.unlink(missing_ok=True)

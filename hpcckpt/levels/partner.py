@@ -32,7 +32,7 @@ class PartnerLevel:
                  spares: SpareFiles | None = None):
         self.root = Path(root)
         self.direct_io = direct_io
-        self.spares = spares  # retired replicas to overwrite (levels/spares.py)
+        self.spares = spares or SpareFiles(self.root, enabled=False)  # retired replicas (levels/spares.py)
         self.rank = rank
         self.partner_of = partner_of
         self.comm = comm
@@ -75,8 +75,7 @@ class PartnerLevel:
             (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         for source, data in receives:
             path = self.replica_path(step, source)
-            write_bytes_atomically(path, memoryview(data), direct=self.direct_io,
-                                   recycle=self.spares.spare_for(path) if self.spares is not None else None)
+            write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path))
         return sum(int(d.size) for _, d in receives)
 
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:

@@ -51,7 +51,7 @@ class PfsLevel(VersionedLevel):
         become every rank's spares where recycling is on (the coordinator retires them all;
         each rank's next L4 write takes its own)."""
         self.commit_path(step).unlink(missing_ok=True)
-        if self.spares is not None:
+        if self.spares.enabled:
             try:
                 shards = sorted(self.version_dir(step).glob("shard-r*.hck"))
             except OSError:

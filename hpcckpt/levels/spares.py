@@ -39,6 +39,8 @@ class SpareFiles:
     takes spares of its own names, so ranks sharing the directory never collide."""
 
     def __init__(self, root: str | Path, enabled: bool = True):
+        # Disabled, it is what a level without recycling uses: nothing to overwrite, and
+        # retiring deletes.
         self.directory = Path(root) / SPARE_DIR_NAME
         self.enabled = enabled
 
