@@ -366,3 +366,18 @@ def test_l1_failure_while_l3_encodes_fails_the_version_on_every_rank(tmp_path):
         assert not r["committed_2"], r
         assert r["restored"] == 1 and r["weights_back"], r
     assert next(r for r in results if r["rank"] == 1)["in_the_way"] == "not a shard"
+
+
+@pytest.mark.parametrize("pfs_recycle", [False, True])
+def test_retired_files_become_spares_node_local_always_l4_only_when_asked(tmp_path, pfs_recycle):
+    config = small_job(tmp_path, checkpoint={"every_steps": 5, "keep_local": 1, "keep_pfs": 1},
+                       resilience={"levels": ["local", "pfs"]},
+                       storage={"pfs_every": 1, "pfs_recycle_files": pfs_recycle})
+    assert_ok(run_mpi(2, ["train", "-c", str(config)], cwd=tmp_path))
+    run = tmp_path / "run"
+    for node in (0, 1):
+        assert [p.name for p in (run / "local" / f"node{node}" / ".spare").iterdir()] == [f"shard-r{node:05d}.hck"]
+    pfs_spares = run / "pfs" / ".spare"
+    expected = ["shard-r00000.hck", "shard-r00001.hck"] if pfs_recycle else []
+    assert (sorted(p.name for p in pfs_spares.iterdir()) if pfs_spares.exists() else []) == expected
+    assert sorted(p.name for p in (run / "pfs").iterdir() if p.name.startswith("v")) == ["v000000000030"]
