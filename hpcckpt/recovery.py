@@ -524,16 +524,28 @@ def _free_name(directory, suffix: str):
 
 def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
     missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
-    nodes = sorted({ckpt.topology.node_of_rank[r] for r in missing})
-    lost_nodes = sorted({ckpt.topology.node_of_rank[r] for r, h in enumerate(everyone) if step not in h.local})
     writers = {h.local[step] for h in everyone if step in h.local} - {ckpt.world_size}
     if writers:
         return (f"checkpoint version {step} was written by {sorted(writers)[0]} ranks and this job runs "
                 f"{ckpt.world_size}: node-local copies only serve the same number of ranks, and L4 has no copy "
                 "of it; restart with the same number of ranks, or from a version on L4 (see hpcckpt inspect)")
-    return (f"checkpoint version {step} cannot be recovered: the shards of rank(s) {missing} on node(s) {nodes} "
-            f"are on no surviving level (node-local copies missing on node(s) {lost_nodes}; not enough replicas "
-            "or parity left, and no L4 copy); restart from an older version or enable the pfs level")
+    node_of = ckpt.topology.node_of_rank
+    # A node whose directory still holds some checkpoint survived; a rank there that lacks this
+    # version usually was still writing it when the job stopped. Calling that a lost node would
+    # send the operator looking for a failure that did not happen.
+    surviving = {node_of[r] for r, h in enumerate(everyone) if h.local or h.parity or h.replicas}
+    unfinished = [r for r in missing if node_of[r] in surviving]
+    lost = [r for r in missing if node_of[r] not in surviving]
+    parts = []
+    if lost:
+        parts.append(f"the shards of rank(s) {lost} on node(s) {sorted({node_of[r] for r in lost})} are on no "
+                     "surviving level (those nodes' local copies are gone, not enough replicas or parity are "
+                     "left, and L4 has no copy)")
+    if unfinished:
+        parts.append(f"rank(s) {unfinished} on surviving node(s) {sorted({node_of[r] for r in unfinished})} hold "
+                     "no copy of it (most likely the job stopped while they were writing it)")
+    return (f"checkpoint version {step} cannot be recovered: " + ", and ".join(parts)
+            + "; restart from an older version or enable the pfs level")
 
 
 def _collective(exc: HpcckptError) -> HpcckptError:

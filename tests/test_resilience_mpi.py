@@ -86,8 +86,10 @@ def test_three_nodes_lost_falls_back_to_pfs_or_fails_clearly(tmp_path, reference
     assert failed.returncode == 4
     errors = [l for l in failed.stderr.splitlines() if "hpcckpt: error" in l]
     assert len(errors) == 1, failed.stderr
-    assert "cannot be recovered" in errors[0] and "rank(s) [2, 3, 4, 5, 6, 7]" in errors[0]
-    assert "node(s) [1, 2, 3]" in errors[0]
+    # Ranks 0 and 1 on node 0 may have been writing version 16 when the job stopped; the
+    # message names those apart, so the lost ranks and nodes read the same either way.
+    assert "cannot be recovered" in errors[0]
+    assert "the shards of rank(s) [2, 3, 4, 5, 6, 7] on node(s) [1, 2, 3] are on no surviving level" in errors[0]
 
 
 def test_partner_covers_one_node_then_erasure_covers_node_and_partner(tmp_path, reference):

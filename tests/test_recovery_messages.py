@@ -1,0 +1,30 @@
+"""The one line a failed recovery prints: it must tell a lost node from a rank that was still writing."""
+
+from types import SimpleNamespace
+
+from hpcckpt.recovery import Holdings, _missing_message
+
+
+def holdings(local=()):
+    return Holdings(local={step: 4 for step in local}, replicas={}, parity=(), pfs={})
+
+
+def job(node_of_rank):
+    return SimpleNamespace(world_size=len(node_of_rank), topology=SimpleNamespace(node_of_rank=node_of_rank),
+                           partner=None, erasure=None)
+
+
+def test_lost_nodes_and_an_unfinished_rank_on_a_surviving_node_are_named_apart():
+    # Nodes 1 and 0 of 2 nodes x 2 ranks: node 1 is gone; on node 0, rank 0 finished version 8
+    # and rank 1 only had version 4 when the job stopped.
+    everyone = [holdings((4, 8)), holdings((4,)), holdings(), holdings()]
+    message = _missing_message(job([0, 0, 1, 1]), everyone, 8)
+    assert "the shards of rank(s) [2, 3] on node(s) [1] are on no surviving level" in message
+    assert "rank(s) [1] on surviving node(s) [0] hold no copy of it" in message
+    assert "restart from an older version" in message
+
+
+def test_only_lost_nodes_name_no_unfinished_rank():
+    everyone = [holdings((8,)), holdings((8,)), holdings(), holdings()]
+    message = _missing_message(job([0, 0, 1, 1]), everyone, 8)
+    assert "rank(s) [2, 3] on node(s) [1]" in message and "surviving node" not in message
