@@ -51,7 +51,7 @@ from hpcckpt.faults import NO_FAULTS
 from hpcckpt.levels.base import hold_to_bandwidth
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
-from hpcckpt.levels.messaging import quiet_allgather, wait_all
+from hpcckpt.levels.messaging import quiet_allgather, quiet_any, wait_all
 from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SpareFiles
@@ -272,6 +272,8 @@ class Checkpointer:
 
     def _raise_if_any_failed(self, phase: str, error: str | None, error_type=CheckpointError, step=None):
         """(all ranks) Turn a failure on any rank into the same exception on every rank."""
+        if not quiet_any(self.comm, error is not None):
+            return
         errors = quiet_allgather(self.comm, error)
         failures = {rank: e for rank, e in enumerate(errors) if e}
         if not failures:

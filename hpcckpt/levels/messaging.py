@@ -32,6 +32,18 @@ def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int
     wait_all(requests)
 
 
+def quiet_any(comm, flag: bool) -> bool:
+    """True on every rank if `flag` is true on any: one sleeping allreduce round, where
+    quiet_allgather needs two (sizes, then payloads). Each round on busy cores waits for
+    every rank's thread to be scheduled, so the happy path of an agreement is one round."""
+    from mpi4py import MPI
+
+    mine = np.array([1 if flag else 0], dtype=np.int32)
+    anyone = np.empty(1, dtype=np.int32)
+    wait_all([comm.Iallreduce(mine, anyone, op=MPI.MAX)])
+    return bool(anyone[0])
+
+
 def quiet_allgather(comm, value):
     """allgather of picklable values that sleeps while it waits, in both of its rounds.
 
