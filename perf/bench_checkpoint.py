@@ -104,6 +104,9 @@ MODELS = {
     "100MB": (3072, 3072),    # 12.62 M parameters -> 100.9 MB of parameters + momentum
     "1GB": (11008, 11008),    # 132.6 M parameters -> 1.061 GB (0.988 GiB)
 }
+# The default rate (0.05) makes the 11008-wide model overflow to inf/NaN within ~30 steps;
+# 0.01 trains it without overflow, so the timed steps do ordinary arithmetic.
+LEARNING_RATES = {"100MB": 0.05, "1GB": 0.01}
 APPROACHES = ("h5py_default", "single", "sharded", "hpcckpt", "hpcckpt_l1l3", "dcp_async")
 
 
@@ -609,7 +612,8 @@ def worker(args):
     hidden = [int(h) for h in args.hidden.split(",")]
     overrides = [
         f"model.hidden={json.dumps(hidden)}", "data.source=synthetic", f"data.features={FEATURES}",
-        "data.samples=4096", "data.batch_size=64", "optimizer.kind=sgd", "run.device=cpu",
+        "data.samples=4096", "data.batch_size=64", "optimizer.kind=sgd", f"optimizer.lr={args.lr}",
+        "run.device=cpu",
         f"run.dir={root / 'train'}",
     ] + list(args.set or [])
     config = load_config(None, overrides, environ={})
@@ -901,6 +905,7 @@ def _run_job(args, model, ranks, approaches, every, nckpt, rounds, freq):
     mpiexec, extra, _ = _mpiexec(args)
     command = [mpiexec, "-n", str(ranks), *extra, sys.executable, str(Path(__file__).resolve()), "--worker",
                "--out", out, "--run-root", run_root, "--hidden", ",".join(map(str, MODELS[model])),
+               "--lr", str(LEARNING_RATES[model]),
                "--approaches", ",".join(approaches), "--every", str(every), "--nckpt", str(nckpt),
                "--rounds", str(rounds), "--disk-repeats", str(args.disk_repeats),
                "--freq", freq, "--freq-steps", str(args.freq_steps), "--freq-rounds", str(args.freq_rounds),
@@ -1166,6 +1171,7 @@ def main(argv=None):
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--run-root", help=argparse.SUPPRESS)
     parser.add_argument("--hidden", help=argparse.SUPPRESS)
+    parser.add_argument("--lr", type=float, default=0.05, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = {"models": ("100MB,1GB", "100MB"), "ranks": ("1,2,4", "4"), "every": (10, 5), "nckpt": (3, 3),
                 "rounds": (1, 1), "freq": ("1,10,100", "1,10"), "freq_steps": (100, 12), "disk_repeats": (3, 2)}
