@@ -35,6 +35,10 @@ Approaches (all checkpoint the whole model state: parameters + SGD momentum, flo
   its default fsync) of torch.from_numpy views of the same arrays over a gloo process group
   initialised from the MPI rank/size; at most one save in flight (the previous future is
   awaited before the next save, inside the measured blocking time).
+- io_only (only when named in --approaches; an attribution, not a checkpoint): every rank
+  writes the bytes hpcckpt's levels store for it, the way hpcckpt writes them (O_DIRECT, new
+  files, fsync), from one reused buffer in a background thread, with no copy, MPI, encoding
+  or checksum. Its overhead is what the checkpoint's I/O alone costs training on the machine.
 
 Every approach is preceded by one untimed warm-up checkpoint (buffer allocation, layout, DCP
 planning) that is waited for; then `--nckpt` timed checkpoints every `--every` steps. Between
@@ -108,6 +112,8 @@ MODELS = {
 # 0.01 trains it without overflow, so the timed steps do ordinary arithmetic.
 LEARNING_RATES = {"100MB": 0.05, "1GB": 0.01}
 APPROACHES = ("h5py_default", "single", "sharded", "hpcckpt", "hpcckpt_l1l3", "dcp_async")
+# Run only when asked for (--approaches): an attribution, not a way to checkpoint.
+EXTRA_APPROACHES = ("io_only",)
 
 
 # ------------------------------------------------------------------------------------------
@@ -335,6 +341,61 @@ class Sharded(_Approach):
 
     def close(self):
         self.slices = []
+
+
+class IoOnly(_Approach):
+    """Attribution, not a checkpoint: every rank writes the bytes hpcckpt's levels store for it
+    (its shard on L1 and on L4, the replica it holds, its parity) the way hpcckpt writes them
+    (write_bytes_atomically, O_DIRECT, new files, the two newest versions kept), from one
+    reused buffer in a background thread: no copy, no MPI, no encoding, no checksums. Its
+    overhead is what the checkpoint's I/O alone costs training on this machine."""
+
+    name = "io_only"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        from hpcckpt.ckpt.direct_io import aligned_empty
+
+        shard = sum(int(a.nbytes) for _, a in self.arrays) // self.size
+        per_level = {"local": 1.0, "partner": 1.0 if self.size > 1 else 0.0,
+                     "erasure": ctx["parity"] / (ctx["group_size"] - ctx["parity"]) if self.size > 1 else 0.0,
+                     "pfs": 1.0}
+        self.sizes = [int(shard * per_level[lv]) for lv in ctx["levels"] if per_level.get(lv)]
+        self.buffer = aligned_empty(max(self.sizes))
+        self.buffer[:] = 7
+        self.writer = _BackgroundWriter()
+        self.versions = []
+
+    def after_step(self, step):
+        from hpcckpt.ckpt.shardfile import write_bytes_atomically
+
+        started = time.perf_counter()
+        record = {"step": step, "durable": {}, "prep": 0.0}
+        self.writer.join()
+        record["wait"] = time.perf_counter() - started
+        directory = os.path.join(self.dir, f"r{self.rank}-v{step}")
+        self.versions.append(directory)
+        old, self.versions = self.versions[:-2], self.versions[-2:]
+
+        def persist():
+            os.makedirs(directory, exist_ok=True)
+            for index, size in enumerate(self.sizes):
+                write_bytes_atomically(os.path.join(directory, f"file{index}.bin"), memoryview(self.buffer)[:size],
+                                       direct=True)
+            record["durable"]["pfs"] = time.perf_counter() - started
+            for path in old:
+                _remove(path)
+
+        self.writer.start(persist)
+        record["blocking"] = time.perf_counter() - started
+        self.records.append(record)
+        return record["blocking"]
+
+    def finish(self):
+        self.writer.join()
+
+    def close(self):
+        self.buffer = None
 
 
 class Hpcckpt(_Approach):
@@ -661,7 +722,8 @@ def worker(args):
     steps = args.every * args.nckpt + 2
     raw = {name: {"times": [], "flags": [], "records": [], "rss": []} for name in ["none", *approaches]}
     factories = {"h5py_default": H5pyDefault, "single": Single, "sharded": Sharded, "hpcckpt": Hpcckpt,
-                 "hpcckpt_l1l3": lambda c: Hpcckpt(c, levels=["local", "erasure"]), "dcp_async": DcpAsync}
+                 "hpcckpt_l1l3": lambda c: Hpcckpt(c, levels=["local", "erasure"]), "dcp_async": DcpAsync,
+                 "io_only": IoOnly}
     for round_index in range(args.rounds):
         order = ["none", *approaches]
         if round_index % 2:
@@ -1186,9 +1248,10 @@ def main(argv=None):
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"--models: unknown {sorted(unknown)}; allowed are {', '.join(MODELS)}")
-    unknown = set(a for a in args.approaches.split(",") if a) - set(APPROACHES)
+    unknown = set(a for a in args.approaches.split(",") if a) - set(APPROACHES) - set(EXTRA_APPROACHES)
     if unknown:
-        parser.error(f"--approaches: unknown {sorted(unknown)}; allowed are {', '.join(APPROACHES)}")
+        parser.error(f"--approaches: unknown {sorted(unknown)}; allowed are "
+                     f"{', '.join(APPROACHES + EXTRA_APPROACHES)}")
     if args.levels is not None:
         from hpcckpt.config import LEVEL_ORDER
 
