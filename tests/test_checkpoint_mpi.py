@@ -381,3 +381,29 @@ def test_retired_files_become_spares_node_local_always_l4_only_when_asked(tmp_pa
     expected = ["shard-r00000.hck", "shard-r00001.hck"] if pfs_recycle else []
     assert (sorted(p.name for p in pfs_spares.iterdir()) if pfs_spares.exists() else []) == expected
     assert sorted(p.name for p in (run / "pfs").iterdir() if p.name.startswith("v")) == ["v000000000030"]
+
+
+def test_spares_a_later_job_cannot_reuse_are_deleted_when_it_starts(tmp_path):
+    config = small_job(tmp_path, checkpoint={"every_steps": 5, "keep_local": 1, "keep_pfs": 1},
+                       resilience={"levels": ["local", "pfs"]},
+                       storage={"pfs_every": 1, "pfs_recycle_files": True})
+    assert_ok(run_mpi(2, ["train", "-c", str(config)], cwd=tmp_path))
+    run = tmp_path / "run"
+    pfs_spares, node0_spares = run / "pfs" / ".spare", run / "local" / "node0" / ".spare"
+    assert sorted(p.name for p in pfs_spares.iterdir()) == ["shard-r00000.hck", "shard-r00001.hck"]
+    (pfs_spares / "notes.txt").write_text("not a spare")
+    # One rank, one node, from L4: rank 1 writes nothing any more, so its L4 spare is deleted
+    # at the start and L4 retention does not keep the next one of that name either.
+    one = ["--set", "cluster.simulated_nodes=1"]
+    resumed = run_mpi(1, ["train", "-c", str(config), *one, "--set", "run.steps=40"], cwd=tmp_path)
+    assert_ok(resumed)
+    assert "restored version 30" in resumed.stdout
+    assert sorted(p.name for p in pfs_spares.iterdir()) == ["notes.txt", "shard-r00000.hck"]
+    log = (run / "log" / "rank0.log").read_text()
+    assert "deleted 1 spare file(s)" in log and str(pfs_spares) in log
+    assert [p.name for p in node0_spares.iterdir()] == ["shard-r00000.hck"]
+    # Node-local recycling turned off: the node's spares go when the next job starts.
+    off = run_mpi(1, ["train", "-c", str(config), *one, "--set", "run.steps=45",
+                      "--set", "storage.recycle_files=false"], cwd=tmp_path)
+    assert_ok(off)
+    assert list(node0_spares.iterdir()) == []

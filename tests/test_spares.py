@@ -169,3 +169,35 @@ def test_retiring_survives_the_spare_directory_vanishing(tmp_path, monkeypatch):
     spares.retire(level.shard_path(4))
     assert not level.shard_path(4).exists()
     assert (spares.directory / "shard-r00000.hck").exists()
+
+
+def test_spare_names_tell_the_rank_that_reuses_them():
+    from hpcckpt.levels.spares import spare_kind
+
+    assert spare_kind("shard-r00007.hck") == ("shard", 7, None)
+    assert spare_kind("parity-r00002.hck") == ("parity", 2, None)
+    assert spare_kind("replica-of-r00003-held-by-r00001.hck") == ("replica", 1, 3)
+    assert spare_kind("notes.txt") is None and spare_kind("shard-r00007.hck.tmp") is None
+
+
+def test_prune_deletes_only_spares_the_job_cannot_reuse_and_retire_drops_them(tmp_path):
+    spare_dir = tmp_path / SPARE_DIR_NAME
+    spare_dir.mkdir()
+    names = ["shard-r00000.hck", "shard-r00005.hck", "parity-r00000.hck", "replica-of-r00002-held-by-r00000.hck",
+             "replica-of-r00003-held-by-r00000.hck", "notes.txt"]
+    for name in names:
+        (spare_dir / name).write_bytes(b"x" * 100)
+    # This job: rank 0 writes here, with partner (0 holds 2's replica) and no erasure.
+    spares = SpareFiles(tmp_path, reusable=lambda kind, writer, source: writer == 0 and kind != "parity"
+                        and (kind != "replica" or source == 2))
+    assert spares.prune() == (3, 300)
+    assert sorted(p.name for p in spare_dir.iterdir()) == ["notes.txt", "replica-of-r00002-held-by-r00000.hck",
+                                                           "shard-r00000.hck"]
+    retired = tmp_path / "v1" / "shard-r00005.hck"
+    retired.parent.mkdir()
+    retired.write_bytes(b"y")
+    spares.retire(retired)  # no rank of this job would take it: deleted, not kept
+    assert not retired.exists() and not (spare_dir / "shard-r00005.hck").exists()
+    # Recycling off: every spare a level wrote goes, a foreign file stays.
+    assert SpareFiles(tmp_path, enabled=False).prune() == (2, 200)
+    assert [p.name for p in spare_dir.iterdir()] == ["notes.txt"]

@@ -211,11 +211,15 @@ class Checkpointer:
         use_direct_io = config.storage.direct_io
         # L1-L3 share the node-local directory and so its spares: L1's retention retires
         # replicas and parity too (levels/spares.py).
-        spares = SpareFiles(self.local_dir, config.storage.recycle_files)
+        # Ranks whose node-local directory is this rank's (those of its node, as a rule).
+        self._dir_sharers = frozenset(r for r, d in enumerate(self.local_dirs) if d == self.local_dir)
+        spares = self._node_spares = SpareFiles(self.local_dir, config.storage.recycle_files,
+                                                self._reusable_node_spare)
         self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares)
                       if "local" in self.levels_enabled else None)
         self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io,
-                             SpareFiles(self.pfs_dir, config.storage.pfs_recycle_files))
+                             SpareFiles(self.pfs_dir, config.storage.pfs_recycle_files,
+                                        lambda kind, writer, _: kind == "shard" and writer < self.world_size))
                     if "pfs" in self.levels_enabled else None)
         self.partner = None
         self.erasure = None
@@ -266,9 +270,41 @@ class Checkpointer:
             for level in (self.local, self.pfs):
                 if level is not None:
                     level.prepare()
+            self._prune_spares()
         except HpcckptError as exc:
             error = str(exc)
         self._raise_if_any_failed("storage check", error, StorageError)
+
+    def _reusable_node_spare(self, kind: str, writer: int, source: int | None) -> bool:
+        """Whether this job can overwrite a node-local spare: its writer is a rank of this
+        directory, the level that writes it is on, and a replica's pair is still partners."""
+        if writer not in self._dir_sharers:
+            return False
+        if kind == "replica":
+            return ("partner" in self.levels_enabled and source < self.world_size
+                    and self.partner_of[source] == writer)
+        return ("local" if kind == "shard" else "erasure") in self.levels_enabled
+
+    def _prune_spares(self) -> None:
+        """Spares an earlier run left that this one can never reuse (another rank count or
+        placement, another partner scheme, a level or recycling turned off) would hold their
+        space for good: one rank per node-local directory, and rank 0 on L4, delete them
+        before the first checkpoint. Spares are never versions, so nothing saved is lost."""
+        prunes = []
+        if self.rank == min(self._dir_sharers) and self.local_dir and \
+                set(self.levels_enabled) & {"local", "partner", "erasure"}:
+            prunes.append(self._node_spares)
+        if self.rank == 0 and self.pfs is not None:
+            prunes.append(self.pfs.spares)
+        for spares in prunes:
+            try:
+                files, nbytes = spares.prune()
+            except OSError as exc:
+                raise StorageError(f"cannot clean up the spare files in {str(spares.directory)!r}: "
+                                   f"{exc.strerror or exc}; delete that directory by hand") from None
+            if files and self.log:
+                self.log.info(f"deleted {files} spare file(s) ({nbytes / 1e6:.1f} MB) in {spares.directory} "
+                              "that this job cannot reuse")
 
     def _raise_if_any_failed(self, phase: str, error: str | None, error_type=CheckpointError, step=None):
         """(all ranks) Turn a failure on any rank into the same exception on every rank."""

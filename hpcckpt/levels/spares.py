@@ -18,7 +18,10 @@ A spare is never a version: restart, listing and verification only look into ver
 directories (v<step>), and an interrupted overwrite leaves only a temporary file behind.
 Disk use: the peak is what it was (keep + 1 versions, while the newest one is written); in
 between, the spares keep it there instead of dropping back to `keep` versions.
-`storage.recycle_files = false` deletes retired node-local files instead.
+`storage.recycle_files = false` deletes retired node-local files instead. A job deletes, when
+it starts, the spares it can never reuse (another rank count, placement or partner scheme, a
+level or recycling turned off), and retires none of those names: they would hold their space
+for good.
 
 A spare is overwritten in place, so whatever still reads the retired file sees the new bytes
 (checksums catch it in hpcckpt's readers), and a spare with other names (hard links of a
@@ -29,25 +32,51 @@ training was idle (perf/RESULTS.md).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Callable
 
 SPARE_DIR_NAME = ".spare"
+# The data file names of levels/base.py, with the rank that writes (and so reuses) each.
+_SHARD = re.compile(r"^shard-r(\d+)\.hck$")
+_PARITY = re.compile(r"^parity-r(\d+)\.hck$")
+_REPLICA = re.compile(r"^replica-of-r(\d+)-held-by-r(\d+)\.hck$")
+
+
+def spare_kind(name: str) -> tuple[str, int, int | None] | None:
+    """(kind, rank that writes the file, source rank of a replica) for a spare's name; None
+    for a name no level writes."""
+    for kind, pattern in (("shard", _SHARD), ("parity", _PARITY)):
+        match = pattern.match(name)
+        if match:
+            return kind, int(match.group(1)), None
+    match = _REPLICA.match(name)
+    if match:
+        return "replica", int(match.group(2)), int(match.group(1))
+    return None
 
 
 class SpareFiles:
     """The spares of one level's directory. File names carry the rank, and each rank only
     takes spares of its own names, so ranks sharing the directory never collide."""
 
-    def __init__(self, root: str | Path, enabled: bool = True):
+    def __init__(self, root: str | Path, enabled: bool = True,
+                 reusable: Callable[[str, int, int | None], bool] | None = None):
         # Disabled, it is what a level without recycling uses: nothing to overwrite, and
-        # retiring deletes.
+        # retiring deletes. `reusable(kind, writer, source)` (see spare_kind) says which
+        # spares this job can take again; the others are deleted, not kept.
         self.directory = Path(root) / SPARE_DIR_NAME
         self.enabled = enabled
+        self.reusable = reusable or (lambda kind, writer, source: True)
+
+    def _keeps(self, name: str) -> bool:
+        kind = spare_kind(name)
+        return self.enabled and (kind is None or self.reusable(*kind))
 
     def retire(self, path: Path) -> None:
         """Keep `path` as the spare of its name (replacing an older one), or delete it when
         recycling is off. A missing file is not an error: it was never written or is gone."""
-        if not self.enabled:
+        if not self._keeps(path.name):
             path.unlink(missing_ok=True)
             return
         for _ in range(2):
@@ -60,6 +89,29 @@ class SpareFiles:
                     return
                 # The spare directory went in between (someone cleaned it up): once more.
         path.unlink(missing_ok=True)
+
+    def prune(self) -> tuple[int, int]:
+        """Delete the spares this job can never reuse (an earlier run's: of a rank the job
+        no longer places here, of a replica pair the partner scheme no longer makes, of a
+        level that is off, or any while recycling is off); they would hold their space for
+        good. Names no level writes are left alone. Returns (files, bytes) deleted."""
+        try:
+            names = sorted(p.name for p in self.directory.iterdir())
+        except FileNotFoundError:
+            return 0, 0
+        files = nbytes = 0
+        for name in names:
+            if spare_kind(name) is None or self._keeps(name):
+                continue
+            path = self.directory / name
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            files += 1
+            nbytes += size
+        return files, nbytes
 
     def spare_for(self, path: Path | str) -> Path | None:
         """Where a spare to overwrite for a file named like `path` would be (it may not exist:
