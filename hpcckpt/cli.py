@@ -210,7 +210,7 @@ def _command_evaluate(args) -> int:
     try:
         backend = select_backend(config.run.device, topology.local_index(comm.Get_rank()))
         trainer = Trainer(config, comm, backend, log)
-        checkpointer = Checkpointer(comm, config, topology=topology, log=log)
+        checkpointer = Checkpointer(comm, config, topology=topology, log=log, prune_spares=False)
         try:
             for name, array in trainer.protected_arrays():
                 checkpointer.protect(name, array)

@@ -543,7 +543,8 @@ def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
                      "left, and L4 has no copy)")
     if unfinished:
         parts.append(f"rank(s) {unfinished} on surviving node(s) {sorted({node_of[r] for r in unfinished})} hold "
-                     "no copy of it (most likely the job stopped while they were writing it)")
+                     "no copy of it and no other level has one (most likely the job stopped while they were "
+                     "writing it)")
     return (f"checkpoint version {step} cannot be recovered: " + ", and ".join(parts)
             + "; restart from an older version or enable the pfs level")
 

@@ -385,25 +385,39 @@ def test_retired_files_become_spares_node_local_always_l4_only_when_asked(tmp_pa
 
 def test_spares_a_later_job_cannot_reuse_are_deleted_when_it_starts(tmp_path):
     config = small_job(tmp_path, checkpoint={"every_steps": 5, "keep_local": 1, "keep_pfs": 1},
-                       resilience={"levels": ["local", "pfs"]},
-                       storage={"pfs_every": 1, "pfs_recycle_files": True})
-    assert_ok(run_mpi(2, ["train", "-c", str(config)], cwd=tmp_path))
+                       resilience={"levels": ["local", "partner", "pfs"]},
+                       storage={"pfs_every": 1, "pfs_recycle_files": True}, cluster={"simulated_nodes": 2})
+    assert_ok(run_mpi(4, ["train", "-c", str(config)], cwd=tmp_path))
     run = tmp_path / "run"
-    pfs_spares, node0_spares = run / "pfs" / ".spare", run / "local" / "node0" / ".spare"
-    assert sorted(p.name for p in pfs_spares.iterdir()) == ["shard-r00000.hck", "shard-r00001.hck"]
+    spares = {node: run / "local" / f"node{node}" / ".spare" for node in (0, 1)}
+    pfs_spares = run / "pfs" / ".spare"
+
+    def names(directory):
+        return sorted(p.name for p in directory.iterdir())
+
+    # Ranks 0, 1 on node 0 and 2, 3 on node 1; each holds the replica of its partner on the other node.
+    assert [n for n in names(spares[0]) if n.startswith("shard")] == ["shard-r00000.hck", "shard-r00001.hck"]
+    assert len([n for n in names(spares[0]) if n.startswith("replica")]) == 2
+    assert names(pfs_spares) == [f"shard-r{r:05d}.hck" for r in range(4)]
     (pfs_spares / "notes.txt").write_text("not a spare")
-    # One rank, one node, from L4: rank 1 writes nothing any more, so its L4 spare is deleted
-    # at the start and L4 retention does not keep the next one of that name either.
-    one = ["--set", "cluster.simulated_nodes=1"]
-    resumed = run_mpi(1, ["train", "-c", str(config), *one, "--set", "run.steps=40"], cwd=tmp_path)
+    # Two ranks now, one per node, from L4: ranks 2 and 3 are gone, rank 1 moved to node 1, and
+    # the partners changed. What is left is what this job writes, and nothing else.
+    resumed = run_mpi(2, ["train", "-c", str(config), "--set", "run.steps=40"], cwd=tmp_path)
     assert_ok(resumed)
     assert "restored version 30" in resumed.stdout
-    assert sorted(p.name for p in pfs_spares.iterdir()) == ["notes.txt", "shard-r00000.hck"]
+    assert names(spares[0]) == ["replica-of-r00001-held-by-r00000.hck", "shard-r00000.hck"]
+    assert names(spares[1]) == ["replica-of-r00000-held-by-r00001.hck", "shard-r00001.hck"]
+    assert names(pfs_spares) == ["notes.txt", "shard-r00000.hck", "shard-r00001.hck"]
     log = (run / "log" / "rank0.log").read_text()
-    assert "deleted 1 spare file(s)" in log and str(pfs_spares) in log
-    assert [p.name for p in node0_spares.iterdir()] == ["shard-r00000.hck"]
-    # Node-local recycling turned off: the node's spares go when the next job starts.
-    off = run_mpi(1, ["train", "-c", str(config), *one, "--set", "run.steps=45",
-                      "--set", "storage.recycle_files=false"], cwd=tmp_path)
+    assert "deleted 2 spare file(s)" in log and str(pfs_spares) in log
+    # Evaluating leaves the run as it is, even with other levels.
+    evaluate = run_mpi(1, ["evaluate", "-c", str(config), "--set", "cluster.simulated_nodes=1",
+                           "--set", "resilience.levels=[\"pfs\"]"], cwd=tmp_path)
+    assert evaluate.returncode == 0, evaluate.stderr
+    assert names(spares[0]) == ["replica-of-r00001-held-by-r00000.hck", "shard-r00000.hck"]
+    assert names(pfs_spares) == ["notes.txt", "shard-r00000.hck", "shard-r00001.hck"]
+    # Node-local recycling turned off: the node's spares go when the next training job starts.
+    off = run_mpi(2, ["train", "-c", str(config), "--set", "run.steps=45", "--set", "storage.recycle_files=false"],
+                  cwd=tmp_path)
     assert_ok(off)
-    assert list(node0_spares.iterdir()) == []
+    assert names(spares[0]) == [] and names(spares[1]) == []

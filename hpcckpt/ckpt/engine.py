@@ -187,8 +187,10 @@ def quiet_barrier(comm) -> None:
 
 
 class Checkpointer:
-    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS):
-        """(all ranks) Collective: checks storage on every rank and fails together."""
+    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, prune_spares: bool = True):
+        """(all ranks) Collective: checks storage on every rank and fails together.
+        `prune_spares`: delete the spare files this job can never reuse (levels/spares.py);
+        off for jobs that only read checkpoints (evaluate), which must leave a run as it is."""
         from mpi4py import MPI
 
         if not hasattr(config, "resilience"):  # a path to a job TOML, for library users
@@ -259,18 +261,19 @@ class Checkpointer:
         self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
         self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        self._prepare_storage()
+        self._prepare_storage(prune_spares)
 
     # -- set-up --------------------------------------------------------------------------
-    def _prepare_storage(self) -> None:
+    def _prepare_storage(self, prune_spares: bool) -> None:
         error = None
         try:
             if not self.levels_enabled:
                 raise ConfigError("resilience.levels is empty; list at least one of local, partner, erasure, pfs")
+            if prune_spares:  # first: stale spares may be what filled the disk the probe writes to
+                self._prune_spares()
             for level in (self.local, self.pfs):
                 if level is not None:
                     level.prepare()
-            self._prune_spares()
         except HpcckptError as exc:
             error = str(exc)
         self._raise_if_any_failed("storage check", error, StorageError)
@@ -299,9 +302,11 @@ class Checkpointer:
         for spares in prunes:
             try:
                 files, nbytes = spares.prune()
-            except OSError as exc:
-                raise StorageError(f"cannot clean up the spare files in {str(spares.directory)!r}: "
-                                   f"{exc.strerror or exc}; delete that directory by hand") from None
+            except OSError as exc:  # recycling only saves time: a start that worked before still does
+                if self.log:
+                    self.log.warning(f"cannot clean up the spare files in {str(spares.directory)!r}: "
+                                     f"{exc.strerror or exc}; delete that directory by hand")
+                continue
             if files and self.log:
                 self.log.info(f"deleted {files} spare file(s) ({nbytes / 1e6:.1f} MB) in {spares.directory} "
                               "that this job cannot reuse")
@@ -693,7 +698,7 @@ class Checkpointer:
                 except Exception as exc:  # a CUDA error of an asynchronous copy lands here
                     error = f"copying GPU arrays into the snapshot: {type(exc).__name__}: {exc}"
                 report.device_to_host_s = time.perf_counter() - device_started
-            # Every rank agrees, so none persists a torn snapshot (one cheap allgather).
+            # Every rank agrees, so none persists a torn snapshot (one allreduce round).
             self._raise_if_any_failed("snapshot", error, step=report.step)
             self._persist(snapshot, report, started)
             self.last_report = report
