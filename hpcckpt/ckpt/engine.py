@@ -213,8 +213,11 @@ class Checkpointer:
         use_direct_io = config.storage.direct_io
         # L1-L3 share the node-local directory and so its spares: L1's retention retires
         # replicas and parity too (levels/spares.py).
-        # Ranks whose node-local directory is this rank's (those of its node, as a rule).
-        self._dir_sharers = frozenset(r for r, d in enumerate(self.local_dirs) if d == self.local_dir)
+        # Ranks whose node-local directory is this rank's: on its node, under the same path (the
+        # same path on two nodes is two directories, as with a plain /local/scratch/ckpt).
+        node_of = self.topology.node_of_rank
+        self._dir_sharers = frozenset(r for r, d in enumerate(self.local_dirs)
+                                      if d == self.local_dir and node_of[r] == self.node)
         spares = self._node_spares = SpareFiles(self.local_dir, config.storage.recycle_files,
                                                 self._reusable_node_spare)
         self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares)
