@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -43,6 +44,17 @@ class Holdings:
     replicas: dict  # step -> source ranks whose replica this rank holds
     parity: tuple  # steps whose parity pieces this rank holds
     pfs: dict  # step -> world size
+    # The rank's node-local directory holds version directories (complete or not) or spares:
+    # its node survived, even if nothing on it is committed (a lost node's directory is gone).
+    node_files: bool = False
+
+
+def _node_files(ckpt) -> bool:
+    from hpcckpt.levels.base import list_version_steps
+    from hpcckpt.levels.spares import SPARE_DIR_NAME
+
+    root = Path(ckpt.local_dir)
+    return bool(list_version_steps(root)) or (root / SPARE_DIR_NAME).is_dir()
 
 
 def _discover(ckpt) -> Holdings:
@@ -67,7 +79,7 @@ def _discover(ckpt) -> Holdings:
                 pfs[step] = ckpt.pfs.manifest(step).world_size
             except HpcckptError as exc:
                 _warn(ckpt, f"ignoring L4 version {step}: {exc}")
-    return Holdings(local, replicas, tuple(parity), pfs)
+    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ckpt))
 
 
 def _erasure_lost(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[int]:
@@ -530,10 +542,10 @@ def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
                 f"{ckpt.world_size}: node-local copies only serve the same number of ranks, and L4 has no copy "
                 "of it; restart with the same number of ranks, or from a version on L4 (see hpcckpt inspect)")
     node_of = ckpt.topology.node_of_rank
-    # A node whose directory still holds some checkpoint survived; a rank there that lacks this
+    # A node whose directory still holds checkpoint files survived; a rank there that lacks this
     # version usually was still writing it when the job stopped. Calling that a lost node would
     # send the operator looking for a failure that did not happen.
-    surviving = {node_of[r] for r, h in enumerate(everyone) if h.local or h.parity or h.replicas}
+    surviving = {node_of[r] for r, h in enumerate(everyone) if h.local or h.parity or h.replicas or h.node_files}
     unfinished = [r for r in missing if node_of[r] in surviving]
     lost = [r for r in missing if node_of[r] not in surviving]
     parts = []

@@ -28,3 +28,12 @@ def test_only_lost_nodes_name_no_unfinished_rank():
     everyone = [holdings((8,)), holdings((8,)), holdings(), holdings()]
     message = _missing_message(job([0, 0, 1, 1]), everyone, 8)
     assert "rank(s) [2, 3] on node(s) [1]" in message and "surviving node" not in message
+
+
+def test_a_node_with_only_uncommitted_files_counts_as_surviving():
+    # The job died in its first checkpoint: node 0 holds only half-written files, node 1 is gone.
+    started = Holdings(local={}, replicas={}, parity=(), pfs={}, node_files=True)
+    everyone = [started, started, holdings(), holdings()]
+    message = _missing_message(job([0, 0, 1, 1]), everyone, 4)
+    assert "rank(s) [2, 3] on node(s) [1] are on no surviving level" in message
+    assert "rank(s) [0, 1] on surviving node(s) [0] hold no copy" in message
