@@ -545,7 +545,7 @@ def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
     # A node whose directory still holds checkpoint files survived; a rank there that lacks this
     # version usually was still writing it when the job stopped. Calling that a lost node would
     # send the operator looking for a failure that did not happen.
-    surviving = {node_of[r] for r, h in enumerate(everyone) if h.local or h.parity or h.replicas or h.node_files}
+    surviving = {node_of[r] for r, h in enumerate(everyone) if h.node_files}
     unfinished = [r for r in missing if node_of[r] in surviving]
     lost = [r for r in missing if node_of[r] not in surviving]
     parts = []

@@ -255,62 +255,24 @@ class H5pyDefault(_Approach):
         self.syncer.join()
 
 
-class Single(_Approach):
-    name = "single"
+class _WrittenInBackground(_Approach):
+    """An approach that takes its copy on the step (prepare) and writes it in a background
+    thread (write), keeping the two newest versions, with at most one write in flight."""
+
+    durable_level = "pfs"
+    remove_old_first = True  # the older version goes before the write; else after it
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.writer = _BackgroundWriter()
-        self.buffers = [np_empty_like(a) for _, a in self.arrays] if self.rank == 0 else []
-        self.files = []
+        self.versions = []
 
-    def after_step(self, step):
-        started = time.perf_counter()
-        record = {"step": step, "durable": {}}
-        self.writer.join()
-        record["wait"] = time.perf_counter() - started
-        if self.rank == 0:
-            copy_started = time.perf_counter()
-            for (_, array), buffer in zip(self.arrays, self.buffers):
-                np_copyto(buffer, array)
-            record["prep"] = time.perf_counter() - copy_started
-            path = os.path.join(self.dir, f"ckpt-{step}.bin")
-            self.files.append(path)
-            old = self.files[:-2]
-            self.files = self.files[-2:]
+    def prepare(self, step):
+        """Take this rank's copy; returns the path of the version to write, or None."""
+        raise NotImplementedError
 
-            def persist():
-                for p in old:
-                    _remove(p)
-                write_durably(path, self.buffers)
-                record["durable"]["pfs"] = time.perf_counter() - started
-
-            self.writer.start(persist)
-        else:
-            record["prep"] = 0.0
-        record["blocking"] = time.perf_counter() - started
-        self.records.append(record)
-        return record["blocking"]
-
-    def finish(self):
-        self.writer.join()
-
-    def close(self):
-        self.buffers = []
-
-
-class Sharded(_Approach):
-    name = "sharded"
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.writer = _BackgroundWriter()
-        self.slices = []
-        for _, array in self.arrays:
-            n = array.size
-            lo, hi = n * self.rank // self.size, n * (self.rank + 1) // self.size
-            self.slices.append((array.reshape(-1)[lo:hi], np_empty(hi - lo, array.dtype)))
-        self.files = []
+    def write(self, path):
+        raise NotImplementedError
 
     def after_step(self, step):
         started = time.perf_counter()
@@ -318,21 +280,21 @@ class Sharded(_Approach):
         self.writer.join()
         record["wait"] = time.perf_counter() - started
         copy_started = time.perf_counter()
-        for view, buffer in self.slices:
-            np_copyto(buffer, view)
-        record["prep"] = time.perf_counter() - copy_started
-        path = os.path.join(self.dir, f"ckpt-{step}-r{self.rank}.bin")
-        self.files.append(path)
-        old = self.files[:-2]
-        self.files = self.files[-2:]
+        path = self.prepare(step)
+        record["prep"] = time.perf_counter() - copy_started if path is not None else 0.0
+        if path is not None:
+            self.versions.append(path)
+            old, self.versions = self.versions[:-2], self.versions[-2:]
 
-        def persist():
-            for p in old:
-                _remove(p)
-            write_durably(path, [b for _, b in self.slices])
-            record["durable"]["pfs"] = time.perf_counter() - started
+            def persist():
+                for p in old if self.remove_old_first else ():
+                    _remove(p)
+                self.write(path)
+                record["durable"][self.durable_level] = time.perf_counter() - started
+                for p in () if self.remove_old_first else old:
+                    _remove(p)
 
-        self.writer.start(persist)
+            self.writer.start(persist)
         record["blocking"] = time.perf_counter() - started
         self.records.append(record)
         return record["blocking"]
@@ -340,19 +302,63 @@ class Sharded(_Approach):
     def finish(self):
         self.writer.join()
 
+
+class Single(_WrittenInBackground):
+    name = "single"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.buffers = [np_empty_like(a) for _, a in self.arrays] if self.rank == 0 else []
+
+    def prepare(self, step):
+        if self.rank != 0:
+            return None
+        for (_, array), buffer in zip(self.arrays, self.buffers):
+            np_copyto(buffer, array)
+        return os.path.join(self.dir, f"ckpt-{step}.bin")
+
+    def write(self, path):
+        write_durably(path, self.buffers)
+
+    def close(self):
+        self.buffers = []
+
+
+class Sharded(_WrittenInBackground):
+    name = "sharded"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.slices = []
+        for _, array in self.arrays:
+            n = array.size
+            lo, hi = n * self.rank // self.size, n * (self.rank + 1) // self.size
+            self.slices.append((array.reshape(-1)[lo:hi], np_empty(hi - lo, array.dtype)))
+
+    def prepare(self, step):
+        for view, buffer in self.slices:
+            np_copyto(buffer, view)
+        return os.path.join(self.dir, f"ckpt-{step}-r{self.rank}.bin")
+
+    def write(self, path):
+        write_durably(path, [b for _, b in self.slices])
+
     def close(self):
         self.slices = []
 
 
-class IoOnly(_Approach):
+class IoOnly(_WrittenInBackground):
     """Attribution, not a checkpoint: every rank writes the bytes hpcckpt's levels store for it
     (its shard on L1 and on L4, the replica it holds, its parity) with hpcckpt's writer
-    (write_bytes_atomically, O_DIRECT, the two newest versions kept), from one reused buffer in
-    a background thread: no copy, no MPI, no encoding, no checksums. It always writes new
-    files, where hpcckpt overwrites node-local spares, so its overhead is an upper bound on
-    what the checkpoint's I/O alone costs training on this machine."""
+    (write_bytes_atomically, O_DIRECT, the two newest versions kept, the older one removed
+    after the write as hpcckpt's retention does), from one reused buffer in a background
+    thread: no copy, no MPI, no encoding, no checksums. It always writes new files, where
+    hpcckpt overwrites node-local spares, so its overhead is an upper bound on what the
+    checkpoint's I/O alone costs training on this machine."""
 
     name = "io_only"
+    durable_level = "all"
+    remove_old_first = False
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -365,36 +371,16 @@ class IoOnly(_Approach):
         self.sizes = [int(shard * per_level[lv]) for lv in ctx["levels"] if per_level.get(lv)]
         self.buffer = aligned_empty(max(self.sizes))
         self.buffer[:] = 7
-        self.writer = _BackgroundWriter()
-        self.versions = []
 
-    def after_step(self, step):
+    def prepare(self, step):
+        return os.path.join(self.dir, f"r{self.rank}-v{step}")
+
+    def write(self, path):
         from hpcckpt.ckpt.shardfile import write_bytes_atomically
 
-        started = time.perf_counter()
-        record = {"step": step, "durable": {}, "prep": 0.0}
-        self.writer.join()
-        record["wait"] = time.perf_counter() - started
-        directory = os.path.join(self.dir, f"r{self.rank}-v{step}")
-        self.versions.append(directory)
-        old, self.versions = self.versions[:-2], self.versions[-2:]
-
-        def persist():
-            os.makedirs(directory, exist_ok=True)
-            for index, size in enumerate(self.sizes):
-                write_bytes_atomically(os.path.join(directory, f"file{index}.bin"), memoryview(self.buffer)[:size],
-                                       direct=True)
-            record["durable"]["all"] = time.perf_counter() - started
-            for path in old:
-                _remove(path)
-
-        self.writer.start(persist)
-        record["blocking"] = time.perf_counter() - started
-        self.records.append(record)
-        return record["blocking"]
-
-    def finish(self):
-        self.writer.join()
+        os.makedirs(path, exist_ok=True)
+        for index, size in enumerate(self.sizes):
+            write_bytes_atomically(os.path.join(path, f"file{index}.bin"), memoryview(self.buffer)[:size], direct=True)
 
     def close(self):
         self.buffer = None

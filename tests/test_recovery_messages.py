@@ -6,7 +6,8 @@ from hpcckpt.recovery import Holdings, _missing_message
 
 
 def holdings(local=()):
-    return Holdings(local={step: 4 for step in local}, replicas={}, parity=(), pfs={})
+    # Committed L1 versions live in version directories, so their node holds files.
+    return Holdings(local={step: 4 for step in local}, replicas={}, parity=(), pfs={}, node_files=bool(local))
 
 
 def job(node_of_rank):

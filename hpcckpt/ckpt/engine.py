@@ -297,8 +297,7 @@ class Checkpointer:
         space for good: one rank per node-local directory, and rank 0 on L4, delete them
         before the first checkpoint. Spares are never versions, so nothing saved is lost."""
         prunes = []
-        if self.rank == min(self._dir_sharers) and self.local_dir and \
-                set(self.levels_enabled) & {"local", "partner", "erasure"}:
+        if self.rank == min(self._dir_sharers) and set(self.levels_enabled) & {"local", "partner", "erasure"}:
             prunes.append(self._node_spares)
         if self.rank == 0 and self.pfs is not None:
             prunes.append(self.pfs.spares)
