@@ -1,4 +1,5 @@
-"""Command line: hpcckpt train | make-data (run under mpiexec for several ranks)."""
+"""Command line: hpcckpt train | evaluate | inspect | report | verify | export | make-data | clean-shm
+(run train and evaluate under mpiexec for several ranks)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="auto: resume from the newest checkpoint if any (default); require: fail if none; "
                             "never: start fresh (refuses if checkpoints exist)")
     train.add_argument("--inject", action="append", default=[], metavar="FAULT",
-                       help="fault injection for tests/demos: rank-kill:rank=R:step=S[:phase=P] or "
-                            "node-loss:node=N:step=S[:phase=P] (repeatable)")
+                       help="fault injection for tests/demos: rank-kill:rank=R:step=S[:phase=P][:attempt=A] or "
+                            "node-loss:node=N:step=S[:phase=P][:attempt=A] (repeatable; attempt=A: only in attempt "
+                            "A of a job script's restart loop)")
 
     inspect = commands.add_parser("inspect", help="list checkpoint versions per level")
     _add_config_arguments(inspect)
@@ -92,9 +94,10 @@ def _command_train(args) -> int:
         from hpcckpt.errors import ConfigError
 
         raise ConfigError(
-            f"{config.source}: cluster.simulated_nodes = {config.cluster.simulated_nodes} but only "
-            f"{comm.Get_size()} ranks run; use at most {comm.Get_size()} or start more ranks with mpiexec -n"
+            f"{config.origin('cluster.simulated_nodes')}: cluster.simulated_nodes = {config.cluster.simulated_nodes} "
+            f"but only {comm.Get_size()} ranks run; use at most {comm.Get_size()} or start more ranks with mpiexec -n"
         )
+    _check_fault_targets(faults, config, comm)
     summary = run_training(config, comm, restart=args.restart, faults=faults)
     if summary.halted:
         from hpcckpt.train.stopping import EXIT_HALTED
@@ -103,17 +106,74 @@ def _command_train(args) -> int:
     return 0
 
 
-def _command_make_data(args) -> int:
+def _check_fault_targets(faults, config, comm) -> None:
+    """A fault aimed at a rank or node the job does not have would never fire, and a test or
+    demo relying on it would pass for the wrong reason."""
+    from hpcckpt.errors import ConfigError
+
+    size = comm.Get_size()
+    for fault in faults:
+        if fault.kind == "rank-kill" and not 0 <= fault.target < size:
+            raise ConfigError(f"--inject rank-kill:rank={fault.target}: this job has ranks 0 to {size - 1}; "
+                              "choose one of them")
+    if not any(f.kind == "node-loss" for f in faults):
+        return
+    if config.cluster.simulated_nodes:
+        nodes, kind = config.cluster.simulated_nodes, "simulated node(s) (cluster.simulated_nodes)"
+    else:
+        from hpcckpt.cluster.placement import discover_topology
+
+        nodes, kind = len(set(discover_topology(comm, 0).node_of_rank)), "node(s)"
+    for fault in faults:
+        if fault.kind == "node-loss" and not 0 <= fault.target < nodes:
+            raise ConfigError(f"--inject node-loss:node={fault.target}: this job has {nodes} {kind}, "
+                              f"numbered 0 to {nodes - 1}; choose one of them")
+
+
+def _output_path(command: str, output: str):
+    """Check -o before any work: a missing or read-only directory would otherwise surface only
+    at the end, as a traceback from HDF5."""
     from pathlib import Path
 
+    from hpcckpt.errors import ConfigError
+
+    path = Path(output)
+    if path.exists():
+        raise ConfigError(f"{command}: {path} exists; choose another -o (nothing is overwritten)")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{command}: cannot write {path}: directory {parent} does not exist; "
+                          "create it or choose another -o")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{command}: cannot write {path}: directory {parent} is not writable; choose another -o")
+    return path
+
+
+def _write_via_temporary(command: str, path, write) -> None:
+    """write(temporary), then rename it to `path`: a failed write leaves neither a partial
+    file under the real name nor the temporary one."""
+    from hpcckpt.errors import StorageError
+
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        write(temporary)
+        temporary.rename(path)
+    except BaseException as exc:
+        temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise StorageError(f"{command}: writing {path} failed: {exc.strerror or exc}") from None
+        raise
+
+
+def _command_make_data(args) -> int:
     from hpcckpt.errors import ConfigError
     from hpcckpt.train.data import write_hdf5_dataset
 
     if args.samples < 2 or args.features < 1 or args.classes < 2:
         raise ConfigError("make-data: need --samples >= 2, --features >= 1, --classes >= 2")
-    if Path(args.output).exists():
-        raise ConfigError(f"make-data: {args.output} exists; choose another -o (nothing is overwritten)")
-    write_hdf5_dataset(args.output, args.samples, args.features, args.classes, args.seed)
+    output = _output_path("make-data", args.output)
+    _write_via_temporary("make-data", output, lambda temporary: write_hdf5_dataset(
+        str(temporary), args.samples, args.features, args.classes, args.seed))
     print(f"wrote {args.samples} samples x {args.features} features, {args.classes} classes to {args.output}")
     return 0
 
@@ -144,32 +204,29 @@ def _command_inspect(args) -> int:
 
 
 def _command_export(args) -> int:
-    from pathlib import Path
-
     import h5py
 
     from hpcckpt.ckpt.catalog import manifest_of, read_full_tensors, resolve_version
     from hpcckpt.config import load_config
-    from hpcckpt.errors import ConfigError
 
     config = load_config(args.config, args.overrides)
-    output = Path(args.output)
-    if output.exists():
-        raise ConfigError(f"export: {output} exists; choose another -o (nothing is overwritten)")
+    output = _output_path("export", args.output)
     step = resolve_version(config, args.version)
     manifest = manifest_of(config, step)
     tensors = read_full_tensors(config, manifest)
-    temporary = output.with_name(output.name + ".tmp")
-    with h5py.File(temporary, "w") as f:
-        f.attrs["step"] = manifest.step
-        f.attrs["world_size"] = manifest.world_size
-        f.attrs["hpcckpt_version"] = __import__("hpcckpt").__version__
-        for key, value in manifest.metrics.items():
-            if isinstance(value, (int, float)):
-                f.attrs[f"metric_{key}"] = value
-        for name, array in tensors.items():
-            f.create_dataset(name, data=array)
-    temporary.rename(output)
+
+    def write(temporary):
+        with h5py.File(temporary, "w") as f:
+            f.attrs["step"] = manifest.step
+            f.attrs["world_size"] = manifest.world_size
+            f.attrs["hpcckpt_version"] = __import__("hpcckpt").__version__
+            for key, value in manifest.metrics.items():
+                if isinstance(value, (int, float)):
+                    f.attrs[f"metric_{key}"] = value
+            for name, array in tensors.items():
+                f.create_dataset(name, data=array)
+
+    _write_via_temporary("export", output, write)
     total = sum(a.nbytes for a in tensors.values())
     print(f"exported version {step} ({len(tensors)} tensors, {total:,} bytes) to {output}")
     return 0

@@ -9,6 +9,7 @@ before any rank starts training.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, get_args, get_origin, get_type_hints
 
 from hpcckpt.errors import ConfigError
+from hpcckpt.faults import ATTEMPT_VARIABLE
 
 LEVEL_ORDER = ("local", "partner", "erasure", "pfs")
 
@@ -139,6 +141,9 @@ class JobConfig:
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     source: str = "<defaults>"
+    # ("section.key", origin) for every key a source set: the file, "--set ..." or
+    # "environment NAME". An error caused by an override must name it, not the file.
+    origins: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def run_dir(self) -> Path:
@@ -150,14 +155,25 @@ class JobConfig:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out.pop("source")
+        out.pop("origins")
         return out
+
+    def origin(self, *keys: str) -> str:
+        """Where the values of these "section.key"s came from, for error messages; keys left at
+        their defaults count as the file's (the file is where to set them)."""
+        known = dict(self.origins)
+        found = list(dict.fromkeys(known[k] for k in keys if k in known))
+        return " and ".join(found) if found else self.source
 
 
 SECTIONS: dict[str, type] = {
     f.name: f.type if isinstance(f.type, type) else get_type_hints(JobConfig)[f.name]
     for f in dataclasses.fields(JobConfig)
-    if f.name != "source"
+    if f.name not in ("source", "origins")
 }
+
+# HPCCKPT_* variables that are not config keys: the restart loop's attempt counter.
+ENV_NOT_CONFIG = (ATTEMPT_VARIABLE,)
 
 # Allowed values, checked after types; each entry: (predicate, description of what is allowed).
 _CHOICES = {
@@ -177,6 +193,7 @@ _POSITIVE = {
     ("resilience", "partner_every"), ("resilience", "erasure_every"), ("checkpoint", "keep_local"),
     ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"), ("checkpoint", "confirm_after_steps"),
 }
+_AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
     ("storage", "pfs_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
@@ -184,13 +201,19 @@ _NON_NEGATIVE = {
 }
 
 
-def _type_name(tp) -> str:
+def _type_name(tp, plural: bool = False) -> str:
     origin = get_origin(tp)
     if origin is tuple:
-        return f"list of {_type_name(get_args(tp)[0])}"
+        return f"list of {_type_name(get_args(tp)[0], plural=True)}"
     if origin is not None:  # a union such as int | str
-        return " or ".join(_type_name(a) for a in get_args(tp))
-    return {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp, str(tp))
+        return " or ".join(_type_name(a, plural) for a in get_args(tp))
+    name = {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp, str(tp))
+    return name + "s" if plural else name
+
+
+def _expected(tp) -> str:
+    name = _type_name(tp)
+    return f"expected {'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _coerce(value: Any, tp, where: str):
@@ -198,7 +221,7 @@ def _coerce(value: Any, tp, where: str):
     origin = get_origin(tp)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{where}: {_expected(tp)}, got {value!r}")
         item_tp = get_args(tp)[0]
         return tuple(_coerce(v, item_tp, where) for v in value)
     if origin is not None:
@@ -207,7 +230,7 @@ def _coerce(value: Any, tp, where: str):
                 return _coerce(value, alternative, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: expected a {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: {_expected(tp)}, got {value!r}")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -220,7 +243,11 @@ def _coerce(value: Any, tp, where: str):
     elif tp is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{where}: expected a {_type_name(tp)}, got {value!r}")
+        if isinstance(value, (datetime.date, datetime.time)):
+            # TOML reads an unquoted 2024-05-01 as a date; only quoting makes it text in a file.
+            raise ConfigError(f"{where}: {_expected(tp)}, got the TOML date/time {value.isoformat()}; "
+                              f"quote it: \"{value.isoformat()}\"")
+    raise ConfigError(f"{where}: {_expected(tp)}, got {value!r}")
 
 
 def _check_value(section: str, key: str, value: Any, where: str) -> None:
@@ -231,14 +258,25 @@ def _check_value(section: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{where}: must be > 0, got {value!r}")
     if (section, key) in _NON_NEGATIVE and isinstance(value, (int, float)) and value < 0:
         raise ConfigError(f"{where}: must be >= 0, got {value!r}")
+    least = _AT_LEAST.get((section, key))
+    if least is not None and isinstance(value, (int, float)) and value < least:
+        raise ConfigError(f"{where}: must be >= {least}, got {value!r}")
 
 
 def _field_types(section_cls) -> dict[str, Any]:
     return get_type_hints(section_cls)
 
 
-def _merge_layer(merged: dict, layer: Mapping[str, Any], origin: str) -> None:
-    """Validate one source's keys and lay them over `merged` (section -> key -> value)."""
+@dataclass(frozen=True)
+class _Setting:
+    value: Any
+    origin: str
+    raw: str | None = None  # the text as typed, for --set and environment values
+
+
+def _merge_layer(merged: dict, layer: Mapping[str, Any], origin: str, raw: str | None = None) -> None:
+    """Check one source's section and key names and lay its values over `merged`
+    (section -> key -> _Setting). Values are checked later, once the winner of each is known."""
     for section, values in layer.items():
         if section not in SECTIONS:
             raise ConfigError(
@@ -248,14 +286,32 @@ def _merge_layer(merged: dict, layer: Mapping[str, Any], origin: str) -> None:
             raise ConfigError(f"{origin}: [{section}] must be a table of keys")
         types = _field_types(SECTIONS[section])
         for key, value in values.items():
-            where = f"{origin}: {section}.{key}"
             if key not in types:
                 raise ConfigError(
                     f"{origin}: unknown key {section}.{key}; keys of [{section}]: {', '.join(types)}"
                 )
-            coerced = _coerce(value, types[key], where)
+            merged.setdefault(section, {})[key] = _Setting(value, origin, raw)
+
+
+def _resolve(merged: dict) -> tuple[dict[str, dict[str, Any]], tuple[tuple[str, str], ...]]:
+    """Type-check the winning value of every key; a value another source overrides is never
+    looked at, so a bad environment default cannot stop a job whose --set corrects it."""
+    values: dict[str, dict[str, Any]] = {}
+    origins = []
+    for section, settings in merged.items():
+        types = _field_types(SECTIONS[section])
+        for key, setting in settings.items():
+            tp, value = types[key], setting.value
+            if setting.raw is not None and tp is str and not isinstance(value, (str, list, dict)):
+                # A bare word on a command line that TOML reads as a date, number or boolean
+                # (run.dir=2024-05-01) is meant as the text typed, for a key that takes text.
+                value = setting.raw
+            where = f"{setting.origin}: {section}.{key}"
+            coerced = _coerce(value, tp, where)
             _check_value(section, key, coerced, where)
-            merged.setdefault(section, {})[key] = coerced
+            values.setdefault(section, {})[key] = coerced
+            origins.append((f"{section}.{key}", setting.origin))
+    return values, tuple(origins)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -275,17 +331,26 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """HPCCKPT_SECTION_KEY variables; other HPCCKPT_* names (not a section) are left alone."""
-    layer: dict[str, dict[str, Any]] = {}
-    for name, raw in environ.items():
-        if not name.startswith("HPCCKPT_"):
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, str, str]]:
+    """(variable, section, key, raw value) of each HPCCKPT_SECTION_KEY variable. Any other
+    HPCCKPT_* name is an error (a misspelt section would otherwise be ignored without a word),
+    except those in ENV_NOT_CONFIG, which the job scripts set for other purposes."""
+    found = []
+    for name in sorted(environ):
+        if not name.startswith("HPCCKPT_") or name in ENV_NOT_CONFIG:
             continue
-        rest = name[len("HPCCKPT_"):].lower()
-        section, _, key = rest.partition("_")
-        if section in SECTIONS and key:
-            layer.setdefault(section, {})[key] = _parse_value(raw)
-    return layer
+        section, _, key = name[len("HPCCKPT_"):].lower().partition("_")
+        if section not in SECTIONS:
+            raise ConfigError(
+                f"environment {name}: unknown section {section!r}; config variables are "
+                f"HPCCKPT_<SECTION>_<KEY> with SECTION one of {', '.join(SECTIONS)} "
+                f"(unset {name} if it is not meant for hpcckpt)"
+            )
+        if not key:
+            raise ConfigError(f"environment {name}: names no key; use HPCCKPT_{section.upper()}_<KEY>, "
+                              f"keys of [{section}]: {', '.join(_field_types(SECTIONS[section]))}")
+        found.append((name, section, key, environ[name]))
+    return found
 
 
 def load_config(
@@ -295,7 +360,7 @@ def load_config(
 ) -> JobConfig:
     """Read a job config; `path` None gives the embedded default job (jobs/local.toml)."""
     environ = os.environ if environ is None else environ
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, dict[str, _Setting]] = {}
     if path is None:
         origin = "<embedded jobs/local.toml>"
         text = default_job_text()
@@ -312,55 +377,69 @@ def load_config(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
     _merge_layer(merged, file_layer, origin)
-    env_layer = env_overrides(environ)
-    for section, values in env_layer.items():
-        for key, value in values.items():
-            _merge_layer(merged, {section: {key: value}}, f"environment HPCCKPT_{section.upper()}_{key.upper()}")
+    for name, section, key, raw in env_overrides(environ):
+        _merge_layer(merged, {section: {key: _parse_value(raw)}}, f"environment {name}", raw)
     for text_override in overrides:
         section, key, value = parse_override(text_override)
-        _merge_layer(merged, {section: {key: value}}, f"--set {text_override}")
-    sections = {name: SECTIONS[name](**merged.get(name, {})) for name in SECTIONS}
-    config = JobConfig(**sections, source=origin)
-    _check_consistency(config, origin)
+        raw = text_override.split("=", 1)[1].strip()
+        _merge_layer(merged, {section: {key: value}}, f"--set {text_override}", raw)
+    values, origins = _resolve(merged)
+    sections = {name: SECTIONS[name](**values.get(name, {})) for name in SECTIONS}
+    config = JobConfig(**sections, source=origin, origins=origins)
+    _check_consistency(config)
     return config
 
 
-def _check_consistency(config: JobConfig, origin: str) -> None:
-    """Rules that involve more than one key."""
+def _check_consistency(config: JobConfig) -> None:
+    """Rules that involve more than one key; each message names the sources of its keys."""
+    where = config.origin
     levels = config.resilience.levels
+    if not levels:
+        raise ConfigError(
+            f"{where('resilience.levels')}: resilience.levels is empty; list at least one of "
+            f"{', '.join(LEVEL_ORDER)} (e.g. [\"local\", \"pfs\"])"
+        )
     for level in levels:
         if level not in LEVEL_ORDER:
             raise ConfigError(
-                f"{origin}: resilience.levels: unknown level {level!r}; allowed: {', '.join(LEVEL_ORDER)}"
+                f"{where('resilience.levels')}: resilience.levels: unknown level {level!r}; "
+                f"allowed: {', '.join(LEVEL_ORDER)}"
             )
     if len(set(levels)) != len(levels):
-        raise ConfigError(f"{origin}: resilience.levels lists a level twice: {list(levels)}")
+        raise ConfigError(f"{where('resilience.levels')}: resilience.levels lists a level twice: {list(levels)}")
     if list(levels) != sorted(levels, key=LEVEL_ORDER.index):
         raise ConfigError(
-            f"{origin}: resilience.levels must be in the order {', '.join(LEVEL_ORDER)}; got {list(levels)}"
+            f"{where('resilience.levels')}: resilience.levels must be in the order {', '.join(LEVEL_ORDER)}; "
+            f"got {list(levels)}"
         )
-    if levels and "local" not in levels and ("partner" in levels or "erasure" in levels):
-        raise ConfigError(f"{origin}: resilience.levels: 'partner' and 'erasure' build on 'local'; add it")
+    if "local" not in levels and ("partner" in levels or "erasure" in levels):
+        raise ConfigError(f"{where('resilience.levels')}: resilience.levels: 'partner' and 'erasure' build on "
+                          "'local'; add it")
     if config.resilience.parity >= config.resilience.group_size:
         raise ConfigError(
-            f"{origin}: resilience.parity ({config.resilience.parity}) must be smaller than "
-            f"resilience.group_size ({config.resilience.group_size})"
+            f"{where('resilience.parity', 'resilience.group_size')}: resilience.parity "
+            f"({config.resilience.parity}) must be smaller than resilience.group_size ({config.resilience.group_size})"
         )
     every = config.checkpoint.every_steps
     if isinstance(every, str) and every != "auto":
-        raise ConfigError(f"{origin}: checkpoint.every_steps: use an integer >= 0 or \"auto\", got {every!r}")
+        raise ConfigError(f"{where('checkpoint.every_steps')}: checkpoint.every_steps: use an integer >= 0 or "
+                          f"\"auto\", got {every!r}")
     if isinstance(every, int) and every < 0:
-        raise ConfigError(f"{origin}: checkpoint.every_steps: must be >= 0 (0 = off), got {every}")
+        raise ConfigError(f"{where('checkpoint.every_steps')}: checkpoint.every_steps: must be >= 0 (0 = off), "
+                          f"got {every}")
     if not 0.0 < config.checkpoint.max_overhead < 1.0:
-        raise ConfigError(f"{origin}: checkpoint.max_overhead must be between 0 and 1 (e.g. 0.035), "
-                          f"got {config.checkpoint.max_overhead}")
+        raise ConfigError(f"{where('checkpoint.max_overhead')}: checkpoint.max_overhead must be between 0 and 1 "
+                          f"(e.g. 0.035), got {config.checkpoint.max_overhead}")
     if not 0.0 < config.data.val_fraction < 1.0:
-        raise ConfigError(f"{origin}: data.val_fraction must be between 0 and 1, got {config.data.val_fraction}")
+        raise ConfigError(f"{where('data.val_fraction')}: data.val_fraction must be between 0 and 1, "
+                          f"got {config.data.val_fraction}")
     if config.data.source == "hdf5" and not config.data.path:
-        raise ConfigError(f"{origin}: data.source = 'hdf5' needs data.path (make one with `hpcckpt make-data`)")
+        raise ConfigError(f"{where('data.source', 'data.path')}: data.source = 'hdf5' needs data.path "
+                          "(make one with `hpcckpt make-data`)")
     if config.data.source == "hdf5" and not Path(config.data.path).is_file():
         raise ConfigError(
-            f"{origin}: data.path {config.data.path!r} does not exist; write one with `hpcckpt make-data -o PATH`"
+            f"{where('data.path')}: data.path {config.data.path!r} does not exist; "
+            "write one with `hpcckpt make-data -o PATH`"
         )
     for template_key in ("local_dir", "pfs_dir"):
         template = getattr(config.storage, template_key)
@@ -368,8 +447,8 @@ def _check_consistency(config: JobConfig, origin: str) -> None:
             template.format(run_dir="r", node=0, rank=0, job="j")
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(
-                f"{origin}: storage.{template_key} = {template!r}: bad template field {exc}; "
-                "allowed fields: {run_dir} {node} {rank} {job}"
+                f"{where('storage.' + template_key)}: storage.{template_key} = {template!r}: bad template field "
+                f"{exc}; allowed fields: {{run_dir}} {{node}} {{rank}} {{job}}"
             ) from None
 
 

@@ -11,7 +11,10 @@
 #   END_TIME        the allocation's end, seconds since the epoch (unknown: empty)
 #   HALT_SECONDS    stop cleanly this long before END_TIME (default 120)
 #   HPCCKPT         how to run hpcckpt (default: hpcckpt; e.g. "python -m hpcckpt")
-#   TRAIN_ARGS      extra arguments for every attempt (e.g. --set or --inject ...:attempt=1)
+#   TRAIN_ARGS      extra arguments for every attempt (e.g. --set or --inject ...:attempt=1),
+#                   split at blanks and never glob-expanded (--set 'model.hidden=[64]' arrives
+#                   as typed). Quotes in it are not honoured, so a value with a blank cannot be
+#                   passed here: put it in the CONFIG file or an HPCCKPT_SECTION_KEY variable.
 #
 # Exit codes of `hpcckpt train`: 0 finished; 75 stopped on request after a final checkpoint
 # on the PFS (signal, allocation end); 2 bad config or data and 4 no loadable checkpoint,
@@ -57,6 +60,10 @@ hpcckpt_restart_loop() {
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
     local attempt=0 status=0 attempt_started
+    local -a train_args=()
+    # read -a splits at blanks without pathname expansion, which an unquoted $TRAIN_ARGS would
+    # do: [64] or * in a --set value would turn into names of files in the current directory.
+    IFS=$' \t\n' read -r -d '' -a train_args <<< "$TRAIN_ARGS" || :
     while :; do
         attempt=$((attempt + 1))
         export HPCCKPT_ATTEMPT=$attempt
@@ -71,8 +78,7 @@ hpcckpt_restart_loop() {
         hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT train -c $CONFIG --restart auto $TRAIN_ARGS"
         attempt_started=$(( $(date +%s) - 1 ))
         # In the background, so a signal reaches the trap while we wait.
-        # shellcheck disable=SC2086
-        hpcckpt_launch train -c "$CONFIG" --restart auto $TRAIN_ARGS &
+        hpcckpt_launch train -c "$CONFIG" --restart auto ${train_args[@]+"${train_args[@]}"} &
         _hpcckpt_child=$!
         while :; do
             _hpcckpt_trapped=0

@@ -52,8 +52,70 @@ def test_set_parses_toml_values_lists_and_bare_words(tmp_path):
 
 def test_env_with_underscored_key(tmp_path):
     config = load_config(write(tmp_path, ""), environ={"HPCCKPT_CHECKPOINT_EVERY_STEPS": "5",
-                                                       "HPCCKPT_UNRELATED": "x"})
+                                                       "HPCCKPT_ATTEMPT": "2", "OTHER_RUN_STEPS": "x"})
     assert config.checkpoint.every_steps == 5
+
+
+@pytest.mark.parametrize("name,fragment", [
+    ("HPCCKPT_CHECKPONT_EVERY_STEPS", "unknown section 'checkpont'"),
+    ("HPCCKPT_UNRELATED", "unknown section 'unrelated'"),
+    ("HPCCKPT_RUN", "names no key"),
+    ("HPCCKPT_RUN_STEPZ", "unknown key run.stepz"),
+])
+def test_misspelt_env_variable_is_an_error(tmp_path, name, fragment):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(write(tmp_path, ""), environ={name: "5"})
+    message = str(excinfo.value)
+    assert f"environment {name}" in message and fragment in message
+    if "section" in fragment:
+        assert "run, model, data, optimizer, eval, checkpoint, storage, resilience, cluster" in message
+
+
+def test_only_the_winning_value_is_checked(tmp_path):
+    path = write(tmp_path, "[run]\nsteps = \"many\"\n")
+    env = {"HPCCKPT_RUN_STEPS": "-4", "HPCCKPT_RUN_SEED": "x"}
+    config = load_config(path, ["run.steps=13", "run.seed=2"], environ=env)
+    assert (config.run.steps, config.run.seed) == (13, 2)
+    with pytest.raises(ConfigError, match="environment HPCCKPT_RUN_STEPS: run.steps: must be > 0"):
+        load_config(path, environ=env)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("run.dir=2024-05-01", "2024-05-01"),
+    ("run.dir=2024-05-01T10:00:00", "2024-05-01T10:00:00"),
+    ("run.dir=10:30:00", "10:30:00"),
+    ("run.dir=2024", "2024"),
+    ('run.dir="quoted"', "quoted"),
+])
+def test_string_key_takes_a_bare_override_as_typed(tmp_path, override, expected):
+    assert load_config(write(tmp_path, ""), [override], environ={}).run.dir == expected
+    key, value = override.split("=", 1)
+    if not value.startswith('"'):
+        assert load_config(write(tmp_path, ""), environ={"HPCCKPT_RUN_DIR": value}).run.dir == expected
+
+
+@pytest.mark.parametrize("overrides,env,origin", [
+    (["checkpoint.every_steps=-5"], {}, "--set checkpoint.every_steps=-5: "),
+    ([], {"HPCCKPT_CHECKPOINT_EVERY_STEPS": "-5"}, "environment HPCCKPT_CHECKPOINT_EVERY_STEPS: "),
+    (["resilience.levels=[]"], {}, "--set resilience.levels=[]: "),
+    (['resilience.levels=["pfs","local"]'], {}, '--set resilience.levels=["pfs","local"]: '),
+    (["data.val_fraction=1.5"], {}, "--set data.val_fraction=1.5: "),
+    (["storage.pfs_dir={x}"], {}, "--set storage.pfs_dir={x}: "),
+])
+def test_errors_found_after_merging_name_the_override(tmp_path, overrides, env, origin):
+    path = write(tmp_path, "[run]\nsteps = 7\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, overrides, environ=env)
+    message = str(excinfo.value)
+    assert message.startswith(origin), message
+    assert str(path) not in message
+
+
+def test_error_on_two_keys_names_both_origins(tmp_path):
+    path = write(tmp_path, "[resilience]\ngroup_size = 3\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, ["resilience.parity=3"], environ={})
+    assert str(excinfo.value).startswith(f"--set resilience.parity=3 and {path}: resilience.parity (3)")
 
 
 @pytest.mark.parametrize(
@@ -61,13 +123,19 @@ def test_env_with_underscored_key(tmp_path):
     [
         ("[run]\nstepz = 3\n", "unknown key run.stepz"),
         ("[runn]\nsteps = 3\n", "unknown section [runn]"),
-        ("[run]\nsteps = \"many\"\n", "run.steps: expected a integer"),
+        ("[run]\nsteps = \"many\"\n", "run.steps: expected an integer, got 'many'"),
+        ("[checkpoint]\nevery_steps = 1.5\n", "checkpoint.every_steps: expected an integer or string"),
+        ("[data]\nclasses = 1\n", "data.classes: must be >= 2, got 1"),
+        ("[resilience]\nlevels = []\n", "resilience.levels is empty; list at least one of local, partner, "
+                                         "erasure, pfs"),
+        ("[run]\ndir = 2024-05-01\n", 'run.dir: expected a string, got the TOML date/time 2024-05-01; '
+                                       'quote it: "2024-05-01"'),
         ("[run]\nsteps = 0\n", "run.steps: must be > 0"),
         ("[run]\ndevice = \"tpu\"\n", "use one of auto, gpu, cpu"),
         ("[checkpoint]\ngpu_snapshot = \"gpu\"\n", "use one of auto, device, pinned"),
         ("[storage]\nlocal_bandwidth_mb = -1\n", "storage.local_bandwidth_mb"),
         ("[storage]\ndirect_io = \"yes\"\n", "storage.direct_io: expected a boolean"),
-        ("[model]\nhidden = 3\n", "model.hidden: expected a list of integer"),
+        ("[model]\nhidden = 3\n", "model.hidden: expected a list of integers"),
         ("[resilience]\nlevels = [\"pfs\", \"local\"]\n", "must be in the order"),
         ("[resilience]\nlevels = [\"tape\"]\n", "unknown level 'tape'"),
         ("[resilience]\ngroup_size = 2\nparity = 2\n", "parity (2) must be smaller"),
