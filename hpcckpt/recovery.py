@@ -29,6 +29,7 @@ from hpcckpt.errors import (
     ConfigError,
     HpcckptError,
     IncompatibleCheckpointError,
+    PeerFailed,
     UnrecoverableError,
 )
 from hpcckpt.levels.messaging import quiet_allgather, wait_all
@@ -105,6 +106,23 @@ def _sources(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[str]:
     return sources
 
 
+def _surviving_nodes(ckpt, everyone: list[Holdings]) -> set[int]:
+    """Nodes whose directory still holds checkpoint files (a lost node's directory is gone)."""
+    return {ckpt.topology.node_of_rank[r] for r, h in enumerate(everyone) if h.node_files}
+
+
+def _never_completed(ckpt, everyone: list[Holdings], step: int) -> bool:
+    """Every rank that has no copy of `step` on any level sits on a surviving node: the job
+    stopped while they were writing it, so it never was a version and skipping it loses
+    nothing. (A rank on a lost node without a copy means data lost: not this case; nor is a
+    version of another rank count, which _missing_message explains.)"""
+    if any(h.local.get(step, ckpt.world_size) != ckpt.world_size for h in everyone):
+        return False
+    missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
+    surviving = _surviving_nodes(ckpt, everyone)
+    return bool(missing) and all(ckpt.topology.node_of_rank[r] in surviving for r in missing)
+
+
 def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
     steps = set()
     for h in everyone:
@@ -146,12 +164,18 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
     comm = ckpt.comm
     everyone = quiet_allgather(comm, _discover(ckpt))
-    newest_anywhere = max([s for h in everyone for s in (*h.local, *h.pfs)], default=None)
+    stored = {s for h in everyone for s in (*h.local, *h.pfs)}
+    unfinished = sorted(s for s in stored if _never_completed(ckpt, everyone, s))
+    if unfinished and ckpt.rank == 0:
+        _warn(ckpt, f"version(s) {unfinished} were never complete (the job stopped while writing them, "
+                    "ranks on surviving nodes have no copy): skipped, and written again")
+    newest_anywhere = max(stored - set(unfinished), default=None)
     if mode == "never":
         if newest_anywhere is not None:
             raise _collective(ConfigError(
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir"))
+        _clear_newer(ckpt, 0, {})
         return None
     # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
     # restart crashed and records the one it tries, so a crash while loading is not repeated.
@@ -172,6 +196,8 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
             raise _collective(CheckpointError(
                 "--restart require, but no checkpoint version exists under "
                 f"{ckpt.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
+        # A fresh start writes its first versions again: the files of any it half wrote before go.
+        _clear_newer(ckpt, 0, failed)
         return None
     for step in candidates:
         if ledger is not None:
@@ -369,19 +395,36 @@ class _LazyShard:
 
 def _reprotect(ckpt, manifest: Manifest) -> None:
     """(all ranks) After a loss, put back what the lost ranks held: replicas, parity pieces
-    and commit records, so the version survives the next failure right away."""
+    and commit records, so the version survives the next failure right away. The version is
+    restored either way, so a failure here is a warning: the next checkpoint protects the run."""
     step = manifest.step
     shard = _LazyShard(ckpt, step)  # read only by ranks that have something to send
     sizes = [record.size for record in manifest.shards]
+    stages = []
     if ckpt.partner is not None and "partner" in manifest.levels:
-        ckpt.partner.protect(step, shard, only_missing=True)
+        stages.append(("L2 partner copy", lambda: ckpt.partner.protect(step, shard, only_missing=True)))
     if ckpt.erasure is not None and "erasure" in manifest.levels:
-        ckpt.erasure.protect(step, shard, sizes, ckpt.world_size, only_missing=True)
-    if not ckpt.local.commit_path(step).exists():
-        ckpt.local.commit(manifest)
-    from hpcckpt.ckpt.engine import quiet_barrier
-
-    quiet_barrier(ckpt.comm)
+        stages.append(("L3 erasure coding",
+                       lambda: ckpt.erasure.protect(step, shard, sizes, ckpt.world_size, only_missing=True)))
+    stages.append(("commit record", lambda: ckpt.local.commit_path(step).exists() or ckpt.local.commit(manifest)))
+    for label, action in stages:
+        error = None
+        try:
+            action()
+        except PeerFailed:
+            error = ""  # the rank that failed says why
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        # Agreed after every stage: the next one is collective too (the erasure group's
+        # transfers), and a rank that skipped it would leave its peers waiting.
+        errors = quiet_allgather(ckpt.comm, error)
+        if any(e is not None for e in errors):
+            failures = {r: e for r, e in enumerate(errors) if e}
+            if ckpt.rank == 0:
+                _warn(ckpt, f"version {step} is restored but could not be protected again: {label} failed on "
+                            f"rank(s) {sorted(failures)}: {next(iter(failures.values()), 'see the rank logs')}; "
+                            "the next checkpoint protects the run")
+            return
     if ckpt.log:
         ckpt.log.info(f"version {step} protected again on this rank's levels after the loss")
 
@@ -423,10 +466,14 @@ def _fetch(ckpt, level, manifest: Manifest) -> dict[str, np.ndarray]:
 
 
 def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dict[str, np.ndarray]:
-    """Read only the byte ranges of the old shards that this rank's new pieces cover."""
+    """Build this rank's new pieces from the old pieces they overlap. Every old piece is read
+    whole: its checksum covers the whole piece, and a byte range of it read alone could not be
+    verified (a flipped bit would be loaded without a word). Growing the job reads up to
+    new/old ranks times the bytes it keeps; shrinking it reads only what it keeps."""
     rank = ckpt.rank
     pieces = {tl.name: ckpt._buffers[tl.name] for tl in layout.rank_pieces(rank)}
     tables, files = {}, {}
+    verified: dict[tuple[int, str], np.ndarray] = {}  # (old rank, tensor) -> its bytes, checked
     try:
         for request in read_requests(manifest.layout, layout, rank):
             if request.old_rank not in tables:
@@ -434,13 +481,15 @@ def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dic
                 tables[request.old_rank] = read_shard_table(path)
                 _check_table(tables[request.old_rank], manifest, request.old_rank, path)
                 files[request.old_rank] = open(path, "rb")
-            table = tables[request.old_rank]
-            verify_whole = request.byte_offset_in_piece == 0 and request.nbytes == table.entry(request.name).nbytes
-            data = read_tensor(files[request.old_rank], table, request.name,
-                               byte_range=None if verify_whole else (request.byte_offset_in_piece, request.nbytes))
-            place_read(pieces[request.name], request, data, manifest.layout, layout, rank)
+            key = (request.old_rank, request.name)
+            if key not in verified:
+                whole = read_tensor(files[request.old_rank], tables[request.old_rank], request.name)
+                verified[key] = whole.reshape(-1).view(np.uint8)
+            start = request.byte_offset_in_piece
+            place_read(pieces[request.name], request, verified[key][start:start + request.nbytes],
+                       manifest.layout, layout, rank)
         _log_reads(ckpt, [level.shard_path(manifest.step, r) for r in sorted(files)],
-                   sum(r.nbytes for r in read_requests(manifest.layout, layout, rank)))
+                   sum(int(data.size) for data in verified.values()))
     finally:
         for f in files.values():
             f.close()
@@ -545,14 +594,15 @@ def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
     # A node whose directory still holds checkpoint files survived; a rank there that lacks this
     # version usually was still writing it when the job stopped. Calling that a lost node would
     # send the operator looking for a failure that did not happen.
-    surviving = {node_of[r] for r, h in enumerate(everyone) if h.node_files}
+    surviving = _surviving_nodes(ckpt, everyone)
     unfinished = [r for r in missing if node_of[r] in surviving]
     lost = [r for r in missing if node_of[r] not in surviving]
     parts = []
     if lost:
         parts.append(f"the shards of rank(s) {lost} on node(s) {sorted({node_of[r] for r in lost})} are on no "
                      "surviving level (those nodes' local copies are gone, not enough replicas or parity are "
-                     "left, and L4 has no copy)")
+                     "left (parity serves only the resilience.group_size and parity that wrote it), and L4 has "
+                     "no copy)")
     if unfinished:
         parts.append(f"rank(s) {unfinished} on surviving node(s) {sorted({node_of[r] for r in unfinished})} hold "
                      "no copy of it and no other level has one (most likely the job stopped while they were "

@@ -83,6 +83,25 @@ def test_killed_run_resumes_bit_identically(tmp_path, reference, fault):
     assert attrs["step"] == ref_attrs["step"] == STEPS
 
 
+@pytest.mark.parametrize("fault, levels", [
+    ("rank-kill:rank=1:step=5:phase=partner", ["local", "partner", "pfs"]),  # shards written, no replicas
+    ("rank-kill:rank=1:step=5:phase=commit", ["local", "partner", "pfs"]),   # rank 1's replica is there
+    ("rank-kill:rank=1:step=5:phase=commit", ["local", "pfs"]),  # the others commit; rank 1 has nothing
+])
+def test_a_job_killed_in_its_first_checkpoint_starts_again(tmp_path, reference, fault, levels):
+    """The next start either begins from scratch or, where the other ranks committed and
+    rank 1's replica holds its shard, resumes from that version: it must neither call the
+    half-written version lost (exit 4, and the restart loop gives up) nor trip over its files
+    when it writes that step again."""
+    job = ckpt_job(tmp_path, resilience={"levels": levels})
+    crashed = train(tmp_path, job, 4, "--inject", fault)
+    assert crashed.returncode != 0 and "injected rank-kill" in crashed.stderr
+    again = train(tmp_path, job)
+    assert_ok(again)
+    assert "starting from scratch" in again.stdout or "restored version 5" in again.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
+
+
 def test_all_node_local_storage_lost_restarts_from_pfs(tmp_path, reference):
     digest = reference[0]
     job = ckpt_job(tmp_path)
@@ -158,6 +177,23 @@ def test_corrupted_payload_falls_through_and_header_flip_is_corrected(tmp_path, 
     assert_ok(resumed)
     assert "restored version 20: 3 rank(s) from L1 local, 1 rank(s) from L4 pfs" in resumed.stdout
     assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
+
+
+def test_restart_on_more_ranks_never_loads_a_corrupted_piece(tmp_path):
+    """New ranks need parts of old pieces; a checksum covers a whole piece, so each is read
+    and checked whole, and a flipped bit sends the restart to the older version."""
+    job = ckpt_job(tmp_path, run={"steps": 20})
+    assert_ok(train(tmp_path, job))
+    from hpcckpt.ckpt.shardfile import read_shard_table
+
+    shard = tmp_path / "run" / "pfs" / "v000000000020" / "shard-r00001.hck"
+    piece = read_shard_table(shard).entry("model/dense0.weight")  # rows split 4 ways, then 6 ways
+    _flip(shard, piece.offset + piece.nbytes // 2 + 1)
+    resumed = train(tmp_path, job, 6, "--set", "run.steps=22")
+    assert_ok(resumed)
+    # Version 15 reached L4 in the final drain (keep_pfs = 3).
+    assert "restored version 15: 6 rank(s) from L4 pfs" in resumed.stdout, resumed.stdout
+    assert "checksum" in "".join(rank_logs(tmp_path).values())
 
 
 def test_version_without_commit_record_is_never_loaded(tmp_path):
@@ -257,6 +293,31 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
         assert "checkpoint of step 2 failed" in (tmp_path / "run" / "log" / f"rank{rank}.log").read_text()
     # Step 1 stays complete and loadable on both levels.
     assert (tmp_path / "run" / "local" / "node0" / "v000000000001" / "commit-r00000.json").exists()
+
+
+def test_a_rank_failing_before_its_transfers_fails_the_checkpoint_on_every_rank_without_a_hang(tmp_path):
+    from conftest import REPO, run_script, script_results
+
+    proc = run_script(4, REPO / "tests" / "scripts" / "fails_before_exchange.py", [str(tmp_path / "run")],
+                      cwd=tmp_path, timeout=180)
+    assert "HANG" not in proc.stdout, proc.stdout[-3000:]
+    assert_ok(proc)
+    records = script_results(proc)
+    assert sorted(r["rank"] for r in records) == [0, 1, 2, 3]
+    expected = {1: ("L2 partner copy of step 1 failed on rank(s) [1]: MemoryError", [1]),
+                2: ("L3 erasure coding of step 2 failed on rank(s) [2]: RuntimeError", [2]),
+                3: ("L3 erasure coding of step 3 failed on rank(s) [3]: OSError", [3]),
+                4: ("L1-L3 commit of step 4 failed on rank(s) [0]: OSError", [0])}
+    for record in records:
+        for step, message, failed in record["outcomes"]:
+            if step in expected:
+                assert message is not None and message.startswith(expected[step][0]), (record["rank"], message)
+                assert failed == expected[step][1]
+            else:
+                assert message is None, message
+        # The failed versions are committed nowhere (no rank kept its record of step 4, which
+        # retention would count); the next one is, everywhere.
+        assert record["committed"] == [5]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=needs_gpu)])
@@ -421,3 +482,50 @@ def test_spares_a_later_job_cannot_reuse_are_deleted_when_it_starts(tmp_path):
                   cwd=tmp_path)
     assert_ok(off)
     assert names(spares[0]) == [] and names(spares[1]) == []
+
+
+def test_starting_a_finished_job_again_leaves_its_versions_good(tmp_path):
+    """A resumed run with nothing left to do takes no step and no checkpoint; its clean end
+    must confirm the restart, or the next start marks the newest version failed and rolls back."""
+    job = ckpt_job(tmp_path, run={"steps": 20}, checkpoint={"every_steps": 10})
+    for _ in range(3):
+        proc = train(tmp_path, job, 2)
+        assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "restored version 20" in out and "marked failed" not in out, out[-3000:]
+    ledger = tmp_path / "run" / "restarts.json"
+    assert not ledger.exists() or not json.loads(ledger.read_text())["failed"], ledger.read_text()
+    assert not list((tmp_path / "run" / "pfs").glob("*.failed*"))
+
+
+def test_retention_keeps_the_newest_partner_protected_version_when_partner_copies_are_sparse(tmp_path):
+    from conftest import REPO, run_script, script_results
+
+    script = REPO / "tests" / "scripts" / "sparse_partner_retention.py"
+    run_dir = tmp_path / "run"
+    saved = run_script(2, script, [str(run_dir), "save"], cwd=tmp_path)
+    assert_ok(saved)
+    # Versions 4 and 5 by count, and 3: the newest with partner copies.
+    assert [r["committed"] for r in script_results(saved)] == [[3, 4, 5], [3, 4, 5]]
+    shutil.rmtree(run_dir / "local" / "node1")  # node 1 is lost, and nothing went to L4
+    restored = run_script(2, script, [str(run_dir), "restore"], cwd=tmp_path)
+    assert_ok(restored)
+    records = script_results(restored)
+    assert [(r["restored"], r["values"]) for r in records] == [(3, [3.0]), (3, [3.0])]
+    assert records[0]["sources"] == ["local", "partner"]
+
+
+def test_parity_of_another_group_geometry_is_never_decoded(tmp_path):
+    """Parity cut for parity = 1 is useless under parity = 2: it must not count as a source
+    (that crashed the rebuild and left the other ranks waiting), so the loss is explained."""
+    job = ckpt_job(tmp_path, run={"steps": 10}, cluster={"simulated_nodes": 4},
+                   resilience={"levels": ["local", "erasure"], "group_size": 4, "parity": 1})
+    assert_ok(train(tmp_path, job))
+    shutil.rmtree(tmp_path / "run" / "local" / "node1")
+    other = run_mpi(4, ["train", "-c", str(job), "--set", "resilience.parity=2", "--set", "run.steps=12"],
+                    cwd=tmp_path, timeout=120)
+    assert other.returncode == 4, other.stdout + other.stderr
+    assert "rank(s) [1] on node(s) [1] are on no surviving level" in other.stderr
+    same = train(tmp_path, job, 4, "--set", "run.steps=12")
+    assert_ok(same)
+    assert "restored version 10: 3 rank(s) from L1 local, 1 rank(s) from L3 erasure" in same.stdout

@@ -65,6 +65,23 @@ def test_only_committed_versions_are_listed(make_level):
         assert lv.manifest(5).state == {"s": 5}
 
 
+def test_a_node_local_version_holding_only_copies_for_others_counts_as_uncommitted(tmp_path):
+    """A rank whose own write failed may still hold replicas or parity it took for others:
+    those files are its leftovers too (retention deletes them), not another rank's."""
+    from hpcckpt.levels.base import parity_file_name, replica_file_name
+
+    holder, other = LocalLevel(tmp_path, 0), LocalLevel(tmp_path, 1)
+    holder.version_dir(4).mkdir(parents=True)
+    (holder.version_dir(4) / replica_file_name(1, 0)).write_bytes(b"replica of rank 1")
+    holder.version_dir(6).mkdir(parents=True)
+    (holder.version_dir(6) / parity_file_name(0)).write_bytes(b"parity")
+    assert holder.uncommitted_steps() == [4, 6]
+    assert other.uncommitted_steps() == []
+    holder.remove(4)
+    holder.remove(6)
+    assert holder.uncommitted_steps() == [] and not holder.version_dir(4).exists()
+
+
 def test_shards_are_never_overwritten(make_level):
     level = make_level(0)
     level.write_shard(3, 1, [("w", np.zeros(2, np.float32))], {})

@@ -141,3 +141,20 @@ def test_corrupted_replica_and_parity_are_detected_and_not_used(tmp_path, refere
     assert "2 rank(s) from L3 erasure" in resumed.stdout, resumed.stdout
     assert "L2 partner" not in resumed.stdout.split("restored version")[1].splitlines()[0]
     assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_a_damaged_shard_on_a_live_node_is_rebuilt_by_erasure(tmp_path, reference):
+    """Rank 2's own shard fails its checksum while its node and parity file are fine: L3
+    rebuilds the shard, and its parity file is replaced by the rebuilt pieces, not refused
+    for existing (which failed the rebuild and sent the job back a version)."""
+    config = job(tmp_path, ["local", "erasure"], run={"steps": 12})
+    assert_ok(train(tmp_path, config))
+    shard = tmp_path / "run" / "local" / "node1" / "v000000000012" / "shard-r00002.hck"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0x55  # payload byte
+    shard.write_bytes(bytes(data))
+    resumed = train(tmp_path, config, "--set", f"run.steps={STEPS}")
+    assert_ok(resumed)
+    assert "restored version 12: 7 rank(s) from L1 local, 1 rank(s) from L3 erasure" in resumed.stdout, \
+        resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference

@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from hpcckpt.ckpt.retention import steps_to_delete
 from hpcckpt.ckpt.shardfile import ShardImage, payload_layout, plan_shard, verify_shard
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
-from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, StorageError
+from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, PeerFailed, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.levels.base import hold_to_bandwidth
 from hpcckpt.levels.erasure import ErasureLevel
@@ -57,6 +58,7 @@ from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SpareFiles
 
 ENGINE_STATE_KEY = "_hpcckpt"
+_PEER_FAILED = "\0peer: "  # marks an agreed error that only says another rank failed (PeerFailed)
 _STAGE_LABELS = {"layout": "shard layout", "local": "L1 local write", "partner": "L2 partner copy",
                  "erasure": "L3 erasure coding", "pfs": "L4 pfs write"}
 
@@ -262,6 +264,7 @@ class Checkpointer:
         self.last_report: PersistReport | None = None
         self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
         self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
+        self._levels_of_version: dict[int, set[str]] = {}  # node-local step -> levels its manifest lists
         self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._prepare_storage(prune_spares)
@@ -321,6 +324,9 @@ class Checkpointer:
         failures = {rank: e for rank, e in enumerate(errors) if e}
         if not failures:
             return
+        # Ranks that only saw a peer fail are named when no rank has its own error to tell.
+        own = {rank: e for rank, e in failures.items() if not e.startswith(_PEER_FAILED)}
+        failures = own or {rank: e[len(_PEER_FAILED):] for rank, e in failures.items()}
         first_rank, first_error = next(iter(failures.items()))
         where = f" of step {step}" if step is not None else ""
         who = f"rank(s) {sorted(failures)}" if len(failures) < self.world_size else f"all {self.world_size} ranks"
@@ -462,10 +468,15 @@ class Checkpointer:
         return self._finish_in_flight()
 
     def close(self) -> None:
-        """(all ranks) Drain what is in flight and release the communicator."""
+        """(all ranks) Drain what is in flight and release the communicator. A clean close
+        (no exception on its way through the caller) confirms a restart: a resumed run that
+        had nothing left to do, or stopped before its next checkpoint, did not crash on the
+        version it loaded, and must not get it marked failed by the next restart."""
         self._pending = None  # a snapshot left open (an exception in the step) is abandoned
         try:
             self._finish_in_flight()
+            if sys.exc_info()[0] is None:
+                self.confirm_restart()
         finally:
             self._copier.stop()  # after the copies queued for the abandoned snapshot
             self._persister.stop()
@@ -765,7 +776,11 @@ class Checkpointer:
                 writing.done.wait()  # never leave while the writer still reads the snapshot
             manifest = self._manifest(snapshot, shard_infos, due)
             self.faults.strike(step, "commit")
-            self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
+            try:
+                self._stage(step, "commit", lambda: self.local.commit(manifest), label="L1-L3 commit")
+            except CheckpointError:
+                self._withdraw_commit(step)
+                raise
         if to_pfs:
             # L4 gets L1's exact bytes (same header, same checksums, one manifest for both).
             report.started_s["pfs"] = time.perf_counter() - started
@@ -776,6 +791,16 @@ class Checkpointer:
                         label="L4 commit")
             self._mark(report, step, "pfs", started, image.size)
         self._apply_retention(step)
+
+    def _withdraw_commit(self, step: int) -> None:
+        """A version some rank could not commit is committed nowhere: the ranks that did drop
+        their record, or their retention would count it and delete an older complete one."""
+        try:
+            self.local.commit_path(step).unlink(missing_ok=True)
+        except OSError as exc:
+            if self.log:
+                self.log.warning(f"step {step}: cannot withdraw this rank's commit record of the failed version: "
+                                 f"{exc.strerror or exc}; a restart will not use it, as other ranks lack theirs")
 
     def _start_local_write(self, step: int, image: ShardImage) -> _LocalWrite:
         """(all ranks) Hand the L1 write to the writer thread; _finish_local_write agrees on it."""
@@ -809,9 +834,11 @@ class Checkpointer:
         started = time.perf_counter()
         try:
             result = action()
+        except PeerFailed as exc:
+            error = _PEER_FAILED + str(exc)
         except HpcckptError as exc:
             error = str(exc)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # MemoryError, an MPI or CuPy error: still agreed, never a hang
             error = f"{type(exc).__name__}: {exc}"
         if error is None and phase in ("local", "partner", "erasure"):
             # storage.local_bandwidth_mb: checkpoints leave the node-local disk to the
@@ -857,6 +884,7 @@ class Checkpointer:
         if self.local is not None:
             for step in self._deletable(self.local, cfg.keep_local, newest):
                 self.local.remove(step)
+                self._levels_of_version.pop(step, None)
         if self.pfs is not None and self.rank == 0:
             for step in self._deletable(self.pfs, cfg.keep_pfs, newest):
                 self.pfs.remove(step)
@@ -871,4 +899,27 @@ class Checkpointer:
                 except HpcckptError:
                     continue
         stale = [s for s in level.uncommitted_steps() if s < newest]
-        return steps_to_delete(committed, keep, metrics, self.config.checkpoint.keep_best) + stale
+        pinned = self._newest_redundant_versions(committed) if level is self.local else set()
+        return [s for s in steps_to_delete(committed, keep, metrics, self.config.checkpoint.keep_best)
+                if s not in pinned] + stale
+
+    def _newest_redundant_versions(self, committed: list[int]) -> set[int]:
+        """The newest node-local version holding partner copies, and the newest holding parity.
+        With partner_every or erasure_every above keep_local, the newest versions are L1 only;
+        deleting older ones by count alone would delete the only version that survives a node
+        loss (its replicas and parity live in the same version directory)."""
+        missing = {name for name in ("partner", "erasure") if name in self.levels_enabled}
+        pinned: set[int] = set()
+        for step in sorted(committed, reverse=True):
+            if not missing:
+                break
+            if step not in self._levels_of_version:
+                try:
+                    self._levels_of_version[step] = set(self.local.manifest(step).levels)
+                except HpcckptError:
+                    self._levels_of_version[step] = set()
+            found = missing & self._levels_of_version[step]
+            if found:
+                pinned.add(step)
+                missing -= found
+        return pinned

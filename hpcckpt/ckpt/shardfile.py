@@ -639,8 +639,8 @@ def read_tensor(path_or_fileobj, table: ShardTable, name: str, out: np.ndarray |
     C-contiguous with the same number of bytes), checksum verified unless verify=False.
 
     byte_range=(offset, nbytes) within the piece: returned as a flat uint8 array (or in
-    `out`). The checksum covers the whole piece, so a partial read cannot be verified; the
-    re-partitioning restore relies on verification elsewhere (e.g. verify_shard) or accepts it.
+    `out`). The checksum covers the whole piece, so a partial read cannot be verified: loading
+    code reads whole pieces (the re-partitioning restore too) and slices them.
     """
     entry = table.entry(name)
     if byte_range is None:

@@ -18,8 +18,9 @@ import numpy as np
 from hpcckpt.ckpt.direct_io import ReusedBuffers
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, write_shard
 from hpcckpt.codec import ErasureCode
+from hpcckpt.errors import HpcckptError
 from hpcckpt.levels.base import parity_file_name, version_dir_name
-from hpcckpt.levels.messaging import exchange, quiet_allgather
+from hpcckpt.levels.messaging import agree_before_exchange, exchange, quiet_allgather
 from hpcckpt.levels.spares import SpareFiles
 from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
 
@@ -56,7 +57,17 @@ class ErasureLevel:
         return self.root / version_dir_name(step) / parity_file_name(self.rank)
 
     def has_parity(self, step: int) -> bool:
-        return self.parity_path(step).is_file()
+        """This member holds a parity file of `step` made by this group: the same members and
+        parity count (a job restarted with another resilience.group_size or parity cannot
+        decode pieces cut for another geometry, and must not try)."""
+        path = self.parity_path(step)
+        if not path.is_file():
+            return False
+        try:
+            extra = read_shard_table(path).extra
+        except (HpcckptError, OSError):
+            return False  # unreadable: as good as missing, and replaced when protected again
+        return extra.get("group") == list(self.members) and extra.get("parity") == self.p
 
     def _segment(self, shard_sizes) -> int:
         return segment_length([shard_sizes[m] for m in self.members], self.n, self.p)
@@ -90,44 +101,61 @@ class ErasureLevel:
             needs = [True] * len(self.members)
         if not any(needs):
             return 0
-        shard = shard() if callable(shard) else shard
         stripe_needed = [any(needs[h] for h in s.holders) for s in self.stripes]
         own = self.stripes[self.me]  # this member gathers and encodes stripe `me`
-        # Phase 1: contributors send their data segment of stripe t to its gatherer, member t.
-        sends = []
-        for stripe in self.stripes:
-            if stripe_needed[stripe.index] and self.me in stripe.contributors:
-                seg = stripe.segments[stripe.contributors.index(self.me)]
-                sends.append((stripe.holders[0], self._data_segment(shard, seg, segment)))
-        gathered = []
-        if stripe_needed[self.me]:
-            # Reused from checkpoint to checkpoint (see ReusedBuffers): encoded and stored
-            # before protect returns.
-            gathered = [(j, self._receive_buffers.get(("data", j), segment)) for j in own.contributors]
-        exchange(self.comm, sends, gathered, TAG_GATHER)
-        # Phase 2: the gatherer encodes and forwards parity block h to holder h.
+        # Everything that can fail on this member alone (reading its shard, allocating) happens
+        # before the first transfer, and encoding before the second: a member that failed
+        # mid-exchange would leave the others waiting for it (agree_before_exchange).
+        failure = None
+        gather_sends, gathered, encoded, parity_receives = [], [], [], []
         mine: dict[str, np.ndarray] = {}
+        try:
+            shard = shard() if callable(shard) else shard
+            # Phase 1: contributors send their data segment of stripe t to its gatherer, member t.
+            for stripe in self.stripes:
+                if stripe_needed[stripe.index] and self.me in stripe.contributors:
+                    seg = stripe.segments[stripe.contributors.index(self.me)]
+                    gather_sends.append((stripe.holders[0], self._data_segment(shard, seg, segment)))
+            if stripe_needed[self.me]:
+                # Reused from checkpoint to checkpoint (see ReusedBuffers): encoded and stored
+                # before protect returns.
+                gathered = [(j, self._receive_buffers.get(("data", j), segment)) for j in own.contributors]
+                encoded = [self._receive_buffers.get(("encoded", h), segment) for h in range(self.p)]
+            for stripe in self.stripes:
+                if self.me in stripe.holders[1:] and needs[self.me]:
+                    block = stripe.block_of_member(self.me)
+                    buffer = self._receive_buffers.get(("parity", stripe.index), segment)
+                    parity_receives.append((stripe.holders[0], buffer))
+                    mine[_piece_name(stripe.index, block)] = buffer
+        except Exception as exc:
+            failure = exc
+        agree_before_exchange(self.comm, failure, self.label)
+        exchange(self.comm, gather_sends, gathered, TAG_GATHER)
+        # Phase 2: the gatherer encodes and forwards parity block h to holder h.
         sends = []
-        if stripe_needed[self.me]:
-            parity = self.code.encode([data for _, data in gathered],
-                                      out=[self._receive_buffers.get(("encoded", h), segment) for h in range(self.p)])
-            mine[_piece_name(self.me, self.k)] = parity[0]
-            sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
-        receives = []
-        for stripe in self.stripes:
-            if self.me in stripe.holders[1:] and needs[self.me]:
-                block = stripe.block_of_member(self.me)
-                receives.append((stripe.holders[0], self._receive_buffers.get(("parity", stripe.index), segment)))
-                mine[_piece_name(stripe.index, block)] = receives[-1][1]
-        exchange(self.comm, sends, receives, TAG_PARITY)
+        try:
+            if stripe_needed[self.me]:
+                parity = self.code.encode([data for _, data in gathered], out=encoded)
+                mine[_piece_name(self.me, self.k)] = parity[0]
+                sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
+        except Exception as exc:
+            failure = exc
+        agree_before_exchange(self.comm, failure, self.label)
+        exchange(self.comm, sends, parity_receives, TAG_PARITY)
         if not needs[self.me]:
             return 0
-        self._store(step, mine, segment, world_size)
+        self._store(step, mine, segment, world_size, replace=only_missing)
         return sum(int(a.size) for a in mine.values())
 
-    def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int) -> None:
+    def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int,
+               replace: bool = False) -> None:
+        """Write this member's parity file; with `replace`, one already there (damaged, or cut
+        for another group geometry: see has_parity) gives way, since files are never
+        overwritten in place."""
         (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         path = self.parity_path(step)
+        if replace:
+            path.unlink(missing_ok=True)
         write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
                     extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io,
                     recycle=self.spares.spare_for(path))
@@ -182,7 +210,9 @@ class ErasureLevel:
                 shard_bytes[seg * segment:(seg + 1) * segment] = rebuilt
             else:
                 mine[_piece_name(stripe.index, block)] = np.array(rebuilt)
-        self._store(step, mine, segment, world_size)
+        # A member counted lost for a damaged shard or parity file still has that file: the
+        # pieces rebuilt from the survivors replace it.
+        self._store(step, mine, segment, world_size, replace=True)
         return shard_bytes[: shard_sizes[self.rank]]
 
     def _exchange_by_stripe(self, sends, receives) -> None:

@@ -36,8 +36,12 @@ class LocalLevel(VersionedLevel):
                 if self.commit_path(s).is_file() and self.shard_path(s).is_file()]
 
     def uncommitted_steps(self) -> list[int]:
+        """Versions where this rank has files but no commit record: its own shard, or only the
+        replicas and parity it took for others when its own write failed (those would
+        otherwise stay for good, and a full disk is when writes fail)."""
         return [s for s in list_version_steps(self.root)
-                if not self.commit_path(s).is_file() and self.shard_path(s).exists()]
+                if not self.commit_path(s).is_file()
+                and any(p.exists() for p in files_of_rank(self.version_dir(s), self.rank))]
 
     def remove(self, step: int) -> None:
         """Delete this rank's files of a version (its shard, commit record, and the replicas and

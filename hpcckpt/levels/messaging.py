@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from hpcckpt.errors import PeerFailed
+
 POLL_S = 0.0005
 
 
@@ -42,6 +44,19 @@ def quiet_any(comm, flag: bool) -> bool:
     anyone = np.empty(1, dtype=np.int32)
     wait_all([comm.Iallreduce(mine, anyone, op=MPI.MAX)])
     return bool(anyone[0])
+
+
+def agree_before_exchange(comm, failure: BaseException | None, what: str) -> None:
+    """(all ranks of comm) A rank that failed while preparing a point-to-point exchange
+    (allocating its buffers, reading its shard, encoding) would never post its sends and
+    receives, and the others would wait for them for ever. So every rank says whether it is
+    ready first: if any is not, every rank raises (the failed one its own error) instead of
+    exchanging."""
+    if not quiet_any(comm, failure is not None):
+        return
+    if failure is not None:
+        raise failure
+    raise PeerFailed(f"{what}: another rank failed before the exchange (its error says why)")
 
 
 def quiet_allgather(comm, value):

@@ -17,7 +17,7 @@ import numpy as np
 from hpcckpt.ckpt.direct_io import ReusedBuffers
 from hpcckpt.ckpt.shardfile import write_bytes_atomically
 from hpcckpt.levels.base import list_version_steps, replica_file_name, version_dir_name
-from hpcckpt.levels.messaging import exchange, quiet_allgather
+from hpcckpt.levels.messaging import agree_before_exchange, exchange, quiet_allgather
 from hpcckpt.levels.spares import SpareFiles
 
 TAG_PROTECT = 201
@@ -64,11 +64,23 @@ class PartnerLevel:
         else:
             wanted = list(self.sources)
             must_send = self.partner_of[self.rank] != self.rank
-        if must_send and callable(shard):
-            shard = shard()
-        sizes = quiet_allgather(self.comm, int(shard.size) if must_send else 0) if ask else shard_sizes
-        # Aligned (written with O_DIRECT) and reused: written out before protect returns.
-        receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
+        failure = None
+        try:
+            if must_send and callable(shard):
+                shard = shard()
+        except Exception as exc:  # agreed below, so the others do not wait for this rank's bytes
+            failure = exc
+        if ask:
+            sizes = quiet_allgather(self.comm, int(shard.size) if must_send and failure is None else 0)
+        else:
+            sizes = shard_sizes
+        receives = []
+        try:
+            # Aligned (written with O_DIRECT) and reused: written out before protect returns.
+            receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
+        except Exception as exc:
+            failure = failure or exc
+        agree_before_exchange(self.comm, failure, self.label)
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
         exchange(self.comm, sends, receives, TAG_PROTECT)
         if receives:
