@@ -15,7 +15,7 @@ load:     pieces are exchanged with allgather so every rank holds the full repli
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,10 @@ class Holdings:
     # The rank's node-local directory holds version directories (complete or not) or spares:
     # its node survived, even if nothing on it is committed (a lost node's directory is gone).
     node_files: bool = False
+    # step -> (Manifest.identity, created) of the commit record read, per level: which run's
+    # writing of that step this rank holds.
+    local_writings: dict = field(default_factory=dict)
+    pfs_writings: dict = field(default_factory=dict)
 
 
 def _node_files(ckpt) -> bool:
@@ -59,7 +63,7 @@ def _node_files(ckpt) -> bool:
 
 
 def _discover(ckpt) -> Holdings:
-    local, replicas, parity, pfs = {}, {}, [], {}
+    local, replicas, parity, pfs, local_writings, pfs_writings = {}, {}, [], {}, {}, {}
     if ckpt.local is not None:
         for step in ckpt.local.committed_steps():
             try:
@@ -68,6 +72,7 @@ def _discover(ckpt) -> Holdings:
                 _warn(ckpt, f"ignoring L1 version {step}: {exc}")
                 continue
             local[step] = manifest.world_size
+            local_writings[step] = (manifest.identity, manifest.created)
             # Replicas and parity follow the placement that wrote them; only the same one can use them.
             if manifest.world_size == ckpt.world_size and manifest.node_of_rank == ckpt.topology.node_of_rank:
                 if ckpt.partner is not None and "partner" in manifest.levels:
@@ -77,10 +82,45 @@ def _discover(ckpt) -> Holdings:
     if ckpt.pfs is not None:
         for step in ckpt.pfs.committed_steps():
             try:
-                pfs[step] = ckpt.pfs.manifest(step).world_size
+                manifest = ckpt.pfs.manifest(step)
             except HpcckptError as exc:
                 _warn(ckpt, f"ignoring L4 version {step}: {exc}")
-    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ckpt))
+                continue
+            pfs[step] = manifest.world_size
+            pfs_writings[step] = (manifest.identity, manifest.created)
+    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ckpt), local_writings, pfs_writings)
+
+
+def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
+    """Where two runs wrote the same step (a job resumed on fewer ranks rewrites steps whose
+    older files other ranks' directories still hold), ranks could load different writings,
+    and follow different paths into a deadlock. The newest writing of each step counts; the
+    holdings of any other are dropped, with their replicas and parity."""
+    newest = {}
+    for h in everyone:
+        for writings in (h.local_writings, h.pfs_writings):
+            for step, (identity, created) in writings.items():
+                if step not in newest or created > newest[step][1]:
+                    newest[step] = (identity, created)
+    stale = {}
+    for h in everyone:
+        for writings in (h.local_writings, h.pfs_writings):
+            for step, (identity, _) in writings.items():
+                if identity != newest[step][0]:
+                    stale.setdefault(step, set()).add(identity)
+    if not stale:
+        return everyone
+    if ckpt.rank == 0:
+        _warn(ckpt, f"step(s) {sorted(stale)} were written by more than one run (a job resumed with another "
+                    "rank count rewrote them): only the newest writing is used, older copies are ignored")
+
+    def keep(h: Holdings) -> Holdings:
+        local = {s: w for s, w in h.local.items() if h.local_writings[s][0] == newest[s][0]}
+        return replace(h, local=local,
+                       replicas={s: r for s, r in h.replicas.items() if s in local},
+                       parity=tuple(s for s in h.parity if s in local),
+                       pfs={s: w for s, w in h.pfs.items() if h.pfs_writings[s][0] == newest[s][0]})
+    return [keep(h) for h in everyone]
 
 
 def _erasure_lost(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[int]:
@@ -163,7 +203,7 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
     if mode not in RESTART_MODES:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
     comm = ckpt.comm
-    everyone = quiet_allgather(comm, _discover(ckpt))
+    everyone = _one_writing_per_step(ckpt, quiet_allgather(comm, _discover(ckpt)))
     stored = {s for h in everyone for s in (*h.local, *h.pfs)}
     unfinished = sorted(s for s in stored if _never_completed(ckpt, everyone, s))
     if unfinished and ckpt.rank == 0:
@@ -555,9 +595,15 @@ def _clear_newer(ckpt, restored: int, failed: dict[int, str]) -> None:
     write those steps again, and shard files are never overwritten, so move them out of the
     way: node-local ones are deleted, committed L4 ones are renamed for inspection."""
     if ckpt.local is not None:
-        for step in set(ckpt.local.committed_steps()) | set(ckpt.local.uncommitted_steps()):
-            if step > restored:
-                ckpt.local.remove(step)
+        newer = sorted(s for s in set(ckpt.local.committed_steps()) | set(ckpt.local.uncommitted_steps())
+                       if s > restored)
+        if newer:
+            # Said, not silent: a version another rank count wrote is gone once this job goes on.
+            _warn(ckpt, f"rank {ckpt.rank}: node-local version(s) {newer} cannot be loaded by this job "
+                        f"(incomplete, unusable, or written by another rank count); deleted, as the resumed "
+                        "run writes those steps again")
+        for step in newer:
+            ckpt.local.remove(step)
     if ckpt.pfs is not None and ckpt.rank == 0:
         for step in ckpt.pfs.uncommitted_steps():
             if step > restored:

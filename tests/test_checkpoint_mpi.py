@@ -529,3 +529,18 @@ def test_parity_of_another_group_geometry_is_never_decoded(tmp_path):
     same = train(tmp_path, job, 4, "--set", "run.steps=12")
     assert_ok(same)
     assert "restored version 10: 3 rank(s) from L1 local, 1 rank(s) from L3 erasure" in same.stdout
+
+
+def test_a_step_written_by_two_runs_is_restored_from_one_writing_only(tmp_path):
+    from conftest import REPO, run_script, script_results
+
+    script = REPO / "tests" / "scripts" / "rewritten_step.py"
+    run_dir = str(tmp_path / "run")
+    for ranks, first, last, scale, pfs_every in ((4, 1, 3, 1, 2), (2, 3, 3, 10, 1)):
+        assert_ok(run_script(ranks, script, [run_dir, str(first), str(last), str(scale), str(pfs_every)],
+                             cwd=tmp_path, timeout=120))
+    # Ranks 1-3 still hold the first run's step 3 node-locally; L4 and rank 0 hold the second's.
+    proc = run_script(4, script, [run_dir, "4", "4", "1", "2"], cwd=tmp_path, timeout=120)
+    assert "HANG" not in proc.stdout, proc.stdout[-3000:]
+    assert_ok(proc)
+    assert [(r["restored"], r["values"]) for r in script_results(proc)] == [(3, [30.0])] * 4

@@ -43,6 +43,13 @@ class Manifest:
     created: float = 0.0
 
     @property
+    def identity(self) -> str:
+        """Which writing of this step it records: the same on every rank's copy and on L4's
+        (the shards' sizes and checksums), different when another run wrote the same step."""
+        shards = [[s.rank, s.size, sorted(s.checksums.items())] for s in self.shards]
+        return xxhash.xxh3_64_hexdigest(json.dumps([self.step, self.world_size, shards]).encode())
+
+    @property
     def total_bytes(self) -> int:
         return sum(s.size for s in self.shards)
 
