@@ -68,7 +68,7 @@ def _discover(ckpt) -> Holdings:
         for step in ckpt.local.committed_steps():
             try:
                 manifest = ckpt.local.manifest(step)
-            except HpcckptError as exc:
+            except (HpcckptError, OSError) as exc:  # an I/O error too: every rank must reach the allgather
                 _warn(ckpt, f"ignoring L1 version {step}: {exc}")
                 continue
             local[step] = manifest.world_size
@@ -83,7 +83,7 @@ def _discover(ckpt) -> Holdings:
         for step in ckpt.pfs.committed_steps():
             try:
                 manifest = ckpt.pfs.manifest(step)
-            except HpcckptError as exc:
+            except (HpcckptError, OSError) as exc:
                 _warn(ckpt, f"ignoring L4 version {step}: {exc}")
                 continue
             pfs[step] = manifest.world_size
@@ -390,12 +390,16 @@ def _erasure_stage(ckpt, manifest: Manifest, everyone, needy: set[int], pieces, 
         return pieces, source
     # A survivor's parity pieces are checked before the group relies on them: a bad piece
     # makes its holder one more lost member rather than a wrong rebuild.
-    parity_pieces = None
+    # So is its shard, read before the group starts exchanging: a survivor failing then would
+    # leave the others waiting for its pieces.
+    parity_pieces, shard = None, None
     if ckpt.rank not in lost_ranks:
         try:
             parity_pieces = erasure.read_parity(step)
+            shard = _shard_bytes(ckpt, step)
         except (HpcckptError, OSError) as exc:
-            _warn(ckpt, f"version {step}: L3 parity of rank {ckpt.rank} unusable: {exc}")
+            parity_pieces = None
+            _warn(ckpt, f"version {step}: L3 parity or shard of rank {ckpt.rank} unusable: {exc}")
     bad = [r for r, ok in zip(erasure.members, quiet_allgather(erasure.comm, parity_pieces is not None)) if not ok]
     lost_ranks |= set(bad)
     if len(lost_ranks) > erasure.p:
@@ -403,7 +407,7 @@ def _erasure_stage(ckpt, manifest: Manifest, everyone, needy: set[int], pieces, 
         return pieces, source
     lost = frozenset(erasure.members.index(r) for r in lost_ranks)
     sizes = [record.size for record in manifest.shards]
-    shard = None if ckpt.rank in lost_ranks else _shard_bytes(ckpt, step)
+    shard = None if ckpt.rank in lost_ranks else shard
     error = None
     try:
         data = erasure.rebuild(step, lost, shard, parity_pieces, sizes, ckpt.world_size)

@@ -123,6 +123,17 @@ def test_json_round_trip_exact():
     assert Layout.from_json(text).tensor("big_endian").spec.dtype == ">f8"
 
 
+@pytest.mark.parametrize("dtype", ["S24", "U6", "V24", ">u2", "complex64", "bool"])
+def test_every_flat_dtype_keeps_its_name_through_the_layout(dtype):
+    layout = plan_layout([TensorSpec("a", dtype, (4, 3))], 2, split_threshold_bytes=0)
+    assert np.dtype(Layout.from_json(layout.to_json()).tensor("a").spec.dtype) == np.dtype(dtype)
+
+
+def test_a_structured_dtype_is_refused_with_advice():
+    with pytest.raises(ConfigError, match="structured; checkpoint each field"):
+        TensorSpec("s", np.dtype([("x", "f4"), ("y", "i8")]), (3,))
+
+
 def test_from_json_rejects_garbage():
     layout = plan_layout(_specs([(8, 3)]), 2, split_threshold_bytes=0)
     data = layout.to_dict()

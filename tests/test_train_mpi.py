@@ -62,7 +62,7 @@ def test_bad_configs_fail_with_one_line_and_exit_2(tmp_path):
     _assert_config_error(run_mpi(2, ["train", "-c", str(job), "--set", "run.stepz=5"], cwd=tmp_path),
                          tmp_path, "unknown key run.stepz")
     _assert_config_error(run_mpi(2, ["train", "-c", str(job), "--set", "run.steps=\"x\""], cwd=tmp_path),
-                         tmp_path, "run.steps: expected a integer")
+                         tmp_path, "run.steps: expected an integer")
     _assert_config_error(run_mpi(2, ["train", "-c", str(job), "--set", "data.source=\"hdf5\"",
                                      "--set", "data.path=\"missing.h5\""], cwd=tmp_path),
                          tmp_path, "missing.h5")

@@ -40,8 +40,14 @@ def _canonical_dtype(dtype: Any) -> str:
     parsed = np.dtype(dtype)
     if parsed.hasobject:
         raise ConfigError(f"dtype {parsed} holds Python objects and cannot be checkpointed")
-    if np.dtype(parsed.name) == parsed:
-        return parsed.name
+    if parsed.fields is not None or parsed.subdtype is not None:
+        # Neither name nor str keeps the field names or the sub-array shape.
+        raise ConfigError(f"dtype {parsed} is structured; checkpoint each field as an array of its own")
+    try:
+        if np.dtype(parsed.name) == parsed:
+            return parsed.name
+    except TypeError:  # "bytes24", "str96", "void24": names numpy does not read back
+        pass
     return parsed.str
 
 
