@@ -438,7 +438,7 @@ def _machine(args) -> dict:
 LABELS = [
     ("hpcckpt_l1", "hpcckpt_l1_restore", "(a) hpcckpt restart, L1 node-local, N ranks"),
     ("hpcckpt_l4", "hpcckpt_l4_restore", "(b) hpcckpt restart, L4 (node-local lost), N ranks"),
-    ("hpcckpt_NtoM", "hpcckpt_4to2_restore", "(c) hpcckpt restart N -> M ranks (L4 byte ranges)"),
+    ("hpcckpt_NtoM", "hpcckpt_4to2_restore", "(c) hpcckpt restart N -> M ranks (L4, old pieces read whole)"),
     ("h5py_all_ranks", "h5py_all_ranks_read", "(d) h5py, one file, every rank reads all"),
     ("h5py_rank0_bcast", "h5py_rank0_bcast", "    h5py, rank 0 reads + MPI Bcast"),
     ("dcp_load", "dcp_load", "(e) torch DCP load (gloo), every rank reads all"),
