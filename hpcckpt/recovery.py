@@ -30,6 +30,7 @@ from hpcckpt.errors import (
     HpcckptError,
     IncompatibleCheckpointError,
     PeerFailed,
+    StorageError,
     UnrecoverableError,
 )
 from hpcckpt.levels.messaging import quiet_allgather, wait_all
@@ -237,7 +238,7 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
                 "--restart require, but no checkpoint version exists under "
                 f"{ckpt.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
         # A fresh start writes its first versions again: the files of any it half wrote before go.
-        _clear_newer(ckpt, 0, failed)
+        _clear_newer(ckpt, 0, failed, ledger)
         return None
     for step in candidates:
         if ledger is not None:
@@ -253,7 +254,7 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
             raise
         if loaded:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
-                _clear_newer(ckpt, step, failed)
+                _clear_newer(ckpt, step, failed, ledger)
                 ckpt.restart_unconfirmed = ledger
             return step
     if ledger is not None:
@@ -593,11 +594,13 @@ def _write_in_place(target, host: np.ndarray) -> None:
         target.set(np.ascontiguousarray(host.reshape(target.shape)))
 
 
-def _clear_newer(ckpt, restored: int, failed: dict[int, str]) -> None:
+def _clear_newer(ckpt, restored: int, failed: dict[int, str], ledger: RestartLedger | None = None) -> None:
     """Versions newer than the restored one were not loaded (not complete on every rank,
     failed verification, or marked failed after a crashed restart); the resumed run will
     write those steps again, and shard files are never overwritten, so move them out of the
-    way: node-local ones are deleted, committed L4 ones are renamed for inspection."""
+    way: node-local ones are deleted, committed L4 ones are renamed for inspection. A failed
+    version's ledger entry goes with its files, or it would keep the new writing of that step
+    from ever being loaded."""
     if ckpt.local is not None:
         newer = sorted(s for s in set(ckpt.local.committed_steps()) | set(ckpt.local.uncommitted_steps())
                        if s > restored)
@@ -608,19 +611,30 @@ def _clear_newer(ckpt, restored: int, failed: dict[int, str]) -> None:
                         "run writes those steps again")
         for step in newer:
             ckpt.local.remove(step)
-    if ckpt.pfs is not None and ckpt.rank == 0:
-        for step in ckpt.pfs.uncommitted_steps():
-            if step > restored:
-                ckpt.pfs.remove(step)
-        for step in ckpt.pfs.committed_steps():
-            if step > restored:
-                directory = ckpt.pfs.version_dir(step)
-                aside = _free_name(directory, ".failed" if step in failed else ".unusable")
-                os.replace(directory, aside)
-                _warn(ckpt, f"L4 version {step} was not loaded; kept aside as {aside.name}")
-    from hpcckpt.ckpt.engine import quiet_barrier
 
-    quiet_barrier(ckpt.comm)
+    def set_aside_on_l4():
+        try:
+            if ckpt.pfs is not None:
+                for step in ckpt.pfs.uncommitted_steps():
+                    if step > restored:
+                        ckpt.pfs.remove(step)
+                for step in ckpt.pfs.committed_steps():
+                    if step > restored:
+                        directory = ckpt.pfs.version_dir(step)
+                        aside = _free_name(directory, ".failed" if step in failed else ".unusable")
+                        os.replace(directory, aside)
+                        _warn(ckpt, f"L4 version {step} was not loaded; kept aside as {aside.name}")
+                        if ledger is not None and step in failed:
+                            ledger.set_aside(step, aside.name)
+            if ledger is not None:
+                for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
+                    ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
+        except OSError as exc:
+            raise StorageError(f"cannot move newer L4 versions out of the way under {ckpt.pfs_dir!r}: "
+                               f"{exc.strerror or exc}; fix the PFS directory and restart") from None
+
+    # Rank 0's error, if any, reaches every rank (each would otherwise wait for it).
+    _on_rank0(ckpt, set_aside_on_l4)
 
 
 def _free_name(directory, suffix: str):

@@ -1,5 +1,6 @@
 """Pure pieces of the checkpoint engine: retention, commit record, fault parsing."""
 
+import json
 import pytest
 
 from hpcckpt.ckpt.layout import TensorSpec, plan_layout
@@ -102,6 +103,11 @@ def test_restart_ledger_marks_a_pending_version_failed_once(tmp_path):
     ledger.begin(250)
     ledger.confirm()
     assert ledger.settle_pending() is None and list(ledger.failed_steps()) == [300]
+    # Its files set aside, version 300 no longer counts as failed: a new writing of step 300
+    # must be loadable; the reason stays on record.
+    ledger.set_aside(300, "v000000000300.failed")
+    assert ledger.failed_steps() == {}
+    assert "crashed" in json.loads((tmp_path / "restarts.json").read_text())["set_aside"]["v000000000300.failed"]
     (tmp_path / "restarts.json").write_text("{not json")
     with pytest.raises(HpcckptError, match="restart ledger cannot be read"):
         ledger.failed_steps()

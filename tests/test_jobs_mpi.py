@@ -181,7 +181,9 @@ def test_a_version_whose_restart_crashed_is_marked_failed_and_skipped(tmp_path):
     assert "version 20 is marked failed" in out and "restored version 15" in out
     assert "finished after 3 attempt(s)" in out
     ledger = json.loads((tmp_path / "run" / "restarts.json").read_text())
-    assert list(ledger["failed"]) == ["20"] and ledger["pending"] is None
+    # Set aside, the failed writing of 20 no longer blocks the one attempt 3 wrote.
+    assert ledger["failed"] == {} and ledger["pending"] is None
+    assert list(ledger["set_aside"]) == ["v000000000020.failed"]
     assert (tmp_path / "run" / "pfs" / "v000000000020.failed").is_dir()
     assert _pfs_versions(tmp_path / "run").get(20) is True  # written again by attempt 3
     assert final_record(tmp_path / "run")["weights_digest"] == straight_digest(tmp_path, config)

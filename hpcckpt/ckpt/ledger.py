@@ -8,9 +8,13 @@ V is marked failed, and restarts fall back to older versions instead of looping 
 One JSON file, <run.dir>/restarts.json, owned by rank 0 (run.dir is shared by all nodes):
 
     {"pending": {"step": 300, "since": 1700000000.0},
-     "failed": {"300": "the restart from it at 2026-11-23 10:00:00 crashed before it was confirmed"}}
+     "failed": {"300": "the restart from it at 2026-11-23 10:00:00 crashed before it was confirmed"},
+     "set_aside": {"v000000000300.failed": "the restart from it at ... crashed ..."}}
 
-Delete a step's entry under "failed" to let restarts try it again.
+Delete a step's entry under "failed" to let restarts try it again. Once a restart has fallen
+back past a failed version, that version's files are set aside (L4) or deleted (node-local) and
+the resumed run writes the step again: the entry then moves to "set_aside", for the record,
+since it must not keep the new writing of that step from being loaded.
 """
 
 from __future__ import annotations
@@ -37,14 +41,15 @@ class RestartLedger:
         try:
             record = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return {"pending": None, "failed": {}}
+            return {"pending": None, "failed": {}, "set_aside": {}}
         except (OSError, ValueError) as exc:
             raise StorageError(f"{self.path}: the restart ledger cannot be read ({exc}); fix or delete the file "
                                "(deleting it forgets which versions made restarts fail)") from None
-        return {"pending": record.get("pending"), "failed": dict(record.get("failed", {}))}
+        return {"pending": record.get("pending"), "failed": dict(record.get("failed", {})),
+                "set_aside": dict(record.get("set_aside", {}))}
 
     def _save(self, record: dict) -> None:
-        if not record["pending"] and not record["failed"]:
+        if not record["pending"] and not record["failed"] and not record["set_aside"]:
             self.path.unlink(missing_ok=True)  # nothing to remember: leave no file behind
             return
         write_bytes_atomically(self.path, json.dumps(record, indent=1).encode(), overwrite=True)
@@ -65,6 +70,15 @@ class RestartLedger:
         record["pending"] = None
         self._save(record)
         return step, reason
+
+    def set_aside(self, step: int, where: str) -> None:
+        """The failed version of `step` is gone from where restarts look (`where` says what
+        became of it): its entry moves from "failed" to "set_aside"."""
+        record = self._load()
+        reason = record["failed"].pop(str(step), None)
+        if reason is not None:
+            record["set_aside"][where] = reason
+            self._save(record)
 
     def begin(self, step: int) -> None:
         record = self._load()
