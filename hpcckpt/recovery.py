@@ -53,6 +53,10 @@ class Holdings:
     # writing of that step this rank holds.
     local_writings: dict = field(default_factory=dict)
     pfs_writings: dict = field(default_factory=dict)
+    # Steps whose shard this rank wrote but never committed: the job stopped between its L1
+    # write and the commit (the only way a rank lacks a record of a version others committed
+    # without anything being lost, since the commit follows every rank's agreed L1 write).
+    interrupted: tuple = ()
 
 
 def _node_files(ckpt) -> bool:
@@ -89,7 +93,11 @@ def _discover(ckpt) -> Holdings:
                 continue
             pfs[step] = manifest.world_size
             pfs_writings[step] = (manifest.identity, manifest.created)
-    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ckpt), local_writings, pfs_writings)
+    interrupted = ()
+    if ckpt.local is not None:
+        interrupted = tuple(s for s in ckpt.local.uncommitted_steps() if ckpt.local.shard_path(s).is_file())
+    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ckpt), local_writings, pfs_writings,
+                    interrupted)
 
 
 def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
@@ -153,15 +161,15 @@ def _surviving_nodes(ckpt, everyone: list[Holdings]) -> set[int]:
 
 
 def _never_completed(ckpt, everyone: list[Holdings], step: int) -> bool:
-    """Every rank that has no copy of `step` on any level sits on a surviving node: the job
-    stopped while they were writing it, so it never was a version and skipping it loses
-    nothing. (A rank on a lost node without a copy means data lost: not this case; nor is a
-    version of another rank count, which _missing_message explains.)"""
+    """Every rank that has no copy of `step` on any level wrote its shard and stopped before
+    committing it: the version never was complete, so skipping it loses nothing. A rank
+    without even its shard (a lost or replaced node, deleted files) or with an unreadable
+    commit record is damage, not this case; nor is a version of another rank count, which
+    _missing_message explains."""
     if any(h.local.get(step, ckpt.world_size) != ckpt.world_size for h in everyone):
         return False
     missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
-    surviving = _surviving_nodes(ckpt, everyone)
-    return bool(missing) and all(ckpt.topology.node_of_rank[r] in surviving for r in missing)
+    return bool(missing) and all(step in everyone[r].interrupted for r in missing)
 
 
 def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
@@ -208,15 +216,15 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
     stored = {s for h in everyone for s in (*h.local, *h.pfs)}
     unfinished = sorted(s for s in stored if _never_completed(ckpt, everyone, s))
     if unfinished and ckpt.rank == 0:
-        _warn(ckpt, f"version(s) {unfinished} were never complete (the job stopped while writing them, "
-                    "ranks on surviving nodes have no copy): skipped, and written again")
+        _warn(ckpt, f"version(s) {unfinished} were never complete (the job stopped after some ranks wrote "
+                    "their shards and before they committed them): skipped, and written again")
     newest_anywhere = max(stored - set(unfinished), default=None)
     if mode == "never":
         if newest_anywhere is not None:
             raise _collective(ConfigError(
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir"))
-        _clear_newer(ckpt, 0, {})
+        _clear_unfinished(ckpt, unfinished)
         return None
     # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
     # restart crashed and records the one it tries, so a crash while loading is not repeated.
@@ -237,8 +245,7 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
             raise _collective(CheckpointError(
                 "--restart require, but no checkpoint version exists under "
                 f"{ckpt.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
-        # A fresh start writes its first versions again: the files of any it half wrote before go.
-        _clear_newer(ckpt, 0, failed, ledger)
+        _clear_unfinished(ckpt, unfinished)
         return None
     for step in candidates:
         if ledger is not None:
@@ -513,14 +520,20 @@ def _fetch(ckpt, level, manifest: Manifest) -> dict[str, np.ndarray]:
 def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dict[str, np.ndarray]:
     """Build this rank's new pieces from the old pieces they overlap. Every old piece is read
     whole: its checksum covers the whole piece, and a byte range of it read alone could not be
-    verified (a flipped bit would be loaded without a word). Growing the job reads up to
-    new/old ranks times the bytes it keeps; shrinking it reads only what it keeps."""
+    verified (a flipped bit would be loaded without a word). Where old and new pieces do not
+    line up, a rank reads more than it keeps: 2x from 2 to 4 ranks, 1.5x from 4 to 3, 3x from
+    2 to 3 at worst."""
     rank = ckpt.rank
     pieces = {tl.name: ckpt._buffers[tl.name] for tl in layout.rank_pieces(rank)}
     tables, files = {}, {}
+    requests = read_requests(manifest.layout, layout, rank)
+    uses: dict[tuple[int, str], int] = {}
+    for request in requests:
+        uses[(request.old_rank, request.name)] = uses.get((request.old_rank, request.name), 0) + 1
     verified: dict[tuple[int, str], np.ndarray] = {}  # (old rank, tensor) -> its bytes, checked
+    bytes_read = 0
     try:
-        for request in read_requests(manifest.layout, layout, rank):
+        for request in requests:
             if request.old_rank not in tables:
                 path = level.shard_path(manifest.step, request.old_rank)
                 tables[request.old_rank] = read_shard_table(path)
@@ -530,11 +543,14 @@ def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dic
             if key not in verified:
                 whole = read_tensor(files[request.old_rank], tables[request.old_rank], request.name)
                 verified[key] = whole.reshape(-1).view(np.uint8)
+                bytes_read += verified[key].size
             start = request.byte_offset_in_piece
             place_read(pieces[request.name], request, verified[key][start:start + request.nbytes],
                        manifest.layout, layout, rank)
-        _log_reads(ckpt, [level.shard_path(manifest.step, r) for r in sorted(files)],
-                   sum(int(data.size) for data in verified.values()))
+            uses[key] -= 1
+            if not uses[key]:
+                del verified[key]  # one old piece in memory at a time, not all of them
+        _log_reads(ckpt, [level.shard_path(manifest.step, r) for r in sorted(files)], bytes_read)
     finally:
         for f in files.values():
             f.close()
@@ -635,6 +651,27 @@ def _clear_newer(ckpt, restored: int, failed: dict[int, str], ledger: RestartLed
 
     # Rank 0's error, if any, reaches every rank (each would otherwise wait for it).
     _on_rank0(ckpt, set_aside_on_l4)
+
+
+def _clear_unfinished(ckpt, unfinished: list[int]) -> None:
+    """(all ranks) A fresh start writes its first steps again, and files are never
+    overwritten: what earlier attempts half wrote goes (versions never complete, uncommitted
+    leftovers). A committed version is never touched here, an unreadable one included: that
+    is damage for the operator to look at, and writing its step again fails naming the file."""
+    if ckpt.local is not None:
+        for step in sorted(set(unfinished) | set(ckpt.local.uncommitted_steps())):
+            ckpt.local.remove(step)
+
+    def on_l4():
+        try:
+            if ckpt.pfs is not None:
+                for step in ckpt.pfs.uncommitted_steps():
+                    ckpt.pfs.remove(step)
+        except OSError as exc:
+            raise StorageError(f"cannot remove unfinished L4 versions under {ckpt.pfs_dir!r}: "
+                               f"{exc.strerror or exc}; fix the PFS directory and restart") from None
+
+    _on_rank0(ckpt, on_l4)
 
 
 def _free_name(directory, suffix: str):

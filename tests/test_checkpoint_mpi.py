@@ -102,6 +102,29 @@ def test_a_job_killed_in_its_first_checkpoint_starts_again(tmp_path, reference, 
     assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
 
 
+@pytest.mark.parametrize("damage", ["garbled commit records", "replacement node with old spares"])
+def test_damage_on_a_live_node_is_not_taken_for_an_unfinished_version(tmp_path, damage):
+    """Only a rank that wrote its shard and stopped before committing it makes a version
+    'never complete'. An unreadable commit record, or a node whose directory holds only an
+    earlier job's spares, is a loss: the restart must stop and say so, and delete nothing
+    (a fresh start would have deleted node 0's intact versions)."""
+    job = ckpt_job(tmp_path, run={"steps": 10}, resilience={"levels": ["local"]})
+    assert_ok(train(tmp_path, job))
+    node1 = tmp_path / "run" / "local" / "node1"
+    if damage == "garbled commit records":
+        for record in node1.glob("v*/commit-r*.json"):
+            record.write_text("{garbage")
+    else:
+        for version in node1.glob("v*"):
+            shutil.rmtree(version)
+        (node1 / ".spare").mkdir(exist_ok=True)
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "local" / "node0").rglob("*"))
+    resumed = train(tmp_path, job, 4, "--set", "run.steps=15")
+    assert resumed.returncode == 4, resumed.stdout + resumed.stderr
+    assert "checkpoint version 10 cannot be recovered" in resumed.stderr
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "local" / "node0").rglob("*")) == before
+
+
 def test_all_node_local_storage_lost_restarts_from_pfs(tmp_path, reference):
     digest = reference[0]
     job = ckpt_job(tmp_path)

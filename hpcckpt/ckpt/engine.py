@@ -467,15 +467,17 @@ class Checkpointer:
         """(all ranks) Block until the checkpoint in flight is durable; raise if it failed."""
         return self._finish_in_flight()
 
-    def close(self) -> None:
+    def close(self, confirm: bool | None = None) -> None:
         """(all ranks) Drain what is in flight and release the communicator. A clean close
-        (no exception on its way through the caller) confirms a restart: a resumed run that
-        had nothing left to do, or stopped before its next checkpoint, did not crash on the
-        version it loaded, and must not get it marked failed by the next restart."""
+        confirms a restart: a resumed run that had nothing left to do, or stopped before its
+        next checkpoint, did not crash on the version it loaded, and must not get it marked
+        failed by the next restart. `confirm` None: clean means no exception is being handled
+        where close() is called (sys.exc_info); a caller inside an `except` block that
+        recovered passes True, one that knows the run went wrong passes False."""
         self._pending = None  # a snapshot left open (an exception in the step) is abandoned
         try:
             self._finish_in_flight()
-            if sys.exc_info()[0] is None:
+            if confirm if confirm is not None else sys.exc_info()[0] is None:
                 self.confirm_restart()
         finally:
             self._copier.stop()  # after the copies queued for the abandoned snapshot
