@@ -244,8 +244,9 @@ def _command_evaluate(args) -> int:
     from hpcckpt.train.trainer import Trainer
 
     config = load_config(args.config, args.overrides)
-    # Evaluation only reads: node-local copies (same rank count) or L4 (any rank count), so it
-    # needs no partner map or erasure groups, and runs on any number of ranks.
+    # Evaluation only reads (restore(wanted=step) repairs nothing): node-local copies (same rank
+    # count) or L4 (any rank count), so it needs no partner map or erasure groups, and runs on
+    # any number of ranks.
     readable = tuple(level for level in config.resilience.levels if level in ("local", "pfs"))
     config = config.replace(resilience=dataclasses.replace(config.resilience, levels=readable or ("pfs",)))
     comm = _world()
@@ -302,7 +303,7 @@ def _command_verify(args) -> int:
     checked, problems = verify_all(config)
     for problem in problems:
         print(problem)
-    print(f"verified {checked} shard file(s): {'all good' if not problems else f'{len(problems)} problem(s)'}")
+    print(f"verified {checked} checkpoint file(s): {'all good' if not problems else f'{len(problems)} problem(s)'}")
     return 0 if not problems else 1
 
 

@@ -252,7 +252,7 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
             _on_rank0(ckpt, lambda: ledger.begin(step))
         ckpt.faults.strike(step, "restore")
         try:
-            loaded = _try_restore(ckpt, step, everyone)
+            loaded = _try_restore(ckpt, step, everyone, repair=wanted is None)
         except HpcckptError as exc:
             # A clean error every rank agreed on (e.g. an incompatible model) is not a crash:
             # the version is not to blame. Any other failure ends the job like a crash.
@@ -289,8 +289,10 @@ def _shared_manifest(ckpt, step: int, mine: Holdings) -> Manifest | None:
     return manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
 
 
-def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
-    """(all ranks) Get every rank's shard of `step` from the cheapest source, verify, load."""
+def _try_restore(ckpt, step: int, everyone: list[Holdings], repair: bool = True) -> bool:
+    """(all ranks) Get every rank's shard of `step` from the cheapest source, verify, load.
+    With `repair` (a resuming job), copies that were missing or bad on node-local levels are
+    put back; reading an explicit version (evaluate) writes nothing."""
     comm = ckpt.comm
     mine = everyone[ckpt.rank]
     my_sources = _sources(ckpt, everyone, ckpt.rank, step)
@@ -327,7 +329,7 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
             # Same layout: read and verify from L4, then put the same file back as this rank's
             # L1 copy (from the page cache; no second verification read).
             pieces = _attempt(ckpt, ckpt.pfs, manifest)
-            if pieces is not None:
+            if pieces is not None and repair:
                 _restore_local_copy(ckpt, step)
         else:
             pieces = _attempt(ckpt, ckpt.pfs, manifest)
@@ -338,7 +340,7 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings]) -> bool:
         if ckpt.rank == 0:
             _warn(ckpt, f"version {step} cannot be loaded on rank(s) {failed}; trying an older one")
         return False
-    if lost_initially and ckpt.local is not None and manifest.world_size == ckpt.world_size:
+    if repair and lost_initially and ckpt.local is not None and manifest.world_size == ckpt.world_size:
         _reprotect(ckpt, manifest)
     _load(ckpt, manifest, pieces)
     ckpt.restored_sources = tuple(outcomes)

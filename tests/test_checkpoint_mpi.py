@@ -567,3 +567,46 @@ def test_a_step_written_by_two_runs_is_restored_from_one_writing_only(tmp_path):
     assert "HANG" not in proc.stdout, proc.stdout[-3000:]
     assert_ok(proc)
     assert [(r["restored"], r["values"]) for r in script_results(proc)] == [(3, [30.0])] * 4
+
+
+def test_offline_commands_see_missing_shards_damaged_headers_geometry_and_moved_runs(tmp_path):
+    """verify checks every rank's shard is there and every shard, replica and parity file;
+    inspect counts node losses with the parity that cut the version; export reads a run that
+    was moved; evaluate repairs nothing."""
+    from hpcckpt.ckpt.shardfile import read_shard_table
+
+    job = ckpt_job(tmp_path, run={"steps": 10}, cluster={"simulated_nodes": 4}, checkpoint={"keep_pfs": 1},
+                   resilience={"levels": ["local", "erasure", "pfs"], "group_size": 4, "parity": 1})
+    assert_ok(train(tmp_path, job))
+    run = tmp_path / "run"
+    listing = run_mpi(1, ["inspect", "-c", str(job), "--json", "--set", "resilience.parity=2"], cwd=tmp_path)
+    assert_ok(listing)
+    survives = {v["step"]: v["survives"] for v in json.loads(listing.stdout)}
+    assert survives == {5: 1, 10: None}  # 5: L1 + L3 with parity 1, whatever the config says now
+    clean = run_mpi(1, ["verify", "-c", str(job)], cwd=tmp_path)
+    assert_ok(clean)
+    # 2 node-local versions x (4 shards + 4 parity files) + L4's 4 shards of version 10.
+    assert "verified 20 checkpoint file(s): all good" in clean.stdout, clean.stdout
+
+    (run / "pfs" / "v000000000010" / "shard-r00002.hck").unlink()
+    parity = run / "local" / "node1" / "v000000000010" / "parity-r00001.hck"
+    _flip(parity, 20)  # a header byte: repaired on read, but the medium is failing
+    damaged = run_mpi(1, ["verify", "-c", str(job)], cwd=tmp_path)
+    assert damaged.returncode == 1
+    assert "pfs version 10: the shard file of rank(s) [2] is missing" in damaged.stdout, damaged.stdout
+    assert f"{parity}: header damaged: Reed-Solomon repaired" in damaged.stdout
+
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)
+    exported = run_mpi(1, ["export", "-c", str(job), "--version", "5", "-o", str(tmp_path / "v5.h5"),
+                           "--set", f"run.dir={moved}"], cwd=tmp_path)
+    assert_ok(exported)  # node-local copies found under the run's new place, not the recorded one
+    nowhere = run_mpi(1, ["verify", "-c", str(job), "--set", f"run.dir={tmp_path / 'nothing'}"], cwd=tmp_path)
+    assert nowhere.returncode == 1 and "no checkpoint version found" in nowhere.stdout
+
+    shard = moved / "local" / "node0" / "v000000000010" / "shard-r00000.hck"
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: rank 0 reads version 10 from L4
+    evaluate = run_mpi(4, ["evaluate", "-c", str(job), "--version", "10", "--set", f"run.dir={moved}"], cwd=tmp_path)
+    assert_ok(evaluate)
+    assert shard.stat().st_size == 100  # evaluating read L4 and wrote nothing back
+    assert read_shard_table(run.parent / "moved" / "pfs" / "v000000000010" / "shard-r00000.hck").step == 10

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,17 +120,34 @@ def version_overview(config) -> list[VersionOverview]:
             levels.append("pfs")
         survives = 0
         if manifest is not None and levels:
+            group_size, parity = 0, 0
+            if "erasure" in levels:
+                # The geometry that cut this version's parity, not today's config.
+                group_size, parity = _parity_geometry(directories) or (config.resilience.group_size,
+                                                                      config.resilience.parity)
             try:
                 survives = node_losses_survived(
                     manifest.node_of_rank, partner="partner" in levels, pfs="pfs" in levels,
-                    group_size=config.resilience.group_size if "erasure" in levels else 0,
-                    parity=config.resilience.parity if "erasure" in levels else 0)
+                    group_size=group_size, parity=parity)
             except TopologyError:
                 survives = 0
         first = (complete.get("pfs") or complete.get("local") or entries[0])
         overview.append(VersionOverview(step, tuple(levels), first.world_size, sum(e.size for e in entries),
                                         survives, first.metrics))
     return overview
+
+
+def _parity_geometry(directories: list[Path]) -> tuple[int, int] | None:
+    """(group size, parity) recorded in the first readable parity file."""
+    for directory in directories:
+        for path in sorted(directory.glob("parity-r*.hck")):
+            try:
+                extra = read_shard_table(path).extra
+            except (HpcckptError, OSError):
+                continue
+            if extra.get("group") and extra.get("parity"):
+                return len(extra["group"]), int(extra["parity"])
+    return None
 
 
 def _count(directories: list[Path], pattern: str) -> int:
@@ -180,11 +198,14 @@ def manifest_of(config, step: int) -> Manifest:
 
 
 def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
-    """Where rank's shard of this version may be: its node-local copy first, then L4."""
+    """Where rank's shard of this version may be: its node-local copy first, then L4. The
+    node-local one is looked for under this config's directories (where inspect and
+    --version look), and under the path recorded at checkpoint time only if none has it: a
+    run directory that was moved, or a relative one seen from elsewhere, still reads right."""
     name = shard_file_name(rank)
     version = version_dir_name(manifest.step)
-    paths = []
-    if rank < len(manifest.local_dirs):
+    paths = [root / version / name for root in local_roots(config) if (root / version / name).is_file()]
+    if not paths and rank < len(manifest.local_dirs):
         paths.append(Path(manifest.local_dirs[rank]) / version / name)
     paths.append(pfs_root(config) / version / name)
     return paths
@@ -219,25 +240,63 @@ def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
     return tensors
 
 
+_FILE_NAME = re.compile(r"^(?:shard-r(?P<shard>\d+)|replica-of-r(?P<source>\d+)-held-by-r\d+|parity-r\d+)\.hck$")
+
+
 def verify_all(config) -> tuple[int, list[str]]:
-    """Check every stored piece against its checksum and commit record: (pieces checked, problems)."""
+    """Check every stored file of every version: shards, replicas and parity against their own
+    checksums, shards and replicas against the commit record too; that every rank's shard is
+    there; and which headers Reed-Solomon had to repair (the file loads, the medium is
+    failing). (files checked, problems)"""
     problems, checked = [], 0
-    for entry in list_versions(config):
+    entries = list_versions(config)
+    if not entries:
+        problems.append(f"no checkpoint version found under {pfs_root(config)} or node-local directories "
+                        f"matching {config.storage.local_dir!r}; check run.dir and the storage paths")
+    for entry in entries:
         if not entry.complete:
-            problems.append(f"{entry.level} version {entry.step}: incomplete (no commit record on every rank); "
-                            "it is ignored by restart and removed by retention")
+            problems.append(f"{entry.level} version {entry.step}: not every rank's commit record is reachable from "
+                            "here (a checkpoint that did not finish, or a lost node whose shards a restart may still "
+                            "rebuild from L2/L3: see hpcckpt inspect)")
             continue
-        manifest = manifest_of(config, entry.step)
+        manifest = _entry_manifest(entry)
+        shard_ranks = set()
         for directory in entry.location.split(", "):
-            for shard in sorted(Path(directory).glob("shard-r*.hck")):
+            for path in sorted(Path(directory).glob("*.hck")):
+                name = _FILE_NAME.match(path.name)
+                if name is None:
+                    continue
                 checked += 1
-                found = verify_shard(shard)
-                rank = int(shard.name[len("shard-r"):-len(".hck")])
+                found = verify_shard(path)
                 if not found:
-                    table = read_shard_table(shard)
-                    expected = manifest.shards[rank].checksums if rank < len(manifest.shards) else {}
-                    for e in table.entries:
-                        if expected.get(e.name) != e.checksum:
-                            found.append(f"{e.name}: checksum differs from the commit record")
-                problems.extend(f"{shard}: {p}" for p in found)
+                    table = read_shard_table(path)
+                    if table.corrected_bytes:
+                        found.append(f"header damaged: Reed-Solomon repaired {table.corrected_bytes} byte(s) on "
+                                     "read (the file still loads; check the storage device)")
+                    owner = name.group("shard") or name.group("source")
+                    if owner is not None:  # parity pieces are checked by their own checksums alone
+                        rank = int(owner)
+                        expected = manifest.shards[rank].checksums if rank < len(manifest.shards) else {}
+                        found.extend(f"{e.name}: checksum differs from the commit record"
+                                     for e in table.entries if expected.get(e.name) != e.checksum)
+                if name.group("shard") is not None:
+                    shard_ranks.add(int(name.group("shard")))
+                problems.extend(f"{path}: {p}" for p in found)
+        missing = sorted(set(range(manifest.world_size)) - shard_ranks)
+        if missing:
+            problems.append(f"{entry.level} version {entry.step}: the shard file of rank(s) {missing} is missing "
+                            f"from {entry.location}")
     return checked, problems
+
+
+def _entry_manifest(entry: VersionEntry) -> Manifest:
+    """The commit record of one level's copy of a version (not another level's: two runs may
+    have written the same step)."""
+    for directory in entry.location.split(", "):
+        names = (["manifest.json"] if entry.level == "pfs"
+                 else sorted(p.name for p in Path(directory).glob("commit-r*.json")))
+        for name in names:
+            manifest = _try_manifest(Path(directory) / name)
+            if manifest is not None:
+                return manifest
+    raise UnrecoverableError(f"{entry.level} version {entry.step}: no readable commit record in {entry.location}")
