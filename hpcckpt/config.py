@@ -427,6 +427,11 @@ def _check_consistency(config: JobConfig) -> None:
     if isinstance(every, int) and every < 0:
         raise ConfigError(f"{where('checkpoint.every_steps')}: checkpoint.every_steps: must be >= 0 (0 = off), "
                           f"got {every}")
+    if config.checkpoint.mtbf_hours > 0 and every == 0:
+        raise ConfigError(f"{where('checkpoint.mtbf_hours', 'checkpoint.every_steps')}: checkpoint.mtbf_hours = "
+                          f"{config.checkpoint.mtbf_hours} picks a checkpoint interval, but checkpoint.every_steps = 0 "
+                          "turns checkpoints off; set one of them (mtbf_hours takes precedence over an every_steps "
+                          "of N > 0)")
     if not 0.0 < config.checkpoint.max_overhead < 1.0:
         raise ConfigError(f"{where('checkpoint.max_overhead')}: checkpoint.max_overhead must be between 0 and 1 "
                           f"(e.g. 0.035), got {config.checkpoint.max_overhead}")

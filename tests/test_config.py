@@ -101,6 +101,8 @@ def test_string_key_takes_a_bare_override_as_typed(tmp_path, override, expected)
     (['resilience.levels=["pfs","local"]'], {}, '--set resilience.levels=["pfs","local"]: '),
     (["data.val_fraction=1.5"], {}, "--set data.val_fraction=1.5: "),
     (["storage.pfs_dir={x}"], {}, "--set storage.pfs_dir={x}: "),
+    (["checkpoint.mtbf_hours=2", "checkpoint.every_steps=0"], {},
+     "--set checkpoint.mtbf_hours=2 and --set checkpoint.every_steps=0: "),
 ])
 def test_errors_found_after_merging_name_the_override(tmp_path, overrides, env, origin):
     path = write(tmp_path, "[run]\nsteps = 7\n")

@@ -78,3 +78,10 @@ def test_profile_survives_restart():
     restored.load_state(policy.state())
     assert restored.interval == policy.interval and restored.step_time == policy.step_time
     assert restored.due(6 + policy.interval, 10_000)  # no second profiling phase
+
+
+def test_no_interval_is_chosen_before_a_step_was_timed():
+    for config in (cfg("auto"), cfg(0, mtbf_hours=1.0)):
+        policy = IntervalPolicy.from_config(config)
+        assert policy.observe_checkpoint(1, blocking=0.5, durable=0.2) is None
+        assert policy.interval == 0  # still profiling, not 57 million steps

@@ -1,5 +1,7 @@
 """The trainer on real MPI ranks (mpiexec -n N), through the CLI."""
 
+import pytest
+
 from conftest import REPO, assert_ok, final_record, read_metrics, run_mpi, small_job
 
 
@@ -45,6 +47,18 @@ def test_conv1d_on_hdf5_data_with_uneven_batches(tmp_path):
     final = final_record(tmp_path / "run")
     assert final["weights_identical_on_ranks"] is True
     assert final["val_accuracy"] > 0.6  # 3 well-separated classes; chance is 0.33
+
+
+@pytest.mark.parametrize("model", [{"kind": "mlp", "hidden": [16]},
+                                   {"kind": "conv1d", "conv_channels": [4], "hidden": [8]}])
+def test_ranks_with_an_empty_share_of_a_batch_still_train(tmp_path, model):
+    """A global batch smaller than the rank count (or an epoch's last, partial batch) leaves
+    some ranks no samples: they must take part with zero gradients, not crash on reshape."""
+    job = small_job(tmp_path, model=model, data={"batch_size": 3}, run={"steps": 6, "log_every": 3},
+                    eval={"every_steps": 0})
+    proc = run_mpi(4, ["train", "-c", str(job)], cwd=tmp_path)
+    assert_ok(proc)
+    assert final_record(tmp_path / "run")["weights_identical_on_ranks"] is True
 
 
 def _assert_config_error(proc, tmp_path, fragment):

@@ -98,6 +98,8 @@ class IntervalPolicy:
         self.blocking = _smooth(self.blocking, blocking)
         if durable is not None:
             self.durable = _smooth(self.durable, durable)
+        if self.step_time <= 0:
+            return None  # no step timed yet: any interval would divide by nothing; keep profiling
         chosen, reason = self._choose()
         if chosen != self.interval:
             self.interval, self.reason = chosen, reason

@@ -32,6 +32,15 @@ DTYPES = ("float32", "float64")
 PADDINGS = ("same", "valid")
 
 
+def _features(x) -> int:
+    """Values per sample: reshape cannot infer -1 for an empty batch (a rank whose share of
+    the epoch's last, partial batch is nothing), so the size is given."""
+    size = 1
+    for dim in x.shape[1:]:
+        size *= int(dim)
+    return size
+
+
 def _init_weight(rng: np.random.Generator, shape, fan_in: int, fan_out: int, activation: str, dtype):
     # He init keeps ReLU activations at unit scale; Glorot suits tanh and the linear output.
     if activation == "relu":
@@ -125,7 +134,8 @@ class Conv1D:
         length_out = windows.shape[1]
         cols = windows.transpose(0, 1, 3, 2).reshape(batch * length_out, self.kernel_size * in_channels)
         weight_matrix = self.weight.transpose(0, 2, 1).reshape(self.weight.shape[0], -1)
-        z = (cols @ weight_matrix.T).reshape(batch, length_out, -1)
+        # Explicit sizes: -1 cannot be inferred for a rank whose share of the batch is empty.
+        z = (cols @ weight_matrix.T).reshape(batch, length_out, self.weight.shape[0])
         out = bias_activation(z, self.bias, self.activation)
         if train:
             self._cols, self._out = cols, out
@@ -214,7 +224,7 @@ class Flatten:
     def forward(self, x, train):
         if train:
             self._input_shape = x.shape
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], _features(x))
 
     def backward(self, grad_out):
         grad_input = grad_out.reshape(self._input_shape)
@@ -241,7 +251,7 @@ class Model:
     def _prepare_input(self, x):
         x = self.xp.asarray(x, dtype=self.dtype)
         if self._input_layout == "flat":
-            return x.reshape(x.shape[0], -1)
+            return x.reshape(x.shape[0], _features(x))
         if x.ndim == 2:  # (batch, length): a single channel
             return x[:, :, None]
         return x.transpose(0, 2, 1)  # (batch, channels, length) -> channels-last
