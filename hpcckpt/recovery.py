@@ -105,18 +105,13 @@ def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
     older files other ranks' directories still hold), ranks could load different writings,
     and follow different paths into a deadlock. The newest writing of each step counts; the
     holdings of any other are dropped, with their replicas and parity."""
+    writings = [(step, writing) for h in everyone for held in (h.local_writings, h.pfs_writings)
+                for step, writing in held.items()]
     newest = {}
-    for h in everyone:
-        for writings in (h.local_writings, h.pfs_writings):
-            for step, (identity, created) in writings.items():
-                if step not in newest or created > newest[step][1]:
-                    newest[step] = (identity, created)
-    stale = {}
-    for h in everyone:
-        for writings in (h.local_writings, h.pfs_writings):
-            for step, (identity, _) in writings.items():
-                if identity != newest[step][0]:
-                    stale.setdefault(step, set()).add(identity)
+    for step, (identity, created) in writings:
+        if step not in newest or created > newest[step][1]:
+            newest[step] = (identity, created)
+    stale = {step for step, (identity, _) in writings if identity != newest[step][0]}
     if not stale:
         return everyone
     if ckpt.rank == 0:
@@ -184,14 +179,17 @@ def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=())
             if all(_sources(ckpt, everyone, r, s) for r in range(ckpt.world_size))]
 
 
-def _on_rank0(ckpt, action):
-    """(all ranks) Run `action` on rank 0 only and hand its result, or its error, to every rank."""
+def _on_rank0(ckpt, action, what: str = "rank 0's storage work"):
+    """(all ranks) Run `action` on rank 0 only and hand its result, or its error, to every rank
+    (an OSError too, as a StorageError saying `what` failed: the others would wait for ever)."""
     result = None
     if ckpt.rank == 0:
         try:
             result = action()
         except HpcckptError as exc:
             result = exc
+        except OSError as exc:
+            result = StorageError(f"{what} failed: {exc.strerror or exc}; fix the directory and restart")
     result = ckpt.comm.bcast(result, root=0)
     if isinstance(result, HpcckptError):
         raise _collective(result)
@@ -631,28 +629,23 @@ def _clear_newer(ckpt, restored: int, failed: dict[int, str], ledger: RestartLed
             ckpt.local.remove(step)
 
     def set_aside_on_l4():
-        try:
-            if ckpt.pfs is not None:
-                for step in ckpt.pfs.uncommitted_steps():
-                    if step > restored:
-                        ckpt.pfs.remove(step)
-                for step in ckpt.pfs.committed_steps():
-                    if step > restored:
-                        directory = ckpt.pfs.version_dir(step)
-                        aside = _free_name(directory, ".failed" if step in failed else ".unusable")
-                        os.replace(directory, aside)
-                        _warn(ckpt, f"L4 version {step} was not loaded; kept aside as {aside.name}")
-                        if ledger is not None and step in failed:
-                            ledger.set_aside(step, aside.name)
-            if ledger is not None:
-                for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
-                    ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
-        except OSError as exc:
-            raise StorageError(f"cannot move newer L4 versions out of the way under {ckpt.pfs_dir!r}: "
-                               f"{exc.strerror or exc}; fix the PFS directory and restart") from None
+        if ckpt.pfs is not None:
+            for step in ckpt.pfs.uncommitted_steps():
+                if step > restored:
+                    ckpt.pfs.remove(step)
+            for step in ckpt.pfs.committed_steps():
+                if step > restored:
+                    directory = ckpt.pfs.version_dir(step)
+                    aside = _free_name(directory, ".failed" if step in failed else ".unusable")
+                    os.replace(directory, aside)
+                    _warn(ckpt, f"L4 version {step} was not loaded; kept aside as {aside.name}")
+                    if ledger is not None and step in failed:
+                        ledger.set_aside(step, aside.name)
+        if ledger is not None:
+            for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
+                ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
 
-    # Rank 0's error, if any, reaches every rank (each would otherwise wait for it).
-    _on_rank0(ckpt, set_aside_on_l4)
+    _on_rank0(ckpt, set_aside_on_l4, f"moving newer L4 versions out of the way under {ckpt.pfs_dir!r}")
 
 
 def _clear_unfinished(ckpt, unfinished: list[int]) -> None:
@@ -665,15 +658,11 @@ def _clear_unfinished(ckpt, unfinished: list[int]) -> None:
             ckpt.local.remove(step)
 
     def on_l4():
-        try:
-            if ckpt.pfs is not None:
-                for step in ckpt.pfs.uncommitted_steps():
-                    ckpt.pfs.remove(step)
-        except OSError as exc:
-            raise StorageError(f"cannot remove unfinished L4 versions under {ckpt.pfs_dir!r}: "
-                               f"{exc.strerror or exc}; fix the PFS directory and restart") from None
+        if ckpt.pfs is not None:
+            for step in ckpt.pfs.uncommitted_steps():
+                ckpt.pfs.remove(step)
 
-    _on_rank0(ckpt, on_l4)
+    _on_rank0(ckpt, on_l4, f"removing unfinished L4 versions under {ckpt.pfs_dir!r}")
 
 
 def _free_name(directory, suffix: str):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard
 from hpcckpt.cluster.topology import job_id
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, UnrecoverableError
 from hpcckpt.levels.base import list_version_steps, shard_file_name, version_dir_name
+from hpcckpt.levels.spares import spare_kind
 
 
 @dataclass(frozen=True)
@@ -240,9 +240,6 @@ def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
     return tensors
 
 
-_FILE_NAME = re.compile(r"^(?:shard-r(?P<shard>\d+)|replica-of-r(?P<source>\d+)-held-by-r\d+|parity-r\d+)\.hck$")
-
-
 def verify_all(config) -> tuple[int, list[str]]:
     """Check every stored file of every version: shards, replicas and parity against their own
     checksums, shards and replicas against the commit record too; that every rank's shard is
@@ -263,9 +260,10 @@ def verify_all(config) -> tuple[int, list[str]]:
         shard_ranks = set()
         for directory in entry.location.split(", "):
             for path in sorted(Path(directory).glob("*.hck")):
-                name = _FILE_NAME.match(path.name)
-                if name is None:
+                parsed = spare_kind(path.name)
+                if parsed is None:
                     continue
+                kind, writer, source = parsed
                 checked += 1
                 found = verify_shard(path)
                 if not found:
@@ -273,14 +271,13 @@ def verify_all(config) -> tuple[int, list[str]]:
                     if table.corrected_bytes:
                         found.append(f"header damaged: Reed-Solomon repaired {table.corrected_bytes} byte(s) on "
                                      "read (the file still loads; check the storage device)")
-                    owner = name.group("shard") or name.group("source")
-                    if owner is not None:  # parity pieces are checked by their own checksums alone
-                        rank = int(owner)
+                    if kind != "parity":  # parity pieces are checked by their own checksums alone
+                        rank = writer if kind == "shard" else source
                         expected = manifest.shards[rank].checksums if rank < len(manifest.shards) else {}
                         found.extend(f"{e.name}: checksum differs from the commit record"
                                      for e in table.entries if expected.get(e.name) != e.checksum)
-                if name.group("shard") is not None:
-                    shard_ranks.add(int(name.group("shard")))
+                if kind == "shard":
+                    shard_ranks.add(writer)
                 problems.extend(f"{path}: {p}" for p in found)
         missing = sorted(set(range(manifest.world_size)) - shard_ranks)
         if missing:

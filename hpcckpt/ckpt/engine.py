@@ -264,7 +264,6 @@ class Checkpointer:
         self.last_report: PersistReport | None = None
         self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
         self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
-        self._levels_of_version: dict[int, set[str]] = {}  # node-local step -> levels its manifest lists
         self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._prepare_storage(prune_spares)
@@ -886,26 +885,31 @@ class Checkpointer:
         if self.local is not None:
             for step in self._deletable(self.local, cfg.keep_local, newest):
                 self.local.remove(step)
-                self._levels_of_version.pop(step, None)
         if self.pfs is not None and self.rank == 0:
             for step in self._deletable(self.pfs, cfg.keep_pfs, newest):
                 self.pfs.remove(step)
 
     def _deletable(self, level, keep: int, newest: int) -> list[int]:
         committed = level.committed_steps()
+        manifests: dict[int, Manifest | None] = {}
+
+        def manifest(step: int) -> Manifest | None:  # each commit record read once per retention
+            if step not in manifests:
+                try:
+                    manifests[step] = level.manifest(step)
+                except HpcckptError:
+                    manifests[step] = None
+            return manifests[step]
+
         metrics = {}
         if self.config.checkpoint.keep_best:
-            for step in committed:
-                try:
-                    metrics[step] = level.manifest(step).metrics
-                except HpcckptError:
-                    continue
+            metrics = {s: manifest(s).metrics for s in committed if manifest(s) is not None}
         stale = [s for s in level.uncommitted_steps() if s < newest]
-        pinned = self._newest_redundant_versions(committed) if level is self.local else set()
+        pinned = self._newest_redundant_versions(committed, manifest) if level is self.local else set()
         return [s for s in steps_to_delete(committed, keep, metrics, self.config.checkpoint.keep_best)
                 if s not in pinned] + stale
 
-    def _newest_redundant_versions(self, committed: list[int]) -> set[int]:
+    def _newest_redundant_versions(self, committed: list[int], manifest) -> set[int]:
         """The newest node-local version holding partner copies, and the newest holding parity.
         With partner_every or erasure_every above keep_local, the newest versions are L1 only;
         deleting older ones by count alone would delete the only version that survives a node
@@ -915,12 +919,7 @@ class Checkpointer:
         for step in sorted(committed, reverse=True):
             if not missing:
                 break
-            if step not in self._levels_of_version:
-                try:
-                    self._levels_of_version[step] = set(self.local.manifest(step).levels)
-                except HpcckptError:
-                    self._levels_of_version[step] = set()
-            found = missing & self._levels_of_version[step]
+            found = missing & set(manifest(step).levels if manifest(step) is not None else ())
             if found:
                 pinned.add(step)
                 missing -= found

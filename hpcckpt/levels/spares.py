@@ -44,8 +44,8 @@ _REPLICA = re.compile(r"^replica-of-r(\d+)-held-by-r(\d+)\.hck$")
 
 
 def spare_kind(name: str) -> tuple[str, int, int | None] | None:
-    """(kind, rank that writes the file, source rank of a replica) for a spare's name; None
-    for a name no level writes."""
+    """(kind, rank that writes the file, source rank of a replica) for a data file's name, in
+    a version directory or as a spare; None for a name no level writes."""
     for kind, pattern in (("shard", _SHARD), ("parity", _PARITY)):
         match = pattern.match(name)
         if match:

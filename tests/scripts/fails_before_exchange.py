@@ -6,12 +6,12 @@ failed version, and the next checkpoint must work."""
 import errno
 import json
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
+from hang_guard import abort_if_stuck  # tests/scripts, the script's own directory
 from hpcckpt import Checkpointer, load_config
 from hpcckpt.errors import CheckpointError
 
@@ -48,21 +48,13 @@ def main():
     for step in (1, 2, 3, 4, 5):
         if step in faults and comm.rank == faults[step][0]:
             faults[step][1]()
-        done = threading.Event()
-
-        def watchdog():
-            if not done.wait(HANG_S):
-                print(f"HANG rank {comm.rank} at step {step}", flush=True)
-                MPI.COMM_WORLD.Abort(3)
-
-        threading.Thread(target=watchdog, daemon=True).start()
-        ckpt.checkpoint(step)
-        try:
-            ckpt.wait()
-            outcomes.append([step, None, []])
-        except CheckpointError as exc:
-            outcomes.append([step, str(exc), sorted(exc.failures_by_rank)])
-        done.set()
+        with abort_if_stuck(HANG_S, f"at step {step}"):
+            ckpt.checkpoint(step)
+            try:
+                ckpt.wait()
+                outcomes.append([step, None, []])
+            except CheckpointError as exc:
+                outcomes.append([step, str(exc), sorted(exc.failures_by_rank)])
     committed = ckpt.local.committed_steps()
     everything = comm.gather({"rank": comm.rank, "outcomes": outcomes, "committed": committed}, root=0)
     if comm.rank == 0:

@@ -8,11 +8,11 @@ the same writing (or none of a step), never a mix, and never hang on it.
 
 import json
 import sys
-import threading
 
 import numpy as np
 from mpi4py import MPI
 
+from hang_guard import abort_if_stuck  # tests/scripts, the script's own directory
 from hpcckpt import Checkpointer, load_config
 
 HANG_S = 60
@@ -28,16 +28,8 @@ def main():
     weights = np.zeros((64, 32))
     ckpt = Checkpointer(comm, config)
     ckpt.protect("w", weights)
-    done = threading.Event()
-
-    def watchdog():
-        if not done.wait(HANG_S):
-            print(f"HANG rank {comm.rank}", flush=True)
-            MPI.COMM_WORLD.Abort(3)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    restored = ckpt.restart("auto") if first > 1 else None
-    done.set()
+    with abort_if_stuck(HANG_S, "in restart"):
+        restored = ckpt.restart("auto") if first > 1 else None
     result = {"rank": comm.rank, "restored": restored, "values": sorted(set(weights.ravel().tolist()))}
     for step in range(first, last + 1):
         weights[:] = step * scale
