@@ -268,7 +268,7 @@ def _command_evaluate(args) -> int:
     try:
         backend = select_backend(config.run.device, topology.local_index(comm.Get_rank()))
         trainer = Trainer(config, comm, backend, log)
-        checkpointer = Checkpointer(comm, config, topology=topology, log=log, prune_spares=False)
+        checkpointer = Checkpointer(comm, config, topology=topology, log=log, read_only=True)
         try:
             for name, array in trainer.protected_arrays():
                 checkpointer.protect(name, array)
@@ -328,13 +328,19 @@ COMMANDS = {"clean-shm": _command_clean_shm, "train": _command_train, "make-data
 
 
 def main(argv=None) -> int:
+    from hpcckpt.exit_record import record_exit
+
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if _rank_or_zero() == 0:
+            record_exit(code, 0)
+        return code
     except HpcckptError as exc:
         # Errors every rank sees alike (a bad config) are printed once; exit without abort so
         # mpiexec reports the exit code instead of a kill.
         rank = _rank_or_zero()
+        record_exit(exc.exit_code, rank, str(exc))
         if exc.collective:
             if rank == 0:
                 print(f"hpcckpt: error: {exc}", file=sys.stderr, flush=True)
@@ -344,8 +350,9 @@ def main(argv=None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    except Exception:
+    except Exception as exc:
         traceback.print_exc()
+        record_exit(1, _rank_or_zero(), f"{type(exc).__name__}: {exc}")
         _abort_world(1)
         return 1
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, get_args, get_origin, get_type_hints
 
+from hpcckpt.cluster.topology import LOCAL_DIR_FIELDS, PFS_DIR_FIELDS
 from hpcckpt.errors import ConfigError
+from hpcckpt.exit_record import EXIT_FILE_VARIABLE
 from hpcckpt.faults import ATTEMPT_VARIABLE
 
 LEVEL_ORDER = ("local", "partner", "erasure", "pfs")
@@ -172,8 +174,9 @@ SECTIONS: dict[str, type] = {
     if f.name not in ("source", "origins")
 }
 
-# HPCCKPT_* variables that are not config keys: the restart loop's attempt counter.
-ENV_NOT_CONFIG = (ATTEMPT_VARIABLE,)
+# HPCCKPT_* variables that are not config keys: the restart loop's attempt counter and the
+# file where the ranks record their exit code for it.
+ENV_NOT_CONFIG = (ATTEMPT_VARIABLE, EXIT_FILE_VARIABLE)
 
 # Allowed values, checked after types; each entry: (predicate, description of what is allowed).
 _CHOICES = {
@@ -446,14 +449,17 @@ def _check_consistency(config: JobConfig) -> None:
             f"{where('data.path')}: data.path {config.data.path!r} does not exist; "
             "write one with `hpcckpt make-data -o PATH`"
         )
-    for template_key in ("local_dir", "pfs_dir"):
+    for template_key, fields in (("local_dir", LOCAL_DIR_FIELDS), ("pfs_dir", PFS_DIR_FIELDS)):
         template = getattr(config.storage, template_key)
         try:
-            template.format(run_dir="r", node=0, rank=0, job="j")
+            template.format(**{name: "x" for name in fields})
         except (KeyError, IndexError, ValueError) as exc:
+            allowed = " ".join("{" + name + "}" for name in fields)
+            why = (" (the PFS directory is one for all ranks)" if template_key == "pfs_dir" and isinstance(exc, KeyError)
+                   and str(exc).strip("'") in LOCAL_DIR_FIELDS else "")
             raise ConfigError(
                 f"{where('storage.' + template_key)}: storage.{template_key} = {template!r}: bad template field "
-                f"{exc}; allowed fields: {{run_dir}} {{node}} {{rank}} {{job}}"
+                f"{exc}; allowed fields: {allowed}{why}"
             ) from None
 
 

@@ -13,11 +13,13 @@
 # Settings (environment): HPCCKPT (default: hpcckpt), MPIEXEC (default: mpiexec), RUN_DIR.
 
 set -u
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+# shellcheck source=jobs/restart-loop.sh
 . jobs/restart-loop.sh
 
 RUN_DIR=${RUN_DIR:-run-demo}
 MPIEXEC=${MPIEXEC:-mpiexec}
+read -r -a MPIEXEC_CMD <<< "$MPIEXEC"
 CONFIG=jobs/local.toml
 MAX_RESTARTS=2
 RESTART_DELAY=0
@@ -36,12 +38,12 @@ export HPCCKPT_RUN_DIR=$RUN_DIR
 TRAIN_ARGS="--inject node-loss:node=1:step=350:phase=snapshot:attempt=1"
 TRAIN_ARGS+=" --inject node-loss:node=2:step=350:phase=snapshot:attempt=1"
 
-hpcckpt_launch() { exec $MPIEXEC -n 4 $HPCCKPT "$@"; }
+hpcckpt_launch() { exec "${MPIEXEC_CMD[@]}" -n 4 "${HPCCKPT_CMD[@]}" "$@"; }
 hpcckpt_replan() { hpcckpt_say "nodes 1 and 2 come back empty (replacement nodes)"; }
 
 hpcckpt_restart_loop
 status=$?
 echo
 echo "== summary (hpcckpt report) =="
-$HPCCKPT report -c "$CONFIG" || status=$?
+"${HPCCKPT_CMD[@]}" report -c "$CONFIG" || status=$?
 exit $status

@@ -1,33 +1,42 @@
+# shellcheck shell=bash
 # The restart loop shared by jobs/slurm.sbatch and jobs/pbs.pbs (sourced, not run).
 #
 # The caller defines
 #   hpcckpt_launch ARGS...   start `hpcckpt ARGS...` on every rank of the current node set; it runs
 #                            in a background subshell and must `exec` the launcher (srun,
 #                            mpiexec), so that signals passed on reach the launcher itself
-#   hpcckpt_replan           before a restart: leave failed nodes out (may be a no-op)
+#   hpcckpt_replan           before a restart: leave failed nodes out (may be a no-op); returns
+#                            non-zero when the job cannot go on (the loop then stops)
 # and may set, before calling hpcckpt_restart_loop:
 #   CONFIG          job TOML (hpcckpt train -c)
 #   MAX_RESTARTS    restarts after failures within this allocation (default 3)
 #   END_TIME        the allocation's end, seconds since the epoch (unknown: empty)
 #   HALT_SECONDS    stop cleanly this long before END_TIME (default 120)
-#   HPCCKPT         how to run hpcckpt (default: hpcckpt; e.g. "python -m hpcckpt")
+#   HPCCKPT         how to run hpcckpt (default: hpcckpt; e.g. "python -m hpcckpt"), split at blanks
 #   TRAIN_ARGS      extra arguments for every attempt (e.g. --set or --inject ...:attempt=1),
 #                   split at blanks and never glob-expanded (--set 'model.hidden=[64]' arrives
 #                   as typed). Quotes in it are not honoured, so a value with a blank cannot be
 #                   passed here: put it in the CONFIG file or an HPCCKPT_SECTION_KEY variable.
+#   EXIT_DIR        where the ranks record why an attempt ended (default: the current
+#                   directory, which must be on a file system every node sees)
 #
 # Exit codes of `hpcckpt train`: 0 finished; 75 stopped on request after a final checkpoint
 # on the PFS (signal, allocation end); 2 bad config or data and 4 no loadable checkpoint,
 # which another attempt cannot fix; anything else (a crashed rank, a lost node) is retried.
-# Each attempt exports HPCCKPT_ATTEMPT=N; restarts resume with --restart auto from the newest
-# version every rank can get (own copy, partner copy, erasure rebuild or PFS).
+# The launcher's own exit code does not say which rank failed first (srun reports 143 when it
+# killed the other ranks after one exited with 2), so the ranks record the code they agreed
+# on in HPCCKPT_EXIT_FILE, and that record decides. Each attempt exports HPCCKPT_ATTEMPT=N;
+# restarts resume with --restart auto from the newest version every rank can get.
 
 HPCCKPT=${HPCCKPT:-hpcckpt}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 HALT_SECONDS=${HALT_SECONDS:-120}
 TRAIN_ARGS=${TRAIN_ARGS:-}
+# Commands given as one string ("python -m hpcckpt"), split once into words here.
+read -r -a HPCCKPT_CMD <<< "$HPCCKPT"
 _hpcckpt_child=""
 _hpcckpt_stop_signal=""
+_hpcckpt_trapped=0
 
 hpcckpt_say() { echo "hpcckpt-job: $*"; }
 
@@ -47,8 +56,54 @@ _hpcckpt_clean_shm() {
     # Killed ranks leave MPICH's shared-memory segments in /dev/shm (RAM) until reboot; only
     # this host's can be reached from here (other nodes: run `hpcckpt clean-shm` on each).
     # Only segments created since the failed attempt began, so no other job's are judged.
-    # shellcheck disable=SC2086
-    $HPCCKPT clean-shm --newer-than "$1" 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
+    "${HPCCKPT_CMD[@]}" clean-shm --newer-than "$1" 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
+}
+
+hpcckpt_place_nodes() {
+    # Nodes for the next attempt, in rank order: every node of HPCCKPT_PLACEMENT (the last
+    # attempt's, an array) that is still usable keeps its place, so its ranks find their
+    # node-local files again; a spare (a usable node not placed) takes the place of a failed
+    # one; with no spare left the failed node's place goes (ALLOW_SHRINK=1, the default) or
+    # the job stops (returns 1). $1: the usable nodes, one per line. Sets HPCCKPT_PLACEMENT.
+    local usable=$1 node spare
+    local -a placed=() spares=() failed=()
+    while read -r node; do
+        [ -n "$node" ] || continue
+        printf '%s\n' "${HPCCKPT_PLACEMENT[@]}" | grep -qxF -- "$node" || spares+=("$node")
+    done <<< "$usable"
+    for node in "${HPCCKPT_PLACEMENT[@]}"; do
+        if grep -qxF -- "$node" <<< "$usable"; then
+            placed+=("$node")
+            continue
+        fi
+        failed+=("$node")
+        if [ "${#spares[@]}" -gt 0 ]; then
+            spare=${spares[0]}
+            spares=("${spares[@]:1}")
+            placed+=("$spare")
+            hpcckpt_say "node $node failed or left the allocation: spare node $spare takes its place"
+        elif [ "${ALLOW_SHRINK:-1}" = 1 ]; then
+            hpcckpt_say "node $node failed or left the allocation and no spare node is left: going on without it"
+        else
+            hpcckpt_say "node $node failed or left the allocation, no spare node is left and ALLOW_SHRINK=0: stopping;" \
+                        "submit the job again (it resumes from the surviving checkpoint levels)"
+            return 1
+        fi
+    done
+    if [ "${#placed[@]}" -eq 0 ]; then
+        hpcckpt_say "no usable node is left in the allocation; stopping"
+        return 1
+    fi
+    HPCCKPT_PLACEMENT=("${placed[@]}")
+    [ "${#failed[@]}" -eq 0 ] || hpcckpt_say "next attempt on ${#placed[@]} node(s): ${placed[*]}"
+    return 0
+}
+
+_hpcckpt_recorded_exit() {
+    # The exit code the ranks recorded for this attempt, if any (see HPCCKPT_EXIT_FILE).
+    local file=$1
+    [ -f "$file" ] || return 1
+    sed -n 's/^exit_code=\([0-9][0-9]*\)$/\1/p' "$file" | head -n 1 | grep .
 }
 
 hpcckpt_restart_loop() {
@@ -59,7 +114,8 @@ hpcckpt_restart_loop() {
         export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
-    local attempt=0 status=0 attempt_started
+    local attempt=0 status=0 attempt_started recorded exit_file
+    local job=${SLURM_JOB_ID:-${PBS_JOBID:-pid$$}}
     local -a train_args=()
     # read -a splits at blanks without pathname expansion, which an unquoted $TRAIN_ARGS would
     # do: [64] or * in a --set value would turn into names of files in the current directory.
@@ -75,6 +131,9 @@ hpcckpt_restart_loop() {
             hpcckpt_say "less than ${HALT_SECONDS} s left in the allocation; not starting attempt $attempt"
             return 0
         fi
+        exit_file="${EXIT_DIR:-$PWD}/.hpcckpt-exit.${job%%.*}.$attempt"
+        rm -f "$exit_file"
+        export HPCCKPT_EXIT_FILE=$exit_file
         hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT train -c $CONFIG --restart auto $TRAIN_ARGS"
         attempt_started=$(( $(date +%s) - 1 ))
         # In the background, so a signal reaches the trap while we wait.
@@ -88,6 +147,14 @@ hpcckpt_restart_loop() {
             [ "$_hpcckpt_trapped" = 1 ] || break
         done
         _hpcckpt_child=""
+        if recorded=$(_hpcckpt_recorded_exit "$exit_file"); then
+            [ "$recorded" = "$status" ] || hpcckpt_say "the launcher returned $status; the ranks recorded exit code $recorded"
+            status=$recorded
+            # The launcher may have killed the rank that prints an error before it could:
+            # say it here, from the record of the rank that met it first.
+            [ "$status" = 0 ] || [ "$status" = 75 ] || hpcckpt_say "rank $(sed -n 's/^rank=//p' "$exit_file" | head -n 1) recorded: $(sed -n 's/^message=//p' "$exit_file" | head -n 1)"
+        fi
+        rm -f "$exit_file"
         [ "$status" = 0 ] || [ "$status" = 75 ] || _hpcckpt_clean_shm "$attempt_started"
         case $status in
             0)
@@ -109,7 +176,7 @@ hpcckpt_restart_loop() {
             return "$status"
         fi
         hpcckpt_say "attempt $attempt failed with exit code $status; restarting from the surviving checkpoint levels"
-        hpcckpt_replan || return $?
+        hpcckpt_replan || return "$status"
         sleep "${RESTART_DELAY:-2}"
     done
 }

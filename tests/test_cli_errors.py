@@ -124,3 +124,30 @@ def test_restart_loop_passes_train_args_as_typed(tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         args = (tmp_path / "args.txt").read_text().split("\n")[:-1]
         assert args == [f"<{a}>" for a in ["train", "-c", "job.toml", "--restart", "auto", *expected]]
+
+
+def test_ranks_record_the_exit_code_they_agreed_on_for_the_restart_loop(tmp_path):
+    from conftest import run_mpi
+
+    record = tmp_path / "exit"
+    proc = run_mpi(2, ["train", "--set", "run.steps=-1"], cwd=tmp_path, env={"HPCCKPT_EXIT_FILE": str(record)})
+    assert proc.returncode == 2
+    fields = dict(line.split("=", 1) for line in record.read_text().splitlines())
+    assert fields["exit_code"] == "2" and "run.steps: must be > 0" in fields["message"]
+    assert list(tmp_path.glob("exit.*")) == []  # no temporaries left
+    done = tmp_path / "done"
+    proc = run_mpi(2, ["train", "--set", "run.steps=3", "--set", "checkpoint.every_steps=0",
+                       "--set", "cluster.simulated_nodes=1"], cwd=tmp_path, env={"HPCCKPT_EXIT_FILE": str(done)})
+    assert proc.returncode == 0, proc.stderr
+    assert "exit_code=0\nrank=0\n" in done.read_text()
+
+
+def test_the_first_exit_record_stands_and_an_unwritable_one_is_reported(tmp_path, capsys):
+    from hpcckpt.exit_record import record_exit
+
+    path = tmp_path / "exit"
+    record_exit(2, 3, "bad config", environ={"HPCCKPT_EXIT_FILE": str(path)})
+    record_exit(1, 0, "a later crash", environ={"HPCCKPT_EXIT_FILE": str(path)})
+    assert path.read_text() == "exit_code=2\nrank=3\nmessage=bad config\n"
+    record_exit(4, 0, "x", environ={"HPCCKPT_EXIT_FILE": str(tmp_path / "missing" / "exit")})
+    assert "could not record exit code 4" in capsys.readouterr().err

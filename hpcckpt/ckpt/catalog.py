@@ -16,7 +16,8 @@ import numpy as np
 from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.retention import best_step
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard
-from hpcckpt.cluster.topology import job_id
+from hpcckpt.cluster.placement import pfs_dir_of, user_name
+from hpcckpt.cluster.topology import expand_dir_template, job_id
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, UnrecoverableError
 from hpcckpt.levels.base import list_version_steps, shard_file_name, version_dir_name
 from hpcckpt.levels.spares import spare_kind
@@ -34,13 +35,14 @@ class VersionEntry:
 
 
 def pfs_root(config) -> Path:
-    return Path(config.storage.pfs_dir.format(run_dir=str(config.run.dir), node=0, rank=0, job=""))
+    return Path(pfs_dir_of(config.storage.pfs_dir, str(config.run.dir)))
 
 
 def local_roots(config) -> list[Path]:
-    """Node-local roots reachable from here: the template with {node} and {rank} as wildcards."""
-    pattern = config.storage.local_dir.format(run_dir=str(config.run.dir), node="*", rank="*",
-                                              job=job_id(os.environ))
+    """Node-local roots reachable from here: the template with {node}, {rank} and {host} as
+    wildcards."""
+    pattern = expand_dir_template(config.storage.local_dir, run_dir=str(config.run.dir), node="*", rank="*",
+                                  host="*", job=job_id(os.environ), user=user_name())
     return sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
 
 

@@ -32,21 +32,25 @@ import dataclasses
 import json
 import os
 import queue
+import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from hpcckpt.ckpt import direct_io
+from hpcckpt.ckpt.lease import LeaseError, RunLease
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
 from hpcckpt.ckpt.shardfile import ShardImage, payload_layout, plan_shard, verify_shard
 from hpcckpt.cluster.backend import array_module
-from hpcckpt.cluster.placement import discover_topology, local_dir_of
+from hpcckpt.cluster.placement import discover_topology, local_dir_of, pfs_dir_of, user_name
+from hpcckpt.cluster.topology import job_id
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, PeerFailed, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.levels.base import hold_to_bandwidth
@@ -189,10 +193,11 @@ def quiet_barrier(comm) -> None:
 
 
 class Checkpointer:
-    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, prune_spares: bool = True):
-        """(all ranks) Collective: checks storage on every rank and fails together.
-        `prune_spares`: delete the spare files this job can never reuse (levels/spares.py);
-        off for jobs that only read checkpoints (evaluate), which must leave a run as it is."""
+    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, read_only: bool = False):
+        """(all ranks) Collective: claims the run (ckpt/lease.py), checks storage on every rank
+        and fails together. `read_only`: for jobs that only read checkpoints (evaluate), which
+        must leave a run as it is: no lease (they may run beside the job that writes it) and
+        no pruning of the spare files this job could not reuse (levels/spares.py)."""
         from mpi4py import MPI
 
         if not hasattr(config, "resilience"):  # a path to a job TOML, for library users
@@ -211,7 +216,7 @@ class Checkpointer:
         run_dir = str(config.run.dir)
         self.local_dir = local_dir_of(config.storage.local_dir, run_dir, self.topology, self.rank)
         self.local_dirs = tuple(self.comm.allgather(self.local_dir))
-        self.pfs_dir = config.storage.pfs_dir.format(run_dir=run_dir, node=0, rank=0, job="")
+        self.pfs_dir = pfs_dir_of(config.storage.pfs_dir, run_dir)
         use_direct_io = config.storage.direct_io
         # L1-L3 share the node-local directory and so its spares: L1's retention retires
         # replicas and parity too (levels/spares.py).
@@ -266,9 +271,69 @@ class Checkpointer:
         self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
         self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        self._prepare_storage(prune_spares)
+        self._lease = None if read_only else self._claim_run()
+        try:
+            self._prepare_storage(prune_spares=not read_only)
+        except BaseException:
+            self._release_run()
+            raise
+        self._log_placement()
 
     # -- set-up --------------------------------------------------------------------------
+    def _claim_run(self) -> RunLease | None:
+        """(all ranks) Rank 0 takes the run directory's lease; its refusal fails every rank."""
+        lease, outcome = None, None
+        if self.rank == 0:
+            try:
+                Path(self.config.run.dir).mkdir(parents=True, exist_ok=True)
+                lease = RunLease(self.config.run.dir, job_id(os.environ), user_name(), self.log).acquire()
+            except LeaseError as exc:
+                outcome = exc
+            except OSError as exc:
+                outcome = StorageError(f"run.dir {str(self.config.run.dir)!r}: cannot take the run's lease: "
+                                       f"{exc.strerror or exc}; point run.dir at a writable directory")
+        outcome = self.comm.bcast(outcome, root=0)
+        if outcome is not None:
+            outcome.collective = True
+            raise outcome
+        return lease
+
+    def _log_placement(self) -> None:
+        """(all ranks) Where this rank's redundancy lives: an operator checks from the logs that
+        partners and erasure groups really span nodes (hosts, or simulated nodes on one host);
+        each rank logs its own line, rank 0 prints a summary."""
+        hosts = self.comm.allgather(socket.gethostname())
+        if self.log is None:
+            return
+        simulated = bool(self.config.cluster.simulated_nodes)
+        node_of = self.topology.node_of_rank
+        where = [f"simulated node {node_of[r]}" if simulated else f"host {hosts[r]}" for r in range(self.world_size)]
+        parts = [f"node-local directory {self.local_dir} on {where[self.rank]}"]
+        if self.partner_of:
+            partner = self.partner_of[self.rank]
+            parts.append(f"L2 partner copy on rank {partner} ({where[partner]})")
+        if self.groups:
+            members = self.groups[self.topology.group_of(self.groups, self.rank)]
+            parts.append(f"L3 erasure group {list(members)} on {[where[m] for m in members]}")
+        self.log.info("placement: " + "; ".join(parts))
+        names = sorted(set(hosts))
+        summary = (f"placement: {self.world_size} rank(s) on {self.topology.node_count} simulated node(s) of host(s) "
+                   if simulated else f"placement: {self.world_size} rank(s) on {len(names)} host(s) ")
+        summary += f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})"
+        domain = node_of if simulated else hosts
+        if self.partner_of:
+            apart = sum(domain[r] != domain[p] for r, p in enumerate(self.partner_of))
+            summary += f"; L2 partner copies on another node for {apart} of {self.world_size} rank(s)"
+        if self.groups:
+            spread = min(len({domain[m] for m in g}) for g in self.groups)
+            summary += f"; L3 {len(self.groups)} erasure group(s), each across {spread}+ node(s)"
+        self.log.info(summary, console=True)
+
+    def _release_run(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
     def _prepare_storage(self, prune_spares: bool) -> None:
         error = None
         try:
@@ -488,6 +553,7 @@ class Checkpointer:
             if self.comm is not None:
                 self.comm.Free()
                 self.comm = None
+            self._release_run()
 
     def confirm_restart(self) -> None:
         """(all ranks) The resumed run works: the version it restarted from is good. Called at
@@ -705,6 +771,8 @@ class Checkpointer:
         cpu_started = time.thread_time()
         try:
             error = copies.error if copies is not None else None
+            if error is None and self._lease is not None and self._lease.lost_to is not None:
+                error = str(self._lease.lost_error())
             if error is None and self._device_snapshot is not None:
                 device_started = time.perf_counter()
                 try:

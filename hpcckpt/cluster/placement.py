@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 
 from hpcckpt.cluster.topology import (
@@ -32,8 +33,23 @@ def discover_topology(comm, simulated_nodes: int = 0) -> Topology:
     return Topology(node_ids_from_hostnames(comm.allgather(leader_name)))
 
 
+def user_name() -> str:
+    """The name of the user this process runs as (its files belong to that user), not $USER."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (containers)
+        return f"uid{os.geteuid()}"
+
+
 def local_dir_of(template: str, run_dir: str, topology: Topology, rank: int, environ=None) -> str:
+    """This rank's node-local directory (only this rank's: {host} is the host it runs on)."""
     environ = os.environ if environ is None else environ
     return expand_dir_template(
-        template, run_dir=run_dir, node=topology.node_of_rank[rank], rank=rank, job=job_id(environ)
+        template, run_dir=run_dir, node=topology.node_of_rank[rank], rank=rank, job=job_id(environ),
+        host=socket.gethostname(), user=user_name(),
     )
+
+
+def pfs_dir_of(template: str, run_dir: str, environ=None) -> str:
+    environ = os.environ if environ is None else environ
+    return template.format(run_dir=run_dir, job=job_id(environ), user=user_name())

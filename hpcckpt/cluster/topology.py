@@ -110,8 +110,17 @@ class Topology:
         raise KeyError(rank)
 
 
-def expand_dir_template(template: str, *, run_dir: str, node: int, rank: int, job: str) -> str:
-    return template.format(run_dir=run_dir, node=node, rank=rank, job=job)
+# Fields of storage.local_dir; storage.pfs_dir takes only those every rank expands alike.
+LOCAL_DIR_FIELDS = ("run_dir", "node", "rank", "job", "host", "user")
+PFS_DIR_FIELDS = ("run_dir", "job", "user")
+
+
+def expand_dir_template(template: str, **fields) -> str:
+    """Fill a storage template; every field of LOCAL_DIR_FIELDS must be given (a wildcard "*"
+    for offline globbing is fine). `host` tells nodes apart where one directory tree is seen
+    by several nodes (a test cluster on one machine, a shared burst buffer); `user` keeps
+    users' directories apart on shared scratch."""
+    return template.format(**fields)
 
 
 def job_id(environ) -> str:

@@ -1,0 +1,50 @@
+"""Why the ranks of an attempt exited, recorded for the job script's restart loop.
+
+The launcher's exit code does not say which rank failed first, or why: when one rank exits
+with 2 (a bad config), srun kills the others and itself returns 143 (or 137), which a loop
+would retry. So the job script names a file in HPCCKPT_EXIT_FILE on a file system every node
+sees, and the ranks write into it the exit code they agreed on:
+
+    exit_code=2
+    rank=0
+    message=...
+
+The first record wins (it is linked into place, never overwritten): every rank that meets a
+collective error writes the same code, so whichever rank the launcher lets finish first
+records it; a rank's own error (not collective) is recorded by that rank before it aborts
+the job. A rank killed outright records nothing, and the launcher's code stands.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+EXIT_FILE_VARIABLE = "HPCCKPT_EXIT_FILE"
+
+
+def record_exit(code: int, rank: int, message: str = "", environ=None) -> None:
+    environ = os.environ if environ is None else environ
+    path = environ.get(EXIT_FILE_VARIABLE)
+    if not path:
+        return
+    text = f"exit_code={code}\nrank={rank}\nmessage={' '.join(message.split())}\n"
+    temporary = f"{path}.r{rank}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another rank recorded first
+    except OSError as exc:
+        # The loop falls back to the launcher's exit code; say why the record is missing.
+        print(f"hpcckpt: warning: could not record exit code {code} in {path} ({EXIT_FILE_VARIABLE}): "
+              f"{exc.strerror or exc}", file=sys.stderr, flush=True)
+    finally:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# A real Slurm cluster on this one machine: NODES slurmd daemons (default 4), each in its own
+# UTS namespace so its node's processes see their own host name (n1..nN) and MPI treats them
+# as distinct hosts. Debian's slurm-wlm 22.05 and munge; root; no cgroups, no accounting.
+# Idempotent: a second run restarts the daemons. Stop with down.sh beside this file.
+# (The test suite owns this copy of the team's ../shared/slurm scripts, so CI needs nothing outside
+# the repository; tests/test_slurm_jobs.py drives it.)
+#
+#   bash tests/slurm/up.sh [NODES]           # then: sinfo; sbatch --ntasks-per-node=1 jobs/slurm.sbatch
+#
+# Node failure, as a real one looks to the job (its step is killed, the node leaves a --no-kill
+# allocation, and it stays down until brought back):
+#   bash tests/slurm/fail-node.sh n3      # kill slurmd n3 and its job processes, mark it down
+#   bash tests/slurm/up.sh                  # everything back up
+set -eu
+NODES=${1:-${SLURM_TEST_NODES:-4}}
+RUN=/run/hpcckpt-slurm
+mkdir -p "$RUN"
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null
+fi
+bash "$(dirname "$0")/down.sh" >/dev/null 2>&1 || true
+
+host=$(hostname)
+mkdir -p /etc/slurm /var/spool/slurmctld /var/log/slurm /run/munge /var/log/munge /var/lib/munge
+cat > /etc/slurm/slurm.conf <<CONF
+ClusterName=hpcckpt-test
+SlurmctldHost=$host
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=pmi2
+ReturnToService=2
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdSpoolDir=/var/spool/slurmd/%n
+StateSaveLocation=/var/spool/slurmctld
+SlurmUser=root
+SlurmdUser=root
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+SlurmctldTimeout=30
+SlurmdTimeout=20
+InactiveLimit=0
+KillWait=5
+MinJobAge=600
+# Job ids keep growing across restarts of this test cluster (its state is wiped), so
+# per-job node-local directories (hpcckpt-{job}) of earlier runs are never taken for this one's.
+FirstJobId=$(( ($(date +%s) % 6000000) * 10 + 1 ))
+NodeName=n[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=2 RealMemory=2000 State=UNKNOWN
+PartitionName=batch Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+CONF
+[ -s /etc/munge/munge.key ] || { dd if=/dev/urandom of=/etc/munge/munge.key bs=128 count=1 2>/dev/null; }
+chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
+chmod 600 /etc/munge/munge.key
+munged --force --pid-file="$RUN/munged.pid" 2>/dev/null || munged --force
+rm -rf /var/spool/slurmctld/*
+slurmctld
+for n in $(seq 1 "$NODES"); do
+    mkdir -p "/var/spool/slurmd/n$n"
+    unshare --uts bash -c "hostname n$n; exec slurmd -N n$n"
+done
+for _ in $(seq 1 30); do
+    idle=$(sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    [ "$idle" -ge "$NODES" ] && break
+    sleep 1
+done
+sinfo

@@ -1,0 +1,304 @@
+"""jobs/slurm.sbatch under a real Slurm: a 5-node cluster on this machine (tests/slurm/up.sh:
+slurmctld, munge and one slurmd per node, each in its own UTS namespace so every node has its
+own host name). Jobs are submitted with sbatch and followed with scontrol, nodes are failed
+with tests/slurm/fail-node.sh as a crash fails them, and node-local directories are per host
+({host} in the template), so a lost node's files are gone with it as on a real cluster.
+
+Needs root and Debian's slurm packages (installed by up.sh with apt-get); skips, saying why,
+where they cannot be had.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, final_record, mpi_env, read_metrics
+
+SLURM = REPO / "tests" / "slurm"
+NODES = 5
+STEPS = 4000  # ~1.5 ms each: long enough to fail a node mid-run, short enough for CI
+JOB_CONFIG = f"""
+[run]
+dir = "run"
+steps = {STEPS}
+log_every = 1000
+seed = 5
+device = "cpu"
+[model]
+kind = "mlp"
+hidden = [32, 16]
+[data]
+source = "digits"
+batch_size = 32
+[eval]
+every_steps = 0
+[checkpoint]
+every_steps = 50
+keep_local = 2
+keep_pfs = 2
+split_threshold_kb = 4
+[storage]
+pfs_every = 4
+[resilience]
+levels = ["local", "partner", "erasure", "pfs"]
+group_size = 4
+parity = 1
+[cluster]
+simulated_nodes = 0
+"""
+
+
+def _run(command, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The test cluster, up for this module; down at its end."""
+    if os.geteuid() != 0:
+        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
+    up = _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=600)
+    if up.returncode != 0:
+        if shutil.which("slurmctld") is None:
+            pytest.skip(f"Slurm could not be installed here (apt-get): {up.stderr.strip()[-300:]}")
+        pytest.fail(f"tests/slurm/up.sh failed:\n{up.stdout}\n{up.stderr}")
+    yield
+    _run(["bash", str(SLURM / "down.sh")], timeout=120)
+
+
+@pytest.fixture
+def cluster(slurm):
+    """Every test starts with all nodes up (a test that failed one brings it back after)."""
+    yield
+    states = _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout
+    if any(not re.fullmatch(r"(idle|mix|alloc|comp)", line.split()[1]) for line in states.splitlines() if line):
+        up = _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+
+
+def workdir(tmp_path: Path, name: str = "submit") -> Path:
+    """A submit directory as a user has one: the job scripts (copied, links resolved) and a config."""
+    directory = tmp_path / name
+    directory.mkdir()
+    shutil.copytree(REPO / "jobs", directory / "jobs", symlinks=False)
+    (directory / "job.toml").write_text(JOB_CONFIG)
+    return directory
+
+
+def submit(directory: Path, *sbatch_args: str, **settings) -> int:
+    env = mpi_env()
+    env.update(HPCCKPT=f"{sys.executable} -m hpcckpt", CONFIG="job.toml", RESTART_DELAY="1",
+               LOCAL_SCRATCH=str(directory / "scratch"))
+    env.update({k: str(v) for k, v in settings.items()})
+    proc = _run(["sbatch", "--parsable", "--output=job-%j.out", *sbatch_args, "jobs/slurm.sbatch"],
+                cwd=directory, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.strip().split(";")[0])
+
+
+def job_info(job: int) -> dict:
+    text = _run(["scontrol", "show", "job", "-o", str(job)]).stdout
+    return dict(field.split("=", 1) for field in text.split() if "=" in field)
+
+
+def wait_for(job: int, directory: Path, timeout: float = 240) -> tuple[int, str]:
+    """(exit code of the job script, its output) once the job has ended; a job still running
+    after `timeout` is a hang: cancelled, and the test fails with its output."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        info = job_info(job)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            time.sleep(0.5)  # the output file is complete once the batch step is
+            return int(info["ExitCode"].split(":")[0]), output(job, directory)
+        time.sleep(0.5)
+    _run(["scancel", str(job)])
+    raise AssertionError(f"job {job} still running after {timeout} s (a hang):\n{output(job, directory)}")
+
+
+def output(job: int, directory: Path) -> str:
+    path = directory / f"job-{job}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for_step(directory: Path, job: int, step: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if int((directory / "run" / "heartbeat").read_text().split()[0]) >= step:
+                return
+        except (OSError, ValueError, IndexError):
+            pass
+        assert job_info(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING"), output(job, directory)
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} did not reach step {step} in {timeout} s:\n{output(job, directory)}")
+
+
+def fail_node(node: str, job: int, directory: Path) -> None:
+    """Crash `node` (all its processes, slurmd included) and lose its disk: this job's
+    node-local directory on that host is deleted."""
+    proc = _run(["bash", str(SLURM / "fail-node.sh"), node], timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shutil.rmtree(directory / "scratch" / "hpcckpt-root" / str(job) / node, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm, tmp_path_factory) -> str:
+    """The weights digest of the job run on 4 nodes without any failure."""
+    directory = workdir(tmp_path_factory.mktemp("uninterrupted"))
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1")
+    code, out = wait_for(job, directory)
+    assert code == 0 and "finished after 1 attempt(s)" in out, out
+    return final_record(directory / "run")["weights_digest"]
+
+
+def test_the_readme_example_trains_the_default_job_on_the_cluster(cluster, tmp_path):
+    """README's command as a user types it: jobs/local.toml with real node identity. Its address
+    exchange at MPI_Init once broke Slurm's pmi2 plugin (ranks aborted or hung at start)."""
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=5", "--ntasks-per-node=1", CONFIG="jobs/local.toml",
+                 HPCCKPT_CLUSTER_SIMULATED_NODES=0, SPARE_NODES=1)
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert "mpi/pmi2" not in out, out
+    assert "placement: 4 rank(s) on 4 host(s) (n1, n2, n3, n4)" in out
+    assert "finished after 1 attempt(s)" in out
+
+
+def test_a_bad_config_fails_once_with_exit_code_2(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1", TRAIN_ARGS="--set run.steps=-1")
+    code, out = wait_for(job, directory)
+    assert code == 2, out
+    assert "--set run.steps=-1: run.steps: must be > 0, got -1" in out
+    assert "attempt 1 failed with exit code 2" in out and "not retrying" in out
+    assert "attempt 2" not in out
+
+
+def test_a_killed_rank_restarts_in_the_same_allocation(cluster, tmp_path, uninterrupted):
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1",
+                 TRAIN_ARGS="--inject rank-kill:rank=1:step=1050:phase=snapshot:attempt=1")
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert "injected rank-kill on rank 1" in out and "attempt 1 failed with exit code" in out
+    assert "restored version 1000: 4 rank(s) from L1 local" in out
+    assert "finished after 2 attempt(s)" in out
+    assert final_record(directory / "run")["weights_digest"] == uninterrupted
+
+
+def test_a_failed_node_is_replaced_by_a_spare(cluster, tmp_path, uninterrupted):
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=5", "--ntasks-per-node=1", SPARE_NODES=1)
+    wait_for_step(directory, job, 600)
+    fail_node("n3", job, directory)
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert "running on n1 n2 n3 n4; spare node(s): n5" in out
+    assert "node n3 failed or left the allocation: spare node n5 takes its place" in out
+    assert "next attempt on 4 node(s): n1 n2 n5 n4" in out
+    restored = re.search(r"restored version (\d+): 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
+                         out)
+    assert restored, out
+    assert "finished after 2 attempt(s)" in out
+    assert final_record(directory / "run")["weights_digest"] == uninterrupted
+    # The spare took rank 2, whose node was lost; every other rank stayed with its files.
+    scratch = directory / "scratch" / "hpcckpt-root" / str(job)
+    assert sorted(p.name for p in scratch.iterdir()) == ["n1", "n2", "n4", "n5"]
+
+
+def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    (directory / "job.toml").write_text(JOB_CONFIG.replace('"erasure", ', ""))
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1")
+    wait_for_step(directory, job, 600)
+    fail_node("n3", job, directory)
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert "node n3 failed or left the allocation and no spare node is left: going on without it" in out
+    assert "next attempt on 3 node(s): n1 n2 n4" in out
+    assert "hpcckpt train: 3 ranks on 3 node(s)" in out and re.search(r"restored version \d+: 3 rank\(s\)", out)
+    assert "finished after 2 attempt(s)" in out
+    assert final_record(directory / "run")["step"] == STEPS
+
+
+def test_a_failed_node_without_a_spare_stops_the_job_with_allow_shrink_0(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1", ALLOW_SHRINK=0)
+    wait_for_step(directory, job, 600)
+    fail_node("n3", job, directory)
+    code, out = wait_for(job, directory, timeout=120)
+    assert code != 0, out
+    assert "node n3 failed or left the allocation, no spare node is left and ALLOW_SHRINK=0: stopping" in out
+    assert "attempt 2" not in out
+
+
+def test_the_time_limit_signal_stops_cleanly_and_a_resubmitted_job_resumes_there(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    assert "#SBATCH --signal=B:USR1@300" in (directory / "jobs" / "slurm.sbatch").read_text()
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1", TRAIN_ARGS=f"--set run.steps={10 * STEPS}")
+    wait_for_step(directory, job, 500)
+    # What Slurm sends at --signal=B:USR1@N before the time limit: USR1 to the batch shell.
+    assert _run(["scancel", "--signal=USR1", "--batch", str(job)]).returncode == 0
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert "got SIGUSR1: asking the job to checkpoint, drain to the PFS and stop" in out
+    assert "stopped cleanly after step" in out
+    assert "stopped cleanly after a final checkpoint on the PFS; submit the job again to continue" in out
+    halted = [r for r in read_metrics(directory / "run") if r.get("event") == "halted"][-1]
+    stop = halted["step"]
+    assert (directory / "run" / "pfs" / f"v{stop:012d}" / "manifest.json").is_file()
+    # The next job has new node-local directories (another job id): it resumes from L4.
+    again = submit(directory, "--nodes=4", "--ntasks-per-node=1", TRAIN_ARGS=f"--set run.steps={stop + 100}")
+    code, out = wait_for(again, directory)
+    assert code == 0, out
+    assert f"restored version {stop}: 4 rank(s) from L4 pfs" in out
+    assert final_record(directory / "run")["step"] == stop + 100
+
+
+def test_a_second_job_on_a_running_run_is_refused(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    first = submit(directory, "--nodes=4", "--ntasks-per-node=1", TRAIN_ARGS=f"--set run.steps={10 * STEPS}")
+    wait_for_step(directory, first, 300)
+    second = submit(directory, "--nodes=4", "--ntasks-per-node=1")
+    code, out = wait_for(second, directory)
+    assert code == 2, out
+    assert re.search(rf"run.dir '.*run' is in use by job {first} \(host n1", out), out
+    assert "attempt 2" not in out
+    # The first job never noticed: it stops cleanly when asked, with its checkpoints intact.
+    assert job_info(first).get("JobState") == "RUNNING"
+    _run(["scancel", "--signal=USR1", "--batch", str(first)])
+    code, out = wait_for(first, directory)
+    assert code == 0 and "stopped cleanly after a final checkpoint on the PFS" in out, out
+
+
+def test_real_nodes_hold_their_own_files_and_redundancy_spans_hosts(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1", TRAIN_ARGS="--set run.steps=500")
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert ("placement: 4 rank(s) on 4 host(s) (n1, n2, n3, n4); L2 partner copies on another node for 4 of 4 "
+            "rank(s); L3 1 erasure group(s), each across 4+ node(s)") in out
+    scratch = directory / "scratch" / "hpcckpt-root" / str(job)
+    for rank in range(4):
+        host = f"n{rank + 1}"
+        line = next(line for line in (directory / "run" / "log" / f"rank{rank}.log").read_text().splitlines()
+                    if "placement: node-local" in line)
+        assert f"node-local directory {scratch / host} on host {host}" in line, line
+        partner = (rank + 1) % 4
+        assert f"L2 partner copy on rank {partner} (host n{partner + 1})" in line, line
+        assert "L3 erasure group [0, 1, 2, 3] on ['host n1', 'host n2', 'host n3', 'host n4']" in line, line
+        # Each host's directory holds its rank's shards, the replica it keeps for its left
+        # neighbour, and its parity: nothing of any other rank.
+        version = sorted(p for p in (scratch / host).iterdir() if p.name.startswith("v"))[-1]
+        names = sorted(p.name for p in version.iterdir())
+        source = (rank - 1) % 4
+        assert names == sorted([f"commit-r{rank:05d}.json", f"parity-r{rank:05d}.hck", f"shard-r{rank:05d}.hck",
+                                f"replica-of-r{source:05d}-held-by-r{rank:05d}.hck"]), names
