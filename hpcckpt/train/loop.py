@@ -53,23 +53,24 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
         policy = IntervalPolicy.from_config(config.checkpoint)
         if policy.enabled:
             checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)
-            for name, array in trainer.protected_arrays():
-                checkpointer.protect(name, array)
-            checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
-            checkpointer.register_state("policy", policy.state, policy.load_state)
-            trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
-            reached_before = read_heartbeat(config.run.dir) if rank == 0 else None
-            restored = checkpointer.restart(restart)
-            if restored is None:
-                log.info("starting from scratch (no checkpoint to resume from)", console=True)
-            else:
-                # The saved policy state predates its own checkpoint; count the interval from it.
-                policy.last_checkpoint = restored
-            _report_restart(log, checkpointer, restored, reached_before)
-            if policy.adaptive and policy.interval:
-                log.info(f"checkpoint interval {policy.interval} steps, kept from the checkpoint's profile: "
-                         f"{policy.reason}", console=True)
         try:
+            if checkpointer is not None:
+                for name, array in trainer.protected_arrays():
+                    checkpointer.protect(name, array)
+                checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
+                checkpointer.register_state("policy", policy.state, policy.load_state)
+                trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
+                reached_before = read_heartbeat(config.run.dir) if rank == 0 else None
+                restored = checkpointer.restart(restart)
+                if restored is None:
+                    log.info("starting from scratch (no checkpoint to resume from)", console=True)
+                else:
+                    # The saved policy state predates its own checkpoint; count the interval from it.
+                    policy.last_checkpoint = restored
+                _report_restart(log, checkpointer, restored, reached_before)
+                if policy.adaptive and policy.interval:
+                    log.info(f"checkpoint interval {policy.interval} steps, kept from the checkpoint's profile: "
+                             f"{policy.reason}", console=True)
             summary = _step_loop(config, trainer, log, checkpointer, injector, policy, stopper)
         finally:
             if checkpointer is not None:
