@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--restart", choices=("auto", "never", "require"), default="auto",
                        help="auto: resume from the newest checkpoint if any (default); require: fail if none; "
                             "never: start fresh (refuses if checkpoints exist)")
+    train.add_argument("--init-from", metavar="RUN_DIR_OR_VERSION", default=None,
+                       help="a new run starts from another run's model weights: its run directory (newest L4 "
+                            "version), its PFS directory, or one version directory there; step, data order and "
+                            "optimizer start fresh. Ignored once this run has a checkpoint of its own")
+    train.add_argument("--init-optimizer", action="store_true",
+                       help="with --init-from: load the optimizer state (momentum etc.) too")
     train.add_argument("--inject", action="append", default=[], metavar="FAULT",
                        help="fault injection for tests/demos: rank-kill:rank=R:step=S[:phase=P][:attempt=A] or "
                             "node-loss:node=N:step=S[:phase=P][:attempt=A] (repeatable; attempt=A: only in attempt "
@@ -98,7 +104,12 @@ def _command_train(args) -> int:
             f"but only {comm.Get_size()} ranks run; use at most {comm.Get_size()} or start more ranks with mpiexec -n"
         )
     _check_fault_targets(faults, config, comm)
-    summary = run_training(config, comm, restart=args.restart, faults=faults)
+    if args.init_optimizer and not args.init_from:
+        from hpcckpt.errors import ConfigError
+
+        raise ConfigError("--init-optimizer needs --init-from RUN_DIR_OR_VERSION")
+    summary = run_training(config, comm, restart=args.restart, faults=faults, init_from=args.init_from,
+                           init_optimizer=args.init_optimizer)
     if summary.halted:
         from hpcckpt.train.stopping import EXIT_HALTED
 

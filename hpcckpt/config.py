@@ -114,6 +114,9 @@ class StorageConfig:
     # L4's only on request: users copy and archive versions there while a job runs.
     recycle_files: bool = True
     pfs_recycle_files: bool = False
+    # Node-local directories and files hpcckpt creates are private to the user (0700/0600);
+    # true: readable by the user's group too (0750/0640). The PFS directory keeps the umask.
+    share_with_group: bool = False
 
 
 @dataclass(frozen=True)

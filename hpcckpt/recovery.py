@@ -23,6 +23,7 @@ import numpy as np
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.layout import Layout, copy_strided, place_read, read_requests
 from hpcckpt.ckpt.manifest import Manifest
+from hpcckpt.ckpt.settings_record import changed_settings
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
 from hpcckpt.errors import (
     CheckpointError,
@@ -67,6 +68,17 @@ def _node_files(ckpt) -> bool:
     return bool(list_version_steps(root)) or (root / SPARE_DIR_NAME).is_dir()
 
 
+def _foreign(ckpt, manifest: Manifest, label: str) -> bool:
+    """A version another run wrote (a copied directory, a PFS directory two runs were pointed
+    at): never loaded, deleted or overwritten; said once per version."""
+    if manifest.run_id == ckpt.run.run_id:
+        return False
+    writer = f"run {manifest.run_id}" if manifest.run_id else "an hpcckpt without run identities"
+    _warn(ckpt, f"{label} version {manifest.step} was written by {writer}, not by this run "
+                f"({ckpt.run.run_id}): left alone")
+    return True
+
+
 def _discover(ckpt) -> Holdings:
     local, replicas, parity, pfs, local_writings, pfs_writings = {}, {}, [], {}, {}, {}
     if ckpt.local is not None:
@@ -75,6 +87,8 @@ def _discover(ckpt) -> Holdings:
                 manifest = ckpt.local.manifest(step)
             except (HpcckptError, OSError) as exc:  # an I/O error too: every rank must reach the allgather
                 _warn(ckpt, f"ignoring L1 version {step}: {exc}")
+                continue
+            if _foreign(ckpt, manifest, "L1"):
                 continue
             local[step] = manifest.world_size
             local_writings[step] = (manifest.identity, manifest.created)
@@ -90,6 +104,8 @@ def _discover(ckpt) -> Holdings:
                 manifest = ckpt.pfs.manifest(step)
             except (HpcckptError, OSError) as exc:
                 _warn(ckpt, f"ignoring L4 version {step}: {exc}")
+                continue
+            if _foreign(ckpt, manifest, "L4"):
                 continue
             pfs[step] = manifest.world_size
             pfs_writings[step] = (manifest.identity, manifest.created)
@@ -350,7 +366,25 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings], repair: bool = True)
             counts[s] = counts.get(s, 0) + 1
         summary = ", ".join(f"{counts[s]} rank(s) from {labels[s]}" for s in labels if s in counts)
         ckpt.log.info(f"restored version {step}: {summary}", console=True)
+    _log_changed_settings(ckpt, manifest)
     return True
+
+
+def _log_changed_settings(ckpt, manifest: Manifest) -> None:
+    """(rank 0) What differs from the settings the version was written with, said once."""
+    if ckpt.rank != 0 or ckpt.log is None:
+        return
+    changes = changed_settings(manifest.settings, ckpt._settings, manifest.world_size, ckpt.world_size)
+    if not changes:
+        return
+    ckpt.log.info(f"settings changed since version {manifest.step} was written: "
+                  + "; ".join(str(c) for c in changes), console=True)
+    meaning = [c for c in changes if c.changes_meaning]
+    if meaning:
+        ckpt.log.warning(f"these changes alter what the restored state means (model, data, order or batch, "
+                         f"seed, rank count): {'; '.join(str(c) for c in meaning)}; the run goes on from version "
+                         f"{manifest.step}, but it is no longer the run that was checkpointed (a new run.dir with "
+                         "--init-from starts a new one)")
 
 
 def _attempt(ckpt, level, manifest: Manifest):
@@ -575,9 +609,19 @@ def _check_table(table, manifest: Manifest, rank: int, path) -> None:
 
 def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
     """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place."""
+    _assemble(ckpt, ckpt.layout, pieces)
+    for name in ckpt.local_array_names:
+        _write_in_place(ckpt._protected[name].array, pieces[name])
+    for name, (_, setter) in ckpt._states.items():
+        if name in manifest.state:
+            setter(manifest.state[name])
+    ckpt._ordinal = int(manifest.state.get("_hpcckpt", {}).get("ordinal", 0))
+
+
+def _assemble(ckpt, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
+    """(all ranks) Every replicated tensor of `layout` from every rank's pieces, written in place."""
     from mpi4py import MPI
 
-    layout = ckpt.layout
     for tl in layout.tensors:
         counts = [tl.piece_nbytes(r) for r in range(ckpt.world_size)]
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
@@ -595,12 +639,86 @@ def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
         axis_major = (shape[tl.axis],) + shape[:tl.axis] + shape[tl.axis + 1:]
         full = np.moveaxis(gathered.view(tl.spec.dtype).reshape(axis_major), 0, tl.axis).reshape(tl.spec.shape)
         _write_in_place(target, full)
-    for name in ckpt.local_array_names:
-        _write_in_place(ckpt._protected[name].array, pieces[name])
-    for name, (_, setter) in ckpt._states.items():
-        if name in manifest.state:
-            setter(manifest.state[name])
-    ckpt._ordinal = int(manifest.state.get("_hpcckpt", {}).get("ordinal", 0))
+
+
+def init_from(ckpt, source: str, select) -> Manifest:
+    """(all ranks) Start a new run from another run's state: the arrays `select(name)` picks
+    are read from a version on that run's L4 (re-partitioned onto this job's ranks) and
+    verified; nothing else is taken (step, data position, RNG and the arrays not picked start
+    fresh), and nothing is written there. `source`: a run directory (its newest complete L4
+    version), a PFS directory, or one version directory in it."""
+    found, outcome = None, None
+    if ckpt.rank == 0:
+        try:
+            found = _init_source(source)
+        except HpcckptError as exc:
+            outcome = exc
+    found, outcome = ckpt.comm.bcast((found, outcome), root=0)
+    if outcome is not None:
+        raise _collective(outcome)
+    root, data = found
+    manifest = Manifest.from_bytes(data, f"--init-from {source}")
+    names = [tl.name for tl in ckpt.layout.tensors if select(tl.name)]
+    stored = {tl.name for tl in manifest.layout.tensors}
+    wanted_old = Layout(manifest.world_size, tuple(t for t in manifest.layout.tensors if t.name in names))
+    wanted_new = Layout(ckpt.world_size, tuple(t for t in ckpt.layout.tensors if t.name in names))
+    problems = [f"tensor {n!r} is not in version {manifest.step}" for n in names if n not in stored]
+    problems += wanted_old.same_tensors(wanted_new, f"version {manifest.step}", "current model") if not problems else []
+    if not names:
+        problems.append("no protected array was selected to load")
+    if problems:
+        raise _collective(IncompatibleCheckpointError(
+            f"--init-from {source}: version {manifest.step} does not fit this job: " + "; ".join(problems)))
+    from hpcckpt.levels.pfs import PfsLevel
+
+    error = None
+    try:
+        pieces = _fetch_repartitioned(ckpt, PfsLevel(root, ckpt.rank), replace(manifest, layout=wanted_old),
+                                      wanted_new)
+    except (HpcckptError, OSError) as exc:
+        error = f"{exc}"
+    errors = quiet_allgather(ckpt.comm, error)
+    if any(errors):
+        first = next(e for e in errors if e)
+        raise _collective(CheckpointError(f"--init-from {source}: cannot read version {manifest.step}: {first}",
+                                          {r: e for r, e in enumerate(errors) if e}))
+    _assemble(ckpt, wanted_new, pieces)
+    return manifest
+
+
+def _init_source(source: str) -> tuple[str, bytes]:
+    """(rank 0) The L4 directory and the commit record of the version `source` names."""
+    from hpcckpt.ckpt.run_identity import read_run_identity
+    from hpcckpt.levels.base import list_version_steps, version_dir_name
+    from hpcckpt.levels.pfs import PfsLevel
+
+    path = Path(source).expanduser()
+    step = None
+    if read_run_identity(path) is not None:
+        identity = read_run_identity(path)
+        root = Path(identity.pfs_dir) if identity.pfs_dir else path / "pfs"
+    elif path.name.startswith("v") and path.name[1:].isdigit() and (path / "manifest.json").is_file():
+        root, step = path.parent, int(path.name[1:])
+    elif list_version_steps(path):
+        root = path
+    else:
+        raise ConfigError(f"--init-from {source}: not a run directory (no run.json), an L4 (PFS) directory (no "
+                          f"v<step> directories) or an L4 version directory (v{0:012d} with a manifest.json)")
+    level = PfsLevel(root, 0)
+    committed = level.committed_steps()
+    if step is None:
+        if not committed:
+            raise ConfigError(f"--init-from {source}: no complete version in {str(root)!r}; another run starts only "
+                              "from an L4 (PFS) version: drain the source run to L4 first")
+        step = max(committed)
+    elif step not in committed:
+        raise ConfigError(f"--init-from {source}: version {step} is not complete on L4 ({version_dir_name(step)} "
+                          "has no readable commit record)")
+    try:
+        return str(root), level.manifest(step).to_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--init-from {source}: cannot read the commit record of version {step}: "
+                          f"{exc.strerror or exc}") from None
 
 
 def _write_in_place(target, host: np.ndarray) -> None:

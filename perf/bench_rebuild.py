@@ -445,8 +445,10 @@ def main(argv=None) -> None:
         shutil.rmtree(args.run_dir / "log", ignore_errors=True)
         shutil.copytree(args.run_dir, pristine)
         pristine_listing = _listing(pristine)
-        shard_bytes = pristine_listing[f"local/node{LOST_NODE}/v{STEP:012d}/shard-r{LOST_RANK:05d}.hck"]
-        parity_bytes = pristine_listing[f"local/node{LOST_NODE}/v{STEP:012d}/parity-r{LOST_RANK:05d}.hck"]
+        run_subdir = "run-" + json.loads((pristine / "run.json").read_text())["run_id"]  # ckpt/run_identity.py
+        version_dir = f"local/node{LOST_NODE}/{run_subdir}/v{STEP:012d}"
+        shard_bytes = pristine_listing[f"{version_dir}/shard-r{LOST_RANK:05d}.hck"]
+        parity_bytes = pristine_listing[f"{version_dir}/parity-r{LOST_RANK:05d}.hck"]
         names = list(VARIANTS)
         for repeat in range(args.repeats):
             order = names[repeat % len(names):] + names[:repeat % len(names)]

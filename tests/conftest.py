@@ -71,6 +71,13 @@ def run_script(n: int, script: Path, args: list[str], cwd, *, timeout: float = 2
     return subprocess.run(command, cwd=cwd, env=mpi_env(env), capture_output=True, text=True, timeout=timeout)
 
 
+def node_local(run_dir, node: int) -> Path:
+    """Simulated node `node`'s node-local directory of the run in `run_dir` under the default
+    template: the run's own directory in it (ckpt/run_identity.py)."""
+    run_id = json.loads((Path(run_dir) / "run.json").read_text())["run_id"]
+    return Path(run_dir) / "local" / f"node{node}" / f"run-{run_id}"
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import assert_ok, final_record, needs_gpu, run_mpi, small_job
+from conftest import assert_ok, final_record, needs_gpu, node_local, run_mpi, small_job
 
 STEPS = 30
 
@@ -110,7 +110,7 @@ def test_damage_on_a_live_node_is_not_taken_for_an_unfinished_version(tmp_path, 
     (a fresh start would have deleted node 0's intact versions)."""
     job = ckpt_job(tmp_path, run={"steps": 10}, resilience={"levels": ["local"]})
     assert_ok(train(tmp_path, job))
-    node1 = tmp_path / "run" / "local" / "node1"
+    node1 = node_local(tmp_path / "run", 1)
     if damage == "garbled commit records":
         for record in node1.glob("v*/commit-r*.json"):
             record.write_text("{garbage")
@@ -118,11 +118,11 @@ def test_damage_on_a_live_node_is_not_taken_for_an_unfinished_version(tmp_path, 
         for version in node1.glob("v*"):
             shutil.rmtree(version)
         (node1 / ".spare").mkdir(exist_ok=True)
-    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "local" / "node0").rglob("*"))
+    before = sorted(p.relative_to(tmp_path) for p in (node_local(tmp_path / "run", 0)).rglob("*"))
     resumed = train(tmp_path, job, 4, "--set", "run.steps=15")
     assert resumed.returncode == 4, resumed.stdout + resumed.stderr
     assert "checkpoint version 10 cannot be recovered" in resumed.stderr
-    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "local" / "node0").rglob("*")) == before
+    assert sorted(p.relative_to(tmp_path) for p in (node_local(tmp_path / "run", 0)).rglob("*")) == before
 
 
 def test_all_node_local_storage_lost_restarts_from_pfs(tmp_path, reference):
@@ -141,8 +141,8 @@ def test_node_loss_injection_deletes_that_nodes_directory(tmp_path, reference):
     job = ckpt_job(tmp_path)
     crashed = train(tmp_path, job, 4, "--inject", "node-loss:node=1:step=17")
     assert crashed.returncode != 0
-    assert not (tmp_path / "run" / "local" / "node1").exists()
-    assert (tmp_path / "run" / "local" / "node0").exists()
+    assert not (node_local(tmp_path / "run", 1)).exists()
+    assert (node_local(tmp_path / "run", 0)).exists()
     resumed = train(tmp_path, job)
     assert_ok(resumed)
     # Step 15 is on L1 only (PFS every 2nd checkpoint) and node 1 lost it; step 10 is on L4 for
@@ -190,9 +190,9 @@ def test_corrupted_payload_falls_through_and_header_flip_is_corrected(tmp_path, 
     job = ckpt_job(tmp_path)
     assert_ok(train(tmp_path, job, 4, "--set", "run.steps=20"))
     v20 = "v000000000020"
-    shard1 = tmp_path / "run" / "local" / "node0" / v20 / "shard-r00001.hck"
+    shard1 = node_local(tmp_path / "run", 0) / v20 / "shard-r00001.hck"
     _flip(shard1, shard1.stat().st_size - 3)  # payload byte
-    shard2 = tmp_path / "run" / "local" / "node1" / v20 / "shard-r00002.hck"
+    shard2 = node_local(tmp_path / "run", 1) / v20 / "shard-r00002.hck"
     _flip(shard2, 20)  # header byte: corrected by Reed-Solomon
     verify = run_mpi(1, ["verify", "-c", str(job)], cwd=tmp_path)
     assert verify.returncode == 1 and "shard-r00001.hck" in verify.stdout
@@ -315,7 +315,7 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
     for rank in range(4):
         assert "checkpoint of step 2 failed" in (tmp_path / "run" / "log" / f"rank{rank}.log").read_text()
     # Step 1 stays complete and loadable on both levels.
-    assert (tmp_path / "run" / "local" / "node0" / "v000000000001" / "commit-r00000.json").exists()
+    assert (node_local(tmp_path / "run", 0) / "v000000000001" / "commit-r00000.json").exists()
 
 
 def test_a_rank_failing_before_its_transfers_fails_the_checkpoint_on_every_rank_without_a_hang(tmp_path):
@@ -460,7 +460,7 @@ def test_retired_files_become_spares_node_local_always_l4_only_when_asked(tmp_pa
     assert_ok(run_mpi(2, ["train", "-c", str(config)], cwd=tmp_path))
     run = tmp_path / "run"
     for node in (0, 1):
-        assert [p.name for p in (run / "local" / f"node{node}" / ".spare").iterdir()] == [f"shard-r{node:05d}.hck"]
+        assert [p.name for p in (node_local(run, node) / ".spare").iterdir()] == [f"shard-r{node:05d}.hck"]
     pfs_spares = run / "pfs" / ".spare"
     expected = ["shard-r00000.hck", "shard-r00001.hck"] if pfs_recycle else []
     assert (sorted(p.name for p in pfs_spares.iterdir()) if pfs_spares.exists() else []) == expected
@@ -473,7 +473,7 @@ def test_spares_a_later_job_cannot_reuse_are_deleted_when_it_starts(tmp_path):
                        storage={"pfs_every": 1, "pfs_recycle_files": True}, cluster={"simulated_nodes": 2})
     assert_ok(run_mpi(4, ["train", "-c", str(config)], cwd=tmp_path))
     run = tmp_path / "run"
-    spares = {node: run / "local" / f"node{node}" / ".spare" for node in (0, 1)}
+    spares = {node: node_local(run, node) / ".spare" for node in (0, 1)}
     pfs_spares = run / "pfs" / ".spare"
 
     def names(directory):
@@ -530,7 +530,7 @@ def test_retention_keeps_the_newest_partner_protected_version_when_partner_copie
     assert_ok(saved)
     # Versions 4 and 5 by count, and 3: the newest with partner copies.
     assert [r["committed"] for r in script_results(saved)] == [[3, 4, 5], [3, 4, 5]]
-    shutil.rmtree(run_dir / "local" / "node1")  # node 1 is lost, and nothing went to L4
+    shutil.rmtree(node_local(run_dir, 1))  # node 1 is lost, and nothing went to L4
     restored = run_script(2, script, [str(run_dir), "restore"], cwd=tmp_path)
     assert_ok(restored)
     records = script_results(restored)
@@ -544,7 +544,7 @@ def test_parity_of_another_group_geometry_is_never_decoded(tmp_path):
     job = ckpt_job(tmp_path, run={"steps": 10}, cluster={"simulated_nodes": 4},
                    resilience={"levels": ["local", "erasure"], "group_size": 4, "parity": 1})
     assert_ok(train(tmp_path, job))
-    shutil.rmtree(tmp_path / "run" / "local" / "node1")
+    shutil.rmtree(node_local(tmp_path / "run", 1))
     other = run_mpi(4, ["train", "-c", str(job), "--set", "resilience.parity=2", "--set", "run.steps=12"],
                     cwd=tmp_path, timeout=120)
     assert other.returncode == 4, other.stdout + other.stderr
@@ -589,7 +589,7 @@ def test_offline_commands_see_missing_shards_damaged_headers_geometry_and_moved_
     assert "verified 20 checkpoint file(s): all good" in clean.stdout, clean.stdout
 
     (run / "pfs" / "v000000000010" / "shard-r00002.hck").unlink()
-    parity = run / "local" / "node1" / "v000000000010" / "parity-r00001.hck"
+    parity = node_local(run, 1) / "v000000000010" / "parity-r00001.hck"
     _flip(parity, 20)  # a header byte: repaired on read, but the medium is failing
     damaged = run_mpi(1, ["verify", "-c", str(job)], cwd=tmp_path)
     assert damaged.returncode == 1
@@ -604,7 +604,7 @@ def test_offline_commands_see_missing_shards_damaged_headers_geometry_and_moved_
     nowhere = run_mpi(1, ["verify", "-c", str(job), "--set", f"run.dir={tmp_path / 'nothing'}"], cwd=tmp_path)
     assert nowhere.returncode == 1 and "no checkpoint version found" in nowhere.stdout
 
-    shard = moved / "local" / "node0" / "v000000000010" / "shard-r00000.hck"
+    shard = node_local(moved, 0) / "v000000000010" / "shard-r00000.hck"
     shard.write_bytes(shard.read_bytes()[:100])  # truncated: rank 0 reads version 10 from L4
     evaluate = run_mpi(4, ["evaluate", "-c", str(job), "--version", "10", "--set", f"run.dir={moved}"], cwd=tmp_path)
     assert_ok(evaluate)

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from conftest import assert_ok, final_record, run_mpi, small_job
+from conftest import assert_ok, final_record, node_local, run_mpi, small_job
 
 STEPS = 24
 
@@ -112,25 +112,25 @@ def test_corrupted_replica_and_parity_are_detected_and_not_used(tmp_path, refere
     config = job(tmp_path, ["local", "partner", "erasure", "pfs"], run={"steps": 12})
     assert_ok(train(tmp_path, config))
     version = "v000000000012"
-    root = tmp_path / "run" / "local"
+    run = tmp_path / "run"
     # Version 4 was retired after 12's commit: each rank's shard, the replica it holds and its
     # parity wait in its node's spares, and version 12 overwrote none of them (it came first).
     for node in range(4):
-        node_ranks = [r for r in range(8) if (root / f"node{node}" / version / f"shard-r{r:05d}.hck").exists()]
+        node_ranks = [r for r in range(8) if (node_local(run, node) / version / f"shard-r{r:05d}.hck").exists()]
         assert len(node_ranks) == 2
-        spares = sorted(p.name for p in (root / f"node{node}" / ".spare").iterdir())
+        spares = sorted(p.name for p in (node_local(run, node) / ".spare").iterdir())
         assert [n for n in spares if n.startswith("shard-")] == [f"shard-r{r:05d}.hck" for r in node_ranks]
         assert [n for n in spares if n.startswith("parity-")] == [f"parity-r{r:05d}.hck" for r in node_ranks]
         assert sorted(n[-10:-4] for n in spares if n.startswith("replica-")) == [f"r{r:05d}" for r in node_ranks]
-        assert sorted(p.name for p in (root / f"node{node}").iterdir()) == [".spare", "v000000000008", version]
+        assert sorted(p.name for p in (node_local(run, node)).iterdir()) == [".spare", "v000000000008", version]
     import shutil
 
-    shutil.rmtree(root / "node1")  # ranks 2, 3 lost; their replicas live on node 2
-    for replica in (root / "node2" / version).glob("replica-of-*"):
+    shutil.rmtree(node_local(run, 1))  # ranks 2, 3 lost; their replicas live on node 2
+    for replica in (node_local(run, 2) / version).glob("replica-of-*"):
         data = bytearray(replica.read_bytes())
         data[-5] ^= 0x55
         replica.write_bytes(bytes(data))
-    parity = root / "node0" / version / "parity-r00000.hck"
+    parity = node_local(run, 0) / version / "parity-r00000.hck"
     data = bytearray(parity.read_bytes())
     data[-9] ^= 0x55
     parity.write_bytes(bytes(data))
@@ -149,7 +149,7 @@ def test_a_damaged_shard_on_a_live_node_is_rebuilt_by_erasure(tmp_path, referenc
     for existing (which failed the rebuild and sent the job back a version)."""
     config = job(tmp_path, ["local", "erasure"], run={"steps": 12})
     assert_ok(train(tmp_path, config))
-    shard = tmp_path / "run" / "local" / "node1" / "v000000000012" / "shard-r00002.hck"
+    shard = node_local(tmp_path / "run", 1) / "v000000000012" / "shard-r00002.hck"
     data = bytearray(shard.read_bytes())
     data[-5] ^= 0x55  # payload byte
     shard.write_bytes(bytes(data))

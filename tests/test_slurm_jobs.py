@@ -10,6 +10,7 @@ where they cannot be had.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -291,13 +292,14 @@ def test_real_nodes_hold_their_own_files_and_redundancy_spans_hosts(cluster, tmp
         host = f"n{rank + 1}"
         line = next(line for line in (directory / "run" / "log" / f"rank{rank}.log").read_text().splitlines()
                     if "placement: node-local" in line)
-        assert f"node-local directory {scratch / host} on host {host}" in line, line
+        run_subdir = "run-" + json.loads((directory / "run" / "run.json").read_text())["run_id"]
+        assert f"node-local directory {scratch / host / run_subdir} on host {host}" in line, line
         partner = (rank + 1) % 4
         assert f"L2 partner copy on rank {partner} (host n{partner + 1})" in line, line
         assert "L3 erasure group [0, 1, 2, 3] on ['host n1', 'host n2', 'host n3', 'host n4']" in line, line
         # Each host's directory holds its rank's shards, the replica it keeps for its left
         # neighbour, and its parity: nothing of any other rank.
-        version = sorted(p for p in (scratch / host).iterdir() if p.name.startswith("v"))[-1]
+        version = sorted(p for p in (scratch / host / run_subdir).iterdir() if p.name.startswith("v"))[-1]
         names = sorted(p.name for p in version.iterdir())
         source = (rank - 1) % 4
         assert names == sorted([f"commit-r{rank:05d}.json", f"parity-r{rank:05d}.hck", f"shard-r{rank:05d}.hck",

@@ -15,6 +15,7 @@ import numpy as np
 
 from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.retention import best_step
+from hpcckpt.ckpt.run_identity import LOCAL_SUBDIR_PREFIX, pfs_owner, read_run_identity
 from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard
 from hpcckpt.cluster.placement import pfs_dir_of, user_name
 from hpcckpt.cluster.topology import expand_dir_template, job_id
@@ -38,12 +39,24 @@ def pfs_root(config) -> Path:
     return Path(pfs_dir_of(config.storage.pfs_dir, str(config.run.dir)))
 
 
+def run_id_of(config) -> str | None:
+    """The run whose versions the offline commands show: the run directory's, else the owner
+    recorded in the PFS directory (an archived copy of it); None for a run stored by an hpcckpt
+    without run identities (then every version there is shown)."""
+    identity = read_run_identity(config.run.dir) or pfs_owner(pfs_root(config))
+    return identity.run_id if identity else None
+
+
 def local_roots(config) -> list[Path]:
-    """Node-local roots reachable from here: the template with {node}, {rank} and {host} as
-    wildcards."""
+    """This run's node-local roots reachable from here: the template with {node}, {rank} and
+    {host} as wildcards, and the run's own directory in each (ckpt/run_identity.py)."""
     pattern = expand_dir_template(config.storage.local_dir, run_dir=str(config.run.dir), node="*", rank="*",
                                   host="*", job=job_id(os.environ), user=user_name())
-    return sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
+    bases = sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
+    run_id = run_id_of(config)
+    if run_id is None:
+        return bases
+    return [base / (LOCAL_SUBDIR_PREFIX + run_id) for base in bases if (base / (LOCAL_SUBDIR_PREFIX + run_id)).is_dir()]
 
 
 def _dir_size(path: Path) -> int:
@@ -53,9 +66,12 @@ def _dir_size(path: Path) -> int:
 def list_versions(config) -> list[VersionEntry]:
     entries = []
     root = pfs_root(config)
+    run_id = run_id_of(config)
     for step in list_version_steps(root):
         directory = root / version_dir_name(step)
         manifest = _try_manifest(directory / "manifest.json")
+        if manifest is not None and run_id is not None and manifest.run_id != run_id:
+            continue  # another run's: left alone, as a restart leaves it
         entries.append(VersionEntry("pfs", step, manifest is not None, _dir_size(directory),
                                     manifest.world_size if manifest else None,
                                     manifest.metrics if manifest else {}, str(directory)))

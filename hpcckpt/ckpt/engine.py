@@ -43,16 +43,27 @@ from typing import Callable
 import numpy as np
 
 from hpcckpt.ckpt import direct_io
-from hpcckpt.ckpt.lease import LeaseError, RunLease
+from hpcckpt.ckpt.lease import RunLease
 from hpcckpt.ckpt.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import steps_to_delete
+from hpcckpt.ckpt.run_identity import (
+    RUN_FILE,
+    RunIdentity,
+    claim_pfs_dir,
+    establish_run_identity,
+    other_runs_in,
+    pfs_owner,
+    read_run_identity,
+)
+from hpcckpt.ckpt.settings_record import recorded_settings
 from hpcckpt.ckpt.shardfile import ShardImage, payload_layout, plan_shard, verify_shard
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.placement import discover_topology, local_dir_of, pfs_dir_of, user_name
 from hpcckpt.cluster.topology import job_id
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, PeerFailed, StorageError
 from hpcckpt.faults import NO_FAULTS
+from hpcckpt.levels import dir_safety
 from hpcckpt.levels.base import hold_to_bandwidth
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
@@ -214,97 +225,147 @@ class Checkpointer:
         self.faults = faults
         self.levels_enabled = tuple(config.resilience.levels)
         run_dir = str(config.run.dir)
-        self.local_dir = local_dir_of(config.storage.local_dir, run_dir, self.topology, self.rank)
-        self.local_dirs = tuple(self.comm.allgather(self.local_dir))
         self.pfs_dir = pfs_dir_of(config.storage.pfs_dir, run_dir)
-        use_direct_io = config.storage.direct_io
-        # L1-L3 share the node-local directory and so its spares: L1's retention retires
-        # replicas and parity too (levels/spares.py).
-        # Ranks whose node-local directory is this rank's: on its node, under the same path (the
-        # same path on two nodes is two directories, as with a plain /local/scratch/ckpt).
-        node_of = self.topology.node_of_rank
-        self._dir_sharers = frozenset(r for r, d in enumerate(self.local_dirs)
-                                      if d == self.local_dir and node_of[r] == self.node)
-        spares = self._node_spares = SpareFiles(self.local_dir, config.storage.recycle_files,
-                                                self._reusable_node_spare)
-        self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares)
-                      if "local" in self.levels_enabled else None)
-        self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io,
-                             SpareFiles(self.pfs_dir, config.storage.pfs_recycle_files,
-                                        lambda kind, writer, _: kind == "shard" and writer < self.world_size))
-                    if "pfs" in self.levels_enabled else None)
-        self.partner = None
-        self.erasure = None
-        self.partner_of: tuple[int, ...] = ()
-        self.groups: tuple[tuple[int, ...], ...] = ()
-        if "partner" in self.levels_enabled:
-            # The topology validates the scheme (e.g. partners need two nodes) on every rank
-            # alike, so a bad one fails the same way everywhere before any collective.
-            self.partner_of = self.topology.partner_of()
-            self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, use_direct_io, spares)
-        if "erasure" in self.levels_enabled:
-            self.groups = self.topology.erasure_groups(config.resilience.group_size, config.resilience.parity)
-            group_index = self.topology.group_of(self.groups, self.rank)
-            members = self.groups[group_index]
-            group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
-            self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity,
-                                        use_direct_io, spares)
-        self._protected: dict[str, _Protected] = {}
-        self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
-        self._layout: Layout | None = None
-        self._buffers: dict[str, np.ndarray] | None = None
-        self._ordinal = 0
-        self._pending: _PendingSnapshot | None = None
-        self._copies: _BackgroundCopies | None = None
-        self._shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
-        self._shard_extra = {"node": self.node}  # the shard's extra record (layout depends on it)
-        self._device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
-        # Copies run at normal priority (training may wait for them in before_update()), the
-        # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
-        self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
-        self._persister = _Worker("hpcckpt-persist", on_start=self._start_writing_thread)
-        self._local_writer = _Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
-        self._in_flight: threading.Event | None = None
-        self._worker_error: BaseException | None = None
-        self.last_report: PersistReport | None = None
-        self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
-        self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
-        self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
-        self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        self._lease = None if read_only else self._claim_run()
+        self._lease = None
+        self.run = self._identify_run(read_only)
         try:
-            self._prepare_storage(prune_spares=not read_only)
+            # Node-local versions live in a directory of this run's own under the configured one,
+            # so runs that share a node-local directory never see each other's versions.
+            self.local_base = local_dir_of(config.storage.local_dir, run_dir, self.topology, self.rank)
+            self.local_dir = str(Path(self.local_base) / self.run.local_subdir)
+            self.local_dirs = tuple(self.comm.allgather(self.local_dir))
+            self._dir_mode, file_mode = dir_safety.modes(config.storage.share_with_group)
+            use_direct_io = config.storage.direct_io
+            # L1-L3 share the node-local directory and so its spares: L1's retention retires
+            # replicas and parity too (levels/spares.py).
+            # Ranks whose node-local directory is this rank's: on its node, under the same path (the
+            # same path on two nodes is two directories, as with a plain /local/scratch/ckpt).
+            node_of = self.topology.node_of_rank
+            self._dir_sharers = frozenset(r for r, d in enumerate(self.local_dirs)
+                                          if d == self.local_dir and node_of[r] == self.node)
+            spares = self._node_spares = SpareFiles(self.local_dir, config.storage.recycle_files,
+                                                    self._reusable_node_spare)
+            self.local = (LocalLevel(self.local_dir, self.rank, use_direct_io, spares, file_mode=file_mode)
+                          if "local" in self.levels_enabled else None)
+            self.pfs = (PfsLevel(self.pfs_dir, self.rank, config.storage.pfs_bandwidth_mb, use_direct_io,
+                                 SpareFiles(self.pfs_dir, config.storage.pfs_recycle_files,
+                                            lambda kind, writer, _: kind == "shard" and writer < self.world_size))
+                        if "pfs" in self.levels_enabled else None)
+            self.partner = None
+            self.erasure = None
+            self.partner_of: tuple[int, ...] = ()
+            self.groups: tuple[tuple[int, ...], ...] = ()
+            if "partner" in self.levels_enabled:
+                # The topology validates the scheme (e.g. partners need two nodes) on every rank
+                # alike, so a bad one fails the same way everywhere before any collective.
+                self.partner_of = self.topology.partner_of()
+                self.partner = PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, use_direct_io, spares,
+                                            file_mode=file_mode)
+            if "erasure" in self.levels_enabled:
+                self.groups = self.topology.erasure_groups(config.resilience.group_size, config.resilience.parity)
+                group_index = self.topology.group_of(self.groups, self.rank)
+                members = self.groups[group_index]
+                group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
+                self.erasure = ErasureLevel(self.local_dir, self.rank, members, group_comm, config.resilience.parity,
+                                            use_direct_io, spares, file_mode=file_mode)
+            self._protected: dict[str, _Protected] = {}
+            self._settings = recorded_settings(config)  # in every commit record: what changed at restart
+            self._states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
+            self._layout: Layout | None = None
+            self._buffers: dict[str, np.ndarray] | None = None
+            self._ordinal = 0
+            self._pending: _PendingSnapshot | None = None
+            self._copies: _BackgroundCopies | None = None
+            self._shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
+            self._shard_extra = {"node": self.node}  # the shard's extra record (layout depends on it)
+            self._device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
+            # Copies run at normal priority (training may wait for them in before_update()), the
+            # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
+            self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
+            self._persister = _Worker("hpcckpt-persist", on_start=self._start_writing_thread)
+            self._local_writer = _Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
+            self._in_flight: threading.Event | None = None
+            self._worker_error: BaseException | None = None
+            self.last_report: PersistReport | None = None
+            self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
+            self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
+            self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
+            self._threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+            self._prepare_storage(read_only)
+            self._log_placement()
         except BaseException:
             self._release_run()
             raise
-        self._log_placement()
 
     # -- set-up --------------------------------------------------------------------------
-    def _claim_run(self) -> RunLease | None:
-        """(all ranks) Rank 0 takes the run directory's lease; its refusal fails every rank."""
-        lease, outcome = None, None
+    def _identify_run(self, read_only: bool) -> RunIdentity:
+        """(all ranks) Which run this is (ckpt/run_identity.py). A writing job: rank 0 takes the
+        run directory's lease, creates or reads the run's identity and claims the PFS directory
+        for it; a reading one (read_only) only reads the identity. Rank 0's refusal fails every
+        rank alike."""
+        identity, outcome = None, None
         if self.rank == 0:
+            run_dir = Path(self.config.run.dir)
             try:
-                Path(self.config.run.dir).mkdir(parents=True, exist_ok=True)
-                lease = RunLease(self.config.run.dir, job_id(os.environ), user_name(), self.log).acquire()
-            except LeaseError as exc:
+                if read_only:
+                    identity = read_run_identity(run_dir)
+                    if identity is None:
+                        raise ConfigError(f"run.dir {str(run_dir)!r} holds no run ({RUN_FILE} is missing): point "
+                                          "run.dir (-c, --set run.dir=...) at the directory of the run to read")
+                else:
+                    dir_safety.check_path(run_dir, "run.dir")
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    self._lease = RunLease(run_dir, job_id(os.environ), user_name(), self.log).acquire()
+                    identity, created = establish_run_identity(run_dir, user_name(), self.pfs_dir)
+                    if self.log:
+                        self.log.info(("started " if created else "this is ") + identity.describe())
+                    if "pfs" in self.levels_enabled:
+                        dir_safety.check_path(self.pfs_dir, "storage.pfs_dir")
+                        claim_pfs_dir(self.pfs_dir, identity, self._foreign_pfs_steps(identity))
+            except HpcckptError as exc:
                 outcome = exc
             except OSError as exc:
-                outcome = StorageError(f"run.dir {str(self.config.run.dir)!r}: cannot take the run's lease: "
-                                       f"{exc.strerror or exc}; point run.dir at a writable directory")
-        outcome = self.comm.bcast(outcome, root=0)
+                outcome = StorageError(f"run.dir {str(self.config.run.dir)!r}: cannot take the run's lease or "
+                                       f"record its identity: {exc.strerror or exc}; point run.dir at a writable "
+                                       "directory")
+        identity, outcome = self.comm.bcast((identity, outcome), root=0)
         if outcome is not None:
+            self._release_run()
             outcome.collective = True
             raise outcome
-        return lease
+        return identity
+
+    def _foreign_pfs_steps(self, identity: RunIdentity) -> list[int]:
+        """(rank 0) Committed versions in the PFS directory that another run (or an hpcckpt
+        without run identities) wrote, for a PFS directory no run has claimed yet."""
+        if pfs_owner(self.pfs_dir) is not None:
+            return []
+        probe = PfsLevel(self.pfs_dir, 0)
+        foreign = []
+        for step in probe.committed_steps():
+            try:
+                if probe.manifest(step).run_id != identity.run_id:
+                    foreign.append(step)
+            except (HpcckptError, OSError):
+                foreign.append(step)
+        return foreign
 
     def _log_placement(self) -> None:
         """(all ranks) Where this rank's redundancy lives: an operator checks from the logs that
         partners and erasure groups really span nodes (hosts, or simulated nodes on one host);
         each rank logs its own line, rank 0 prints a summary."""
-        hosts = self.comm.allgather(socket.gethostname())
+        others = other_runs_in(self.local_base, self.run.local_subdir) if self.local_base else []
+        seen = self.comm.allgather((socket.gethostname(), others))
+        hosts = [host for host, _ in seen]
         if self.log is None:
             return
+        if others:
+            self.log.info(f"{self.local_base} also holds {', '.join(others)}: other runs' versions, left alone")
+        others_anywhere = sorted({name for _, names in seen for name in names})
+        if others_anywhere:
+            self.log.info(f"node-local directories also hold other runs' versions ({', '.join(others_anywhere[:4])}"
+                          f"{', ...' if len(others_anywhere) > 4 else ''}): never loaded, deleted or overwritten "
+                          f"by this run ({self.run.local_subdir})", console=True)
         simulated = bool(self.config.cluster.simulated_nodes)
         node_of = self.topology.node_of_rank
         where = [f"simulated node {node_of[r]}" if simulated else f"host {hosts[r]}" for r in range(self.world_size)]
@@ -334,19 +395,44 @@ class Checkpointer:
             self._lease.release()
             self._lease = None
 
-    def _prepare_storage(self, prune_spares: bool) -> None:
-        error = None
+    def _prepare_storage(self, read_only: bool) -> None:
+        """(all ranks) Check every rank's storage paths (dir_safety: nothing planted), create
+        this run's private node-local directory, prove each level writable; fail together."""
+        error, error_type = None, StorageError
         try:
             if not self.levels_enabled:
                 raise ConfigError("resilience.levels is empty; list at least one of local, partner, erasure, pfs")
-            if prune_spares:  # first: stale spares may be what filled the disk the probe writes to
+            node_local = set(self.levels_enabled) & {"local", "partner", "erasure"}
+            if node_local:
+                if read_only:
+                    dir_safety.check_path(self.local_dir, "storage.local_dir")
+                else:
+                    dir_safety.make_private_dirs(self.local_dir, "storage.local_dir", self._dir_mode)
+                    self._keep_private(Path(self.local_dir))
+            if self.pfs is not None:
+                dir_safety.check_path(self.pfs_dir, "storage.pfs_dir")
+            if not read_only:  # first: stale spares may be what filled the disk the probe writes to
                 self._prune_spares()
             for level in (self.local, self.pfs):
                 if level is not None:
                     level.prepare()
+        except ConfigError as exc:
+            error, error_type = str(exc), ConfigError
         except HpcckptError as exc:
             error = str(exc)
-        self._raise_if_any_failed("storage check", error, StorageError)
+        if quiet_any(self.comm, error_type is ConfigError):
+            error_type = ConfigError  # a refused path is the user's to fix: exit 2 on every rank
+        self._raise_if_any_failed("storage check", error, error_type)
+
+    def _keep_private(self, directory: Path) -> None:
+        """This run's node-local directory has the mode the config asks for, also when an
+        earlier start of the run made it with another storage.share_with_group."""
+        try:
+            if directory.stat().st_mode & 0o777 != self._dir_mode:
+                os.chmod(directory, self._dir_mode)
+        except OSError as exc:
+            raise StorageError(f"storage.local_dir: cannot set the mode of {str(directory)!r}: "
+                               f"{exc.strerror or exc}") from None
 
     def _reusable_node_spare(self, kind: str, writer: int, source: int | None) -> bool:
         """Whether this job can overwrite a node-local spare: its writer is a rank of this
@@ -601,6 +687,24 @@ class Checkpointer:
             for step in self._deletable(self.pfs, cfg.keep_pfs, max(copied)):
                 self.pfs.remove(step)
         return copied
+
+    def init_from(self, source: str, select: Callable[[str], bool] | None = None) -> int:
+        """(all ranks) Start this new run from another run's state: the protected replicated
+        arrays `select(name)` picks (default: all) are loaded from `source` (a run directory,
+        its L4 directory, or one L4 version directory), re-partitioned onto this job's ranks
+        and verified. The step, data position, RNG and registered state are not taken: the run
+        starts at its own step 0, and its versions are its own. Returns the source's step."""
+        from hpcckpt.recovery import init_from
+
+        self._finish_in_flight()
+        self._ensure_layout()
+        select = select or (lambda name: True)
+        manifest = init_from(self, source, select)
+        if self.log:
+            count = sum(1 for t in self.layout.tensors if select(t.name))
+            self.log.info(f"initialized {count} array(s) from version {manifest.step} of run "
+                          f"{manifest.run_id or '(no run id)'} ({source})")
+        return manifest.step
 
     def restart(self, mode: str = "auto", step: int | None = None) -> int | None:
         """(all ranks) Restore the newest version every rank can load; None when there is none.
@@ -945,6 +1049,8 @@ class Checkpointer:
             local_arrays=self.local_array_names,
             levels=tuple(levels),
             created=time.time(),
+            run_id=self.run.run_id,
+            settings=self._settings,
         )
 
     def _apply_retention(self, newest: int) -> None:

@@ -2,8 +2,8 @@
 
 It holds everything needed to read the version back without the job that wrote it: the step,
 the world size, the layout (what each rank stored), every shard's checksums and size, the
-small JSON state (step, iterator, RNG), the metrics, and where each rank's node-local copy
-lives. A checksum over its own text detects a torn or edited record.
+small JSON state (step, iterator, RNG), the metrics, where each rank's node-local copy
+lives, the run that wrote it and the settings it was written with. A checksum over its own text detects a torn or edited record.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ class Manifest:
     local_arrays: tuple[str, ...] = ()  # per-rank (not replicated) arrays, stored whole by each rank
     levels: tuple[str, ...] = ()  # the levels this version was written to
     created: float = 0.0
+    run_id: str = ""  # the run that wrote it (ckpt/run_identity.py); restarts load only their own run's
+    settings: dict = field(default_factory=dict)  # the job's settings then (ckpt/settings_record.py)
 
     @property
     def identity(self) -> str:
@@ -67,6 +69,8 @@ class Manifest:
             "local_arrays": list(self.local_arrays),
             "levels": list(self.levels),
             "created": self.created,
+            "run_id": self.run_id,
+            "settings": self.settings,
         }
         text = json.dumps(body, sort_keys=True)
         return json.dumps({"checksum": xxhash.xxh3_64_hexdigest(text.encode()), "body": text}).encode()
@@ -97,10 +101,12 @@ class Manifest:
             local_arrays=tuple(body.get("local_arrays", ())),
             levels=tuple(body.get("levels", ())),
             created=float(body.get("created", 0.0)),
+            run_id=str(body.get("run_id", "")),
+            settings=dict(body.get("settings", {})),
         )
 
-    def write(self, path: Path) -> None:
-        write_bytes_atomically(path, self.to_bytes())
+    def write(self, path: Path, mode: int = 0o666) -> None:
+        write_bytes_atomically(path, self.to_bytes(), mode=mode)
 
     @classmethod
     def read(cls, path: Path) -> "Manifest":

@@ -324,20 +324,24 @@ class _Meta:
 
 
 def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = True,
-                      direct: bool = False, recycle: str | os.PathLike | None = None) -> ShardInfo:
+                      direct: bool = False, recycle: str | os.PathLike | None = None,
+                      mode: int = 0o666) -> ShardInfo:
     """Write a planned shard as a new file; never replaces an existing file. `direct`:
     with O_DIRECT where the file system allows (ckpt/direct_io.py). `recycle`: a retired
-    file to overwrite in place if it exists (levels/spares.py)."""
+    file to overwrite in place if it exists (levels/spares.py). `mode`: of a new file, less
+    the umask (node-local levels pass a private one: levels/dir_safety.py)."""
     path = os.fspath(path)
     if os.path.lexists(path):
         raise _exists_error(path)
-    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct, recycle=recycle)
+    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct, recycle=recycle,
+                              mode=mode)
     return ShardInfo(path, image.size, dict(image.checksums), image.step, image.rank)
 
 
 def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
                 pieces: Sequence[tuple[str, np.ndarray]], extra: dict | None = None,
-                fsync: bool = True, direct: bool = False, recycle: str | os.PathLike | None = None) -> ShardInfo:
+                fsync: bool = True, direct: bool = False, recycle: str | os.PathLike | None = None,
+                mode: int = 0o666) -> ShardInfo:
     """Write one rank's pieces as a new shard file; never replaces an existing file.
 
     `pieces` are (name, NumPy array) in the order to store them (CuPy arrays must be
@@ -349,7 +353,8 @@ def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
     path = os.fspath(path)
     if os.path.lexists(path):  # before the checksum pass, which would be wasted
         raise _exists_error(path)
-    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync, direct, recycle)
+    return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync, direct, recycle,
+                             mode)
 
 
 def _table_bytes(arrays, offsets, checksums, extra) -> bytes:
@@ -383,7 +388,7 @@ def _padding(count: int) -> list[memoryview]:
 
 def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = True,
                            overwrite: bool = False, direct: bool = False,
-                           recycle: str | os.PathLike | None = None) -> None:
+                           recycle: str | os.PathLike | None = None, mode: int = 0o666) -> None:
     """Publish `data` under `path` all at once: temp name, fsync, rename, fsync directory.
 
     Refuses to replace an existing file unless `overwrite` (for pointer-like records, not
@@ -393,11 +398,13 @@ def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = T
     path = os.fspath(path)
     if not overwrite and os.path.lexists(path):
         raise _exists_error(path)
-    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite, direct=direct, recycle=recycle)
+    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite, direct=direct, recycle=recycle,
+                              mode=mode)
 
 
 def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrite: bool,
-                              direct: bool = False, recycle: str | os.PathLike | None = None) -> None:
+                              direct: bool = False, recycle: str | os.PathLike | None = None,
+                              mode: int = 0o666) -> None:
     temporary = path + ".tmp"
     fd = None
     published = False
@@ -406,7 +413,7 @@ def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwri
         # overwritten instead of allocated, and it is never visible under `path` half-written.
         recycled = _take_spare(recycle, temporary)
         flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | (0 if recycled else os.O_TRUNC)
-        fd, is_direct = direct_io.open_for_writing(temporary, flags, 0o644, direct_io.wants_direct(buffers, direct))
+        fd, is_direct = direct_io.open_for_writing(temporary, flags, mode, direct_io.wants_direct(buffers, direct))
         if is_direct:
             try:
                 direct_io.write_direct(fd, buffers)

@@ -111,8 +111,10 @@ class VersionedLevel:
     label = ""
     config_key = ""  # the setting that names `root`, for error messages
 
-    def __init__(self, root: str | Path, rank: int, direct_io: bool = False, spares: SpareFiles | None = None):
+    def __init__(self, root: str | Path, rank: int, direct_io: bool = False, spares: SpareFiles | None = None,
+                 file_mode: int = 0o666):
         self.root = Path(root)
+        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
         self.rank = rank
         self.direct_io = direct_io  # write shard files with O_DIRECT (ckpt/direct_io.py)
         # Retired files to overwrite instead of new ones (levels/spares.py); none by default.
@@ -138,7 +140,8 @@ class VersionedLevel:
         """This rank's shard of `step`, from a planned image (shardfile.plan_shard)."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        return write_shard_image(path, image, direct=self.direct_io, recycle=self.spares.spare_for(path))
+        return write_shard_image(path, image, direct=self.direct_io, recycle=self.spares.spare_for(path),
+                                 mode=self.file_mode)
 
     def write_shard_bytes(self, step: int, data) -> None:
         """A whole shard file copied from another level (its bytes are the original file's)."""
@@ -146,10 +149,11 @@ class VersionedLevel:
 
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path))
+        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
+                               mode=self.file_mode)
 
     def commit(self, manifest: Manifest) -> None:
-        manifest.write(self.commit_path(manifest.step))
+        manifest.write(self.commit_path(manifest.step), self.file_mode)
 
     def manifest(self, step: int) -> Manifest:
         return Manifest.read(self.commit_path(step))

@@ -38,8 +38,9 @@ class ErasureLevel:
     label = "L3 erasure"
 
     def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
-                 direct_io: bool = False, spares: SpareFiles | None = None):
+                 direct_io: bool = False, spares: SpareFiles | None = None, file_mode: int = 0o666):
         self.root = Path(root)
+        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
         self.direct_io = direct_io  # write parity files with O_DIRECT (ckpt/direct_io.py)
         self.spares = spares or SpareFiles(self.root, enabled=False)  # retired parity files (levels/spares.py)
         self.rank = rank
@@ -158,7 +159,7 @@ class ErasureLevel:
             path.unlink(missing_ok=True)
         write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
                     extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io,
-                    recycle=self.spares.spare_for(path))
+                    recycle=self.spares.spare_for(path), mode=self.file_mode)
 
     def read_parity(self, step: int) -> dict[str, np.ndarray]:
         """This member's parity pieces of `step`, each checked against its checksum."""

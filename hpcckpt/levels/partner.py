@@ -29,8 +29,9 @@ class PartnerLevel:
     label = "L2 partner"
 
     def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False,
-                 spares: SpareFiles | None = None):
+                 spares: SpareFiles | None = None, file_mode: int = 0o666):
         self.root = Path(root)
+        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
         self.direct_io = direct_io
         self.spares = spares or SpareFiles(self.root, enabled=False)  # retired replicas (levels/spares.py)
         self.rank = rank
@@ -87,7 +88,8 @@ class PartnerLevel:
             (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         for source, data in receives:
             path = self.replica_path(step, source)
-            write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path))
+            write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
+                                   mode=self.file_mode)
         return sum(int(d.size) for _, d in receives)
 
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:

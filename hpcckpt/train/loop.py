@@ -9,6 +9,7 @@ from hpcckpt.cluster.backend import select_backend
 from hpcckpt.ckpt.engine import Checkpointer
 from hpcckpt.ckpt.policy import IntervalPolicy
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
+from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector, current_attempt
 from hpcckpt.runlog import RunLog, read_heartbeat
 from hpcckpt.train.stopping import StopRequests
@@ -25,8 +26,11 @@ class TrainSummary:
     halted: str | None = None  # why the run stopped early on request (signal, allocation end)
 
 
-def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary:
-    """(all ranks) Train for run.steps steps, resuming from a checkpoint per `restart`."""
+def run_training(config, comm, restart: str = "auto", faults=(), init_from: str | None = None,
+                 init_optimizer: bool = False) -> TrainSummary:
+    """(all ranks) Train for run.steps steps, resuming from a checkpoint per `restart`; a new
+    run (no checkpoint of its own) starts from `init_from`'s weights (and optimizer state with
+    `init_optimizer`) when given."""
     rank, world_size = comm.Get_rank(), comm.Get_size()
     topology = discover_topology(comm, config.cluster.simulated_nodes)
     log = RunLog(config.run.dir, rank, world_size)
@@ -51,6 +55,9 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
         injector = FaultInjector(faults, rank, node, local_dir_of(
             config.storage.local_dir, str(config.run.dir), topology, rank), comm=comm)
         policy = IntervalPolicy.from_config(config.checkpoint)
+        if init_from and not policy.enabled:
+            raise ConfigError(f"--init-from {init_from}: checkpoints are off (checkpoint.every_steps = 0); the "
+                              "loaded state would not be protected: set checkpoint.every_steps")
         if policy.enabled:
             checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)
         try:
@@ -62,9 +69,19 @@ def run_training(config, comm, restart: str = "auto", faults=()) -> TrainSummary
                 trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
                 reached_before = read_heartbeat(config.run.dir) if rank == 0 else None
                 restored = checkpointer.restart(restart)
-                if restored is None:
+                if restored is None and init_from:
+                    select = (lambda name: name.startswith(("model/", "optim/"))) if init_optimizer \
+                        else (lambda name: name.startswith("model/"))
+                    source_step = checkpointer.init_from(init_from, select)
+                    log.info(f"new run {checkpointer.run.run_id} starting at step 0 from the model weights"
+                             f"{' and optimizer state' if init_optimizer else ''} of version {source_step} in "
+                             f"{init_from}", console=True)
+                elif restored is None:
                     log.info("starting from scratch (no checkpoint to resume from)", console=True)
                 else:
+                    if init_from:
+                        log.info(f"--init-from {init_from} is not used: this run resumes from its own version "
+                                 f"{restored}", console=True)
                     # The saved policy state predates its own checkpoint; count the interval from it.
                     policy.last_checkpoint = restored
                 _report_restart(log, checkpointer, restored, reached_before)
