@@ -321,7 +321,11 @@ class Checkpointer:
                         self.log.info(("started " if created else "this is ") + identity.describe())
                     if "pfs" in self.levels_enabled:
                         dir_safety.check_path(self.pfs_dir, "storage.pfs_dir")
-                        claim_pfs_dir(self.pfs_dir, identity, self._foreign_pfs_steps(identity))
+                        try:
+                            claim_pfs_dir(self.pfs_dir, identity, self._foreign_pfs_steps(identity))
+                        except OSError as exc:
+                            raise StorageError(f"storage.pfs_dir {str(self.pfs_dir)!r} is not usable: "
+                                               f"{exc.strerror or exc}; point it at a writable directory") from None
             except HpcckptError as exc:
                 outcome = exc
             except OSError as exc:
