@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import sys
 
+from hpcckpt.first_write import write_if_absent
+
 EXIT_FILE_VARIABLE = "HPCCKPT_EXIT_FILE"
 
 
@@ -29,22 +31,9 @@ def record_exit(code: int, rank: int, message: str = "", environ=None) -> None:
     if not path:
         return
     text = f"exit_code={code}\nrank={rank}\nmessage={' '.join(message.split())}\n"
-    temporary = f"{path}.r{rank}.{os.getpid()}.tmp"
     try:
-        with open(temporary, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            pass  # another rank recorded first
+        write_if_absent(path, text)  # False: another rank recorded first
     except OSError as exc:
         # The loop falls back to the launcher's exit code; say why the record is missing.
         print(f"hpcckpt: warning: could not record exit code {code} in {path} ({EXIT_FILE_VARIABLE}): "
               f"{exc.strerror or exc}", file=sys.stderr, flush=True)
-    finally:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass

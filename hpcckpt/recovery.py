@@ -694,8 +694,8 @@ def _init_source(source: str) -> tuple[str, bytes]:
 
     path = Path(source).expanduser()
     step = None
-    if read_run_identity(path) is not None:
-        identity = read_run_identity(path)
+    identity = read_run_identity(path)
+    if identity is not None:
         root = Path(identity.pfs_dir) if identity.pfs_dir else path / "pfs"
     elif path.name.startswith("v") and path.name[1:].isdigit() and (path / "manifest.json").is_file():
         root, step = path.parent, int(path.name[1:])

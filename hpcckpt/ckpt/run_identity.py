@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
+from hpcckpt.first_write import write_if_absent
 
 RUN_FILE = "run.json"
 PFS_OWNER_FILE = ".hpcckpt-run.json"
@@ -66,23 +67,6 @@ def read_run_identity(run_dir: str | Path) -> RunIdentity | None:
     return _parse(path)
 
 
-def _publish_new(path: Path, text: str) -> bool:
-    """Write `text` to `path` unless it exists (then False): linked into place, so two starts
-    racing for one run directory agree on the first identity."""
-    temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    with open(temporary, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(temporary, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def establish_run_identity(run_dir: str | Path, user: str, pfs_dir: str | Path = "") -> tuple[RunIdentity, bool]:
     """(rank 0, holding the run's lease) The run's identity, created on its first start.
     Returns (identity, created now)."""
@@ -92,7 +76,7 @@ def establish_run_identity(run_dir: str | Path, user: str, pfs_dir: str | Path =
         return existing, False
     identity = RunIdentity(secrets.token_hex(8), str(run_dir.resolve()), user, socket.gethostname(), time.time(),
                            str(Path(pfs_dir).resolve()) if pfs_dir else "")
-    if _publish_new(run_dir / RUN_FILE, json.dumps(asdict(identity), indent=1)):
+    if write_if_absent(run_dir / RUN_FILE, json.dumps(asdict(identity), indent=1)):
         return identity, True
     return _parse(run_dir / RUN_FILE), False
 
@@ -117,7 +101,7 @@ def claim_pfs_dir(pfs_dir: str | Path, identity: RunIdentity, foreign_steps=()) 
             "default '{run_dir}/pfs' is one per run), or start from that run explicitly with --init-from")
     if owner is None:
         pfs_dir.mkdir(parents=True, exist_ok=True)
-        if not _publish_new(marker, json.dumps(asdict(identity), indent=1)):
+        if not write_if_absent(marker, json.dumps(asdict(identity), indent=1)):
             claim_pfs_dir(pfs_dir, identity)  # another start won the race: check whose it is
 
 
