@@ -20,8 +20,7 @@ from hpcckpt.cluster.topology import LOCAL_DIR_FIELDS, PFS_DIR_FIELDS
 from hpcckpt.errors import ConfigError
 from hpcckpt.exit_record import EXIT_FILE_VARIABLE
 from hpcckpt.faults import ATTEMPT_VARIABLE
-
-LEVEL_ORDER = ("local", "partner", "erasure", "pfs")
+from hpcckpt.levels.naming import LEVEL_ORDER
 
 
 @dataclass(frozen=True)

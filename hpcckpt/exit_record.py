@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hpcckpt.first_write import write_if_absent
+from hpcckpt.io.first_write import write_if_absent
 
 EXIT_FILE_VARIABLE = "HPCCKPT_EXIT_FILE"
 

@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
-from hpcckpt.ckpt.layout import Layout, copy_strided, place_read, read_requests
-from hpcckpt.ckpt.manifest import Manifest
+from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
-from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
+from hpcckpt.cluster.collectives import quiet_allgather, wait_all
 from hpcckpt.errors import (
     CheckpointError,
     ConfigError,
@@ -34,7 +33,13 @@ from hpcckpt.errors import (
     StorageError,
     UnrecoverableError,
 )
-from hpcckpt.levels.messaging import quiet_allgather, wait_all
+from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
+from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.shardfile import read_shard_table, read_tensor
+from hpcckpt.levels.base import DeliveryRequest
+from hpcckpt.levels.naming import list_version_steps, version_dir_name
+from hpcckpt.levels.pfs import PfsLevel
+from hpcckpt.levels.spares import SPARE_DIR_NAME
 
 RESTART_MODES = ("auto", "require", "never")
 
@@ -61,9 +66,6 @@ class Holdings:
 
 
 def _node_files(ckpt) -> bool:
-    from hpcckpt.levels.base import list_version_steps
-    from hpcckpt.levels.spares import SPARE_DIR_NAME
-
     root = Path(ckpt.local_dir)
     return bool(list_version_steps(root)) or (root / SPARE_DIR_NAME).is_dir()
 
@@ -145,9 +147,8 @@ def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
 
 def _erasure_lost(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[int]:
     """Members of rank's group whose pieces of `step` are not all there."""
-    group = ckpt.groups[ckpt.topology.group_of(ckpt.groups, rank)]
-    return [m for m in group
-            if not (everyone[m].local.get(step) == ckpt.world_size and step in everyone[m].parity)]
+    group = set(ckpt.groups[ckpt.topology.group_of(ckpt.groups, rank)])
+    return [m for m in _lacking_node_local_pieces(ckpt, everyone, step) if m in group]
 
 
 def _sources(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[str]:
@@ -329,14 +330,24 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings], repair: bool = True)
         source = "local" if pieces is not None else None
     needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     lost_initially = set(needy)
-    if needy and ckpt.partner is not None:
-        data = ckpt.partner.fetch(step, needy)
-        if data is not None:
-            pieces = _adopt(ckpt, manifest, data, "L2 partner replica")
-            source = "partner" if pieces is not None else None
-        needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
-    if needy and ckpt.erasure is not None:
-        pieces, source = _erasure_stage(ckpt, manifest, everyone, needy, pieces, source)
+    # The redundancy levels, cheapest first, each collective over its peers: holders send
+    # replicas, groups rebuild from survivors; what a rank gets becomes its L1 copy again.
+    sizes = tuple(record.size for record in manifest.shards)
+    lacking = frozenset(_lacking_node_local_pieces(ckpt, everyone, step))
+    for level in ckpt.levels:
+        if not (needy and level.collective):
+            continue
+        request = DeliveryRequest(step, ckpt.rank, ckpt.world_size, frozenset(needy), sizes,
+                                  place=lambda data, level=level: _adopt(ckpt, manifest, data, level.label),
+                                  own_shard=lambda: _shard_bytes(ckpt, step), lacking=lacking)
+        path = level.deliver(request)
+        for warning in request.warnings:
+            _warn(ckpt, warning)
+        if path is not None:
+            pieces = _attempt(ckpt, ckpt.local, manifest)
+            if pieces is None:
+                path.unlink(missing_ok=True)  # a bad copy (checksum) counts as missing
+            source = level.name if pieces is not None else None
         needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     if needy and ckpt.rank in needy and "pfs" in my_sources:
         if ckpt.local is not None and manifest.world_size == ckpt.world_size and manifest.layout == ckpt.layout:
@@ -406,60 +417,23 @@ def _restore_local_copy(ckpt, step: int) -> None:
         _warn(ckpt, f"version {step}: could not put the L1 copy back from L4: {exc}")
 
 
-def _adopt(ckpt, manifest: Manifest, data: np.ndarray, what: str):
-    """Make rebuilt shard bytes this rank's L1 copy again, then read and verify it as usual.
-    A bad copy (checksum) is removed again and counts as missing."""
+def _adopt(ckpt, manifest: Manifest, data: np.ndarray, what: str) -> Path | None:
+    """Make shard bytes a level delivered (a replica, a rebuild) this rank's L1 copy again,
+    to be read and verified as usual; None when it cannot be stored."""
     path = ckpt.local.shard_path(manifest.step)
     try:
-        path.unlink(missing_ok=True)  # a corrupt old copy; the rebuilt bytes replace it
+        path.unlink(missing_ok=True)  # a corrupt old copy; the delivered bytes replace it
         ckpt.local.write_shard_bytes(manifest.step, data)
     except (HpcckptError, OSError) as exc:
         _warn(ckpt, f"version {manifest.step}: cannot store the shard from {what}: {exc}")
         return None
-    pieces = _attempt(ckpt, ckpt.local, manifest)
-    if pieces is None:
-        path.unlink(missing_ok=True)
-    return pieces
+    return path
 
 
-def _erasure_stage(ckpt, manifest: Manifest, everyone, needy: set[int], pieces, source):
-    """(all ranks, per group) Groups with needy members rebuild them from the survivors."""
-    erasure = ckpt.erasure
-    step = manifest.step
-    members = set(erasure.members)
-    lost_ranks = set(_erasure_lost(ckpt, everyone, ckpt.rank, step)) | (needy & members)
-    if not (needy & members) or len(lost_ranks) > erasure.p:
-        return pieces, source
-    # A survivor's parity pieces are checked before the group relies on them: a bad piece
-    # makes its holder one more lost member rather than a wrong rebuild.
-    # So is its shard, read before the group starts exchanging: a survivor failing then would
-    # leave the others waiting for its pieces.
-    parity_pieces, shard = None, None
-    if ckpt.rank not in lost_ranks:
-        try:
-            parity_pieces = erasure.read_parity(step)
-            shard = _shard_bytes(ckpt, step)
-        except (HpcckptError, OSError) as exc:
-            parity_pieces = None
-            _warn(ckpt, f"version {step}: L3 parity or shard of rank {ckpt.rank} unusable: {exc}")
-    bad = [r for r, ok in zip(erasure.members, quiet_allgather(erasure.comm, parity_pieces is not None)) if not ok]
-    lost_ranks |= set(bad)
-    if len(lost_ranks) > erasure.p:
-        _warn(ckpt, f"version {step}: group {erasure.members} lost {sorted(lost_ranks)}, more than L3 survives")
-        return pieces, source
-    lost = frozenset(erasure.members.index(r) for r in lost_ranks)
-    sizes = [record.size for record in manifest.shards]
-    shard = None if ckpt.rank in lost_ranks else shard
-    error = None
-    try:
-        data = erasure.rebuild(step, lost, shard, parity_pieces, sizes, ckpt.world_size)
-    except (HpcckptError, OSError, ValueError) as exc:
-        data, error = None, str(exc)
-        _warn(ckpt, f"version {step}: L3 rebuild in group {erasure.members} failed: {exc}")
-    if ckpt.rank in needy and data is not None and error is None:
-        pieces = _adopt(ckpt, manifest, data, "L3 erasure rebuild")
-        source = "erasure" if pieces is not None else None
-    return pieces, source
+def _lacking_node_local_pieces(ckpt, everyone: list[Holdings], step: int) -> list[int]:
+    """Ranks whose node-local pieces of `step` (their L1 shard written by this rank count, and
+    their parity) are not all there: an erasure group rebuilds those members too."""
+    return [r for r, h in enumerate(everyone) if not (h.local.get(step) == ckpt.world_size and step in h.parity)]
 
 
 def _shard_bytes(ckpt, step: int) -> np.ndarray:
@@ -540,9 +514,9 @@ def _fetch(ckpt, level, manifest: Manifest) -> dict[str, np.ndarray]:
         _check_table(table, manifest, rank, path)
         with open(path, "rb") as f:
             for tl in layout.rank_pieces(rank):
-                pieces[tl.name] = read_tensor(f, table, tl.name, out=ckpt._buffers[tl.name])
+                pieces[tl.name] = read_tensor(f, table, tl.name, out=ckpt.arrays.buffers[tl.name])
             for name in ckpt.local_array_names:
-                pieces[name] = read_tensor(f, table, name, out=ckpt._buffers[name])
+                pieces[name] = read_tensor(f, table, name, out=ckpt.arrays.buffers[name])
         _log_reads(ckpt, [path], sum(p.nbytes for p in pieces.values()))
         return pieces
     if level.name != "pfs":
@@ -558,7 +532,7 @@ def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dic
     line up, a rank reads more than it keeps: 2x from 2 to 4 ranks, 1.5x from 4 to 3, 3x from
     2 to 3 at worst."""
     rank = ckpt.rank
-    pieces = {tl.name: ckpt._buffers[tl.name] for tl in layout.rank_pieces(rank)}
+    pieces = {tl.name: ckpt.arrays.buffers[tl.name] for tl in layout.rank_pieces(rank)}
     tables, files = {}, {}
     requests = read_requests(manifest.layout, layout, rank)
     uses: dict[tuple[int, str], int] = {}
@@ -611,8 +585,8 @@ def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
     """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place."""
     _assemble(ckpt, ckpt.layout, pieces)
     for name in ckpt.local_array_names:
-        _write_in_place(ckpt._protected[name].array, pieces[name])
-    for name, (_, setter) in ckpt._states.items():
+        _write_in_place(ckpt.arrays.arrays[name].array, pieces[name])
+    for name, (_, setter) in ckpt.arrays.states.items():
         if name in manifest.state:
             setter(manifest.state[name])
     ckpt._ordinal = int(manifest.state.get("_hpcckpt", {}).get("ordinal", 0))
@@ -625,7 +599,7 @@ def _assemble(ckpt, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
     for tl in layout.tensors:
         counts = [tl.piece_nbytes(r) for r in range(ckpt.world_size)]
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        target = ckpt._protected[tl.name].array
+        target = ckpt.arrays.arrays[tl.name].array
         mine = pieces.get(tl.name)
         send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
         if tl.axis == 0 and isinstance(target, np.ndarray) and target.flags.c_contiguous and target.size:
@@ -669,8 +643,6 @@ def init_from(ckpt, source: str, select) -> Manifest:
     if problems:
         raise _collective(IncompatibleCheckpointError(
             f"--init-from {source}: version {manifest.step} does not fit this job: " + "; ".join(problems)))
-    from hpcckpt.levels.pfs import PfsLevel
-
     error = None
     try:
         pieces = _fetch_repartitioned(ckpt, PfsLevel(root, ckpt.rank), replace(manifest, layout=wanted_old),
@@ -688,10 +660,6 @@ def init_from(ckpt, source: str, select) -> Manifest:
 
 def _init_source(source: str) -> tuple[str, bytes]:
     """(rank 0) The L4 directory and the commit record of the version `source` names."""
-    from hpcckpt.ckpt.run_identity import read_run_identity
-    from hpcckpt.levels.base import list_version_steps, version_dir_name
-    from hpcckpt.levels.pfs import PfsLevel
-
     path = Path(source).expanduser()
     step = None
     identity = read_run_identity(path)
@@ -736,15 +704,14 @@ def _clear_newer(ckpt, restored: int, failed: dict[int, str], ledger: RestartLed
     version's ledger entry goes with its files, or it would keep the new writing of that step
     from ever being loaded."""
     if ckpt.local is not None:
-        newer = sorted(s for s in set(ckpt.local.committed_steps()) | set(ckpt.local.uncommitted_steps())
-                       if s > restored)
+        newer = sorted(s for s in _node_local_steps(ckpt) if s > restored)
         if newer:
             # Said, not silent: a version another rank count wrote is gone once this job goes on.
             _warn(ckpt, f"rank {ckpt.rank}: node-local version(s) {newer} cannot be loaded by this job "
                         f"(incomplete, unusable, or written by another rank count); deleted, as the resumed "
                         "run writes those steps again")
         for step in newer:
-            ckpt.local.remove(step)
+            _remove_node_local(ckpt, step)
 
     def set_aside_on_l4():
         if ckpt.pfs is not None:
@@ -772,8 +739,9 @@ def _clear_unfinished(ckpt, unfinished: list[int]) -> None:
     leftovers). A committed version is never touched here, an unreadable one included: that
     is damage for the operator to look at, and writing its step again fails naming the file."""
     if ckpt.local is not None:
-        for step in sorted(set(unfinished) | set(ckpt.local.uncommitted_steps())):
-            ckpt.local.remove(step)
+        leftovers = {s for level in ckpt.levels if level.node_local for s in level.uncommitted_steps()}
+        for step in sorted(set(unfinished) | leftovers):
+            _remove_node_local(ckpt, step)
 
     def on_l4():
         if ckpt.pfs is not None:
@@ -781,6 +749,19 @@ def _clear_unfinished(ckpt, unfinished: list[int]) -> None:
                 ckpt.pfs.remove(step)
 
     _on_rank0(ckpt, on_l4, f"removing unfinished L4 versions under {ckpt.pfs_dir!r}")
+
+
+def _node_local_steps(ckpt) -> set[int]:
+    """Versions this rank has node-local files of, committed or not."""
+    return {s for level in ckpt.levels if level.node_local
+            for s in (*level.committed_steps(), *level.uncommitted_steps())}
+
+
+def _remove_node_local(ckpt, step: int) -> None:
+    """This rank's files of a node-local version, each level its own (L1's commit record first)."""
+    for level in ckpt.levels:
+        if level.node_local:
+            level.remove(step)
 
 
 def _free_name(directory, suffix: str):

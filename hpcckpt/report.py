@@ -12,8 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
-
-LEVEL_LABELS = {"local": "L1 local", "partner": "L2 partner", "erasure": "L3 erasure", "pfs": "L4 pfs"}
+from hpcckpt.levels.naming import LEVEL_LABELS
 
 
 def read_records(run_dir) -> list[dict]:

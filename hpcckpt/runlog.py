@@ -15,7 +15,6 @@ from pathlib import Path
 
 from hpcckpt.errors import StorageError
 
-
 HEARTBEAT_NAME = "heartbeat"
 
 

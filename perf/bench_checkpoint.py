@@ -133,7 +133,7 @@ def _rss_kib() -> int:
 
 
 def _quiet_barrier(comm):
-    from hpcckpt.ckpt.engine import quiet_barrier
+    from hpcckpt.cluster.collectives import quiet_barrier
 
     quiet_barrier(comm)
 
@@ -362,7 +362,7 @@ class IoOnly(_WrittenInBackground):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        from hpcckpt.ckpt.direct_io import aligned_empty
+        from hpcckpt.io.direct_io import aligned_empty
 
         shard = sum(int(a.nbytes) for _, a in self.arrays) // self.size
         per_level = {"local": 1.0, "partner": 1.0 if self.size > 1 else 0.0,
@@ -376,7 +376,7 @@ class IoOnly(_WrittenInBackground):
         return os.path.join(self.dir, f"r{self.rank}-v{step}")
 
     def write(self, path):
-        from hpcckpt.ckpt.shardfile import write_bytes_atomically
+        from hpcckpt.format.shardfile import write_bytes_atomically
 
         os.makedirs(path, exist_ok=True)
         for index, size in enumerate(self.sizes):

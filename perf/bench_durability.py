@@ -48,7 +48,7 @@ def worker(args) -> None:
     from mpi4py import MPI
 
     from hpcckpt import Checkpointer, load_config
-    from hpcckpt.ckpt.engine import quiet_barrier
+    from hpcckpt.cluster.collectives import quiet_barrier
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -66,13 +66,13 @@ def _bare_copies(ckpt, rank, repeats=7):
     """Synchronous device-to-device copies of this rank's pieces (same views as the engine)."""
     import cupy
 
-    from hpcckpt.ckpt.layout import piece_view_slices
+    from hpcckpt.format.layout import piece_view_slices
 
     regions = []
     for tl in ckpt.layout.rank_pieces(rank):
         if not tl.piece_nbytes(rank):
             continue
-        array = ckpt._protected[tl.name].array
+        array = ckpt.arrays.arrays[tl.name].array
         region = array.reshape(tl.logical_shape)[piece_view_slices(tl, rank)]
         regions.append(cupy.moveaxis(region, tl.axis, 0) if tl.axis else region)
     buffers = [cupy.empty(r.shape, r.dtype) for r in regions]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcckpt.ckpt import direct_io  # noqa: E402
-from hpcckpt.ckpt.shardfile import write_bytes_atomically  # noqa: E402
+from hpcckpt.io import direct_io  # noqa: E402
+from hpcckpt.format.shardfile import write_bytes_atomically  # noqa: E402
 from hpcckpt.levels.spares import SpareFiles  # noqa: E402
 
 KEEP = 2

@@ -27,7 +27,7 @@ def worker(mode: str, nbytes: int, rounds: int) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from hpcckpt.ckpt.direct_io import aligned_empty
+    from hpcckpt.io.direct_io import aligned_empty
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

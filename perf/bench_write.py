@@ -1,5 +1,5 @@
 """What a durable write of checkpoint bytes costs the CPU: buffered (page cache, then fsync)
-against O_DIRECT (storage.direct_io, hpcckpt/ckpt/direct_io.py), on the same file system in
+against O_DIRECT (storage.direct_io, hpcckpt/io/direct_io.py), on the same file system in
 the same run.
 
 Each repeat writes a new file of --mib MiB with shardfile.write_bytes_atomically (temp name,
@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcckpt.ckpt import direct_io  # noqa: E402
-from hpcckpt.ckpt.shardfile import write_bytes_atomically  # noqa: E402
+from hpcckpt.io import direct_io  # noqa: E402
+from hpcckpt.format.shardfile import write_bytes_atomically  # noqa: E402
 
 
 def _machine_ticks() -> tuple[int, int]:

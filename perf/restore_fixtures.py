@@ -17,7 +17,7 @@ MiB = 1 << 20
 
 
 def quiet_barrier(comm) -> None:
-    from hpcckpt.ckpt.engine import quiet_barrier as sleeping_barrier
+    from hpcckpt.cluster.collectives import quiet_barrier as sleeping_barrier
 
     sleeping_barrier(comm)
 

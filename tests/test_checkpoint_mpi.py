@@ -7,7 +7,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import assert_ok, final_record, needs_gpu, node_local, run_mpi, small_job
 
 STEPS = 30
@@ -207,7 +206,7 @@ def test_restart_on_more_ranks_never_loads_a_corrupted_piece(tmp_path):
     and checked whole, and a flipped bit sends the restart to the older version."""
     job = ckpt_job(tmp_path, run={"steps": 20})
     assert_ok(train(tmp_path, job))
-    from hpcckpt.ckpt.shardfile import read_shard_table
+    from hpcckpt.format.shardfile import read_shard_table
 
     shard = tmp_path / "run" / "pfs" / "v000000000020" / "shard-r00001.hck"
     piece = read_shard_table(shard).entry("model/dense0.weight")  # rows split 4 ways, then 6 ways
@@ -573,7 +572,7 @@ def test_offline_commands_see_missing_shards_damaged_headers_geometry_and_moved_
     """verify checks every rank's shard is there and every shard, replica and parity file;
     inspect counts node losses with the parity that cut the version; export reads a run that
     was moved; evaluate repairs nothing."""
-    from hpcckpt.ckpt.shardfile import read_shard_table
+    from hpcckpt.format.shardfile import read_shard_table
 
     job = ckpt_job(tmp_path, run={"steps": 10}, cluster={"simulated_nodes": 4}, checkpoint={"keep_pfs": 1},
                    resilience={"levels": ["local", "erasure", "pfs"], "group_size": 4, "parity": 1})

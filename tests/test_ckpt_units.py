@@ -1,13 +1,14 @@
 """Pure pieces of the checkpoint engine: retention, commit record, fault parsing."""
 
 import json
+
 import pytest
 
-from hpcckpt.ckpt.layout import TensorSpec, plan_layout
-from hpcckpt.ckpt.manifest import Manifest, ShardRecord
 from hpcckpt.ckpt.retention import best_step, steps_to_delete
 from hpcckpt.errors import ConfigError, FormatError, HpcckptError
 from hpcckpt.faults import Fault, parse_fault
+from hpcckpt.format.layout import TensorSpec, plan_layout
+from hpcckpt.format.manifest import Manifest, ShardRecord
 
 
 def test_retention_keeps_newest_and_best():
@@ -57,18 +58,11 @@ def test_parse_faults():
 
 
 def test_levels_due_every_nth_and_always_the_last():
-    from types import SimpleNamespace
-
-    from hpcckpt.ckpt.engine import Checkpointer, Snapshot
-
-    fake = SimpleNamespace(
-        levels_enabled=("local", "partner", "erasure", "pfs"),
-        config=SimpleNamespace(resilience=SimpleNamespace(partner_every=1, erasure_every=2),
-                               storage=SimpleNamespace(pfs_every=3)),
-    )
+    from hpcckpt.ckpt.policy import levels_due
 
     def due(ordinal, final=False):
-        return Checkpointer.levels_due(fake, Snapshot(ordinal * 10, ordinal, (), {}, {}, final))
+        return levels_due(("local", "partner", "erasure", "pfs"), ordinal, final,
+                          {"partner": 1, "erasure": 2, "pfs": 3})
 
     assert due(1) == ("local", "partner")
     assert due(2) == ("local", "partner", "erasure")

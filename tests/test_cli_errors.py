@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from hpcckpt import cli
 
 

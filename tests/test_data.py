@@ -1,15 +1,16 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from hpcckpt.train.data import (
     ResumableBatches,
+    load_dataset,
     load_digits_arrays,
     rank_slice,
     synthetic_classification,
     write_hdf5_dataset,
-    load_dataset,
 )
-from types import SimpleNamespace
 
 
 def test_every_sample_once_per_epoch_with_partial_last_batch():

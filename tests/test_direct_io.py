@@ -1,4 +1,4 @@
-"""O_DIRECT writes (ckpt/direct_io.py): the same bytes as a buffered write, whatever the
+"""O_DIRECT writes (io/direct_io.py): the same bytes as a buffered write, whatever the
 alignment of the caller's buffers, and a buffered write where O_DIRECT is refused."""
 
 import errno
@@ -7,9 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from hpcckpt.ckpt import direct_io, shardfile
-from hpcckpt.ckpt.direct_io import ALIGNMENT, MIN_DIRECT_BYTES, aligned_empty
-from hpcckpt.ckpt.shardfile import verify_shard, write_bytes_atomically, write_shard
+from hpcckpt.errors import StorageError
+from hpcckpt.format.shardfile import verify_shard, write_shard
+from hpcckpt.io import atomic, direct_io
+from hpcckpt.io.atomic import write_bytes_atomically
+from hpcckpt.io.direct_io import ALIGNMENT, MIN_DIRECT_BYTES, aligned_empty
 
 pytestmark = pytest.mark.skipif(not direct_io.O_DIRECT, reason="this platform has no O_DIRECT")
 
@@ -148,7 +150,7 @@ def test_file_system_refusing_o_direct_at_the_first_write_gets_a_buffered_write(
         os.write(fd, aligned_empty(ALIGNMENT))  # something landed before the refusal
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(shardfile.direct_io, "write_direct", refusing_after_a_block)
+    monkeypatch.setattr(atomic.direct_io, "write_direct", refusing_after_a_block)
     data = _random(np.random.default_rng(2), (2 << 20) + 11)
     write_bytes_atomically(tmp_path / "f", memoryview(data), direct=True)
     assert (tmp_path / "f").read_bytes() == data.tobytes()
@@ -159,8 +161,8 @@ def test_other_write_errors_are_not_hidden_by_the_fallback(tmp_path, monkeypatch
     def full_disk(fd, buffers):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shardfile.direct_io, "write_direct", full_disk)
-    with pytest.raises(shardfile.StorageError, match="no space left"):
+    monkeypatch.setattr(atomic.direct_io, "write_direct", full_disk)
+    with pytest.raises(StorageError, match="no space left"):
         write_bytes_atomically(tmp_path / "f", bytes(2 << 20), direct=True)
     assert not (tmp_path / "f").exists() and not (tmp_path / "f.tmp").exists()
 
@@ -197,10 +199,10 @@ def test_short_direct_write_then_a_full_disk_reports_the_full_disk(tmp_path, mon
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(direct_io.os, "write", disk_filling_up)
-    with pytest.raises(shardfile.StorageError, match="no space left"):
+    with pytest.raises(StorageError, match="no space left"):
         write_bytes_atomically(tmp_path / "f", memoryview(_aligned_copy(np.zeros(2 << 20, np.uint8))), direct=True)
     assert not (tmp_path / "f").exists() and not (tmp_path / "f.tmp").exists()
 
 
 def write_bytes_atomically_of(path, buffers):
-    shardfile._write_buffers_atomically(str(path), buffers, fsync=True, overwrite=False, direct=True)
+    atomic.write_buffers_atomically(str(path), buffers, fsync=True, overwrite=False, direct=True)

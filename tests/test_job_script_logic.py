@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import REPO
 
 SCRIPTS = sorted(str(p.relative_to(REPO)) for pattern in ("jobs/*.sh", "jobs/*.sbatch", "jobs/*.pbs",

@@ -5,11 +5,19 @@ import itertools
 import numpy as np
 import pytest
 
-from hpcckpt.ckpt.layout import (
-    Layout, ReadRequest, TensorLayout, TensorSpec, extract_piece, insert_piece, piece_view_slices,
-    place_read, plan_layout, read_requests,
-)
 from hpcckpt.errors import ConfigError, FormatError, IncompatibleCheckpointError
+from hpcckpt.format.layout import (
+    Layout,
+    ReadRequest,
+    TensorLayout,
+    TensorSpec,
+    extract_piece,
+    insert_piece,
+    piece_view_slices,
+    place_read,
+    plan_layout,
+    read_requests,
+)
 
 SHAPES = [(), (1,), (3,), (7,), (2, 3), (5, 4), (4, 5), (3, 3), (9, 2, 2), (2, 11, 3),
           (2, 3, 4, 5), (0,), (3, 0), (13, 1)]
@@ -294,7 +302,7 @@ def test_many_random_repartitions():
 
 @pytest.mark.parametrize("shape", [(700, 1300), (3, 4), (1200, 900, 2), (513, 257)])
 def test_copy_strided_equals_copyto_for_transposed_views(shape):
-    from hpcckpt.ckpt.layout import copy_strided
+    from hpcckpt.format.layout import copy_strided
 
     source = np.random.default_rng(1).random(shape).astype(np.float32)
     view = np.moveaxis(source, 1, 0)

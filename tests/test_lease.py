@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-import pytest
 
+import pytest
 from conftest import mpi_env, mpiexec_prefix, small_job
+
 from hpcckpt.ckpt import lease as lease_module
 from hpcckpt.ckpt.lease import Holder, LeaseError, RunLease
 

@@ -1,12 +1,14 @@
-"""One conformance suite that every storage level passes (zarr's StoreTests style)."""
+"""The file-level half of the conformance suite (zarr's StoreTests style) for the levels that
+run on one process (L1, L4); tests/test_level_conformance_mpi.py holds all four levels to
+the Level protocol on real ranks."""
 
 import numpy as np
 import pytest
 
-from hpcckpt.ckpt.layout import TensorSpec, plan_layout
-from hpcckpt.ckpt.manifest import Manifest, ShardRecord
-from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor
 from hpcckpt.errors import StorageError
+from hpcckpt.format.layout import TensorSpec, plan_layout
+from hpcckpt.format.manifest import Manifest, ShardRecord
+from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.levels.local import LocalLevel
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SpareFiles
@@ -39,8 +41,7 @@ def write_version(levels, step):
              for lv in levels]
     manifest = manifest_for(step, infos, len(levels))
     for lv in levels:
-        if lv.name == "local" or lv.rank == 0:
-            lv.commit(manifest)
+        lv.commit(manifest)  # L4 writes its one record on the coordinator only
     return manifest
 
 
@@ -67,19 +68,27 @@ def test_only_committed_versions_are_listed(make_level):
 
 def test_a_node_local_version_holding_only_copies_for_others_counts_as_uncommitted(tmp_path):
     """A rank whose own write failed may still hold replicas or parity it took for others:
-    those files are its leftovers too (retention deletes them), not another rank's."""
-    from hpcckpt.levels.base import parity_file_name, replica_file_name
+    those files are the partner's and erasure level's leftovers (retention deletes them),
+    not another rank's, and each level deletes only its own."""
+    from hpcckpt.levels.erasure import ErasureLevel
+    from hpcckpt.levels.naming import parity_file_name, replica_file_name
+    from hpcckpt.levels.partner import PartnerLevel
 
-    holder, other = LocalLevel(tmp_path, 0), LocalLevel(tmp_path, 1)
-    holder.version_dir(4).mkdir(parents=True)
-    (holder.version_dir(4) / replica_file_name(1, 0)).write_bytes(b"replica of rank 1")
-    holder.version_dir(6).mkdir(parents=True)
-    (holder.version_dir(6) / parity_file_name(0)).write_bytes(b"parity")
-    assert holder.uncommitted_steps() == [4, 6]
-    assert other.uncommitted_steps() == []
-    holder.remove(4)
-    holder.remove(6)
-    assert holder.uncommitted_steps() == [] and not holder.version_dir(4).exists()
+    local, other = LocalLevel(tmp_path, 0), LocalLevel(tmp_path, 1)
+    partner = PartnerLevel(tmp_path, 0, (1, 0), comm=None)
+    erasure = ErasureLevel(tmp_path, 0, (0, 1), group_comm=None, parity=1)
+    local.version_dir(4).mkdir(parents=True)
+    (local.version_dir(4) / replica_file_name(1, 0)).write_bytes(b"replica of rank 1")
+    local.version_dir(6).mkdir(parents=True)
+    (local.version_dir(6) / parity_file_name(0)).write_bytes(b"parity")
+    assert partner.uncommitted_steps() == [4] and erasure.uncommitted_steps() == [6]
+    assert local.uncommitted_steps() == [] and other.uncommitted_steps() == []
+    local.remove(4)
+    assert partner.uncommitted_steps() == [4]  # L1 leaves L2's file alone
+    partner.remove(4)
+    erasure.remove(6)
+    assert partner.uncommitted_steps() == erasure.uncommitted_steps() == []
+    assert not local.version_dir(4).exists() and not local.version_dir(6).exists()
 
 
 def test_shards_are_never_overwritten(make_level):
@@ -94,8 +103,7 @@ def test_remove_deletes_a_whole_version_commit_first(make_level):
     write_version(levels, 5)
     write_version(levels, 10)
     for lv in levels:
-        if lv.name == "local" or lv.rank == 0:
-            lv.remove(5)
+        lv.remove(5)  # L4: the coordinator deletes the whole version
     for lv in levels:
         assert lv.committed_steps() == [10]
         assert not lv.shard_path(5).exists()
@@ -107,8 +115,7 @@ def test_a_version_written_after_a_removal_reads_back(make_level):
     for step in (5, 10):
         write_version(levels, step)
     for lv in levels:
-        if lv.name.startswith("local") or lv.rank == 0:
-            lv.remove(5)
+        lv.remove(5)
     write_version(levels, 15)  # over the spares, where the level recycles
     for lv in levels:
         assert lv.committed_steps() == [10, 15]

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from conftest import needs_gpu
+
 from hpcckpt.errors import ConfigError, DataError, IncompatibleCheckpointError
 from hpcckpt.train.kernels import bias_activation, bias_activation_backward, softmax_cross_entropy
 from hpcckpt.train.models import build_model

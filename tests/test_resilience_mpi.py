@@ -3,7 +3,6 @@
 import itertools
 
 import pytest
-
 from conftest import assert_ok, final_record, node_local, run_mpi, small_job
 
 STEPS = 24

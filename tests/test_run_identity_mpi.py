@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_mpi, run_script, small_job
 
 RANKS = 4

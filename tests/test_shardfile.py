@@ -11,13 +11,20 @@ import numpy as np
 import pytest
 import reedsolo
 
-from hpcckpt.ckpt import shardfile
-from hpcckpt.ckpt.layout import TensorSpec, extract_piece, plan_layout
-from hpcckpt.ckpt.shardfile import (
-    HEADER_CODEWORD_BYTES, PAYLOAD_ALIGNMENT, ShardExistsError, read_shard_table, read_tensor,
-    rs_encode, verify_shard, write_bytes_atomically, write_shard,
-)
+from hpcckpt.codec.header_ecc import rs_encode
 from hpcckpt.errors import ChecksumError, FormatError, StorageError
+from hpcckpt.format import shardfile
+from hpcckpt.format.layout import TensorSpec, extract_piece, plan_layout
+from hpcckpt.format.shardfile import (
+    HEADER_CODEWORD_BYTES,
+    PAYLOAD_ALIGNMENT,
+    read_shard_table,
+    read_tensor,
+    verify_shard,
+    write_shard,
+)
+from hpcckpt.io import atomic
+from hpcckpt.io.atomic import ShardExistsError, write_bytes_atomically
 
 
 def _pieces(rng):
@@ -224,7 +231,7 @@ def test_fsync_path_and_empty_shard(tmp_path):
 _WRITE_INTO_LOCKED = """
 import os, sys
 import numpy as np
-from hpcckpt.ckpt.shardfile import write_shard
+from hpcckpt.format.shardfile import write_shard
 from hpcckpt.errors import StorageError
 locked, scratch = sys.argv[1:]
 # One write where it is allowed first, so every import happens before privileges are dropped
@@ -279,7 +286,7 @@ def test_permission_denied_is_storage_error(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied", path)
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(shardfile.os, "open", denied)
+    monkeypatch.setattr(atomic.os, "open", denied)
     with pytest.raises(StorageError, match="not writable"):
         write_shard(tmp_path / "s.bin", 1, 0, 1, [("a", np.ones(4))], fsync=False)
     assert os.listdir(tmp_path) == []
@@ -300,7 +307,7 @@ def test_write_failure_removes_tmp(tmp_path, monkeypatch):
     def full_disk(fd, buffers):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shardfile.os, "writev", full_disk)
+    monkeypatch.setattr(atomic.os, "writev", full_disk)
     path = tmp_path / "s.bin"
     with pytest.raises(StorageError, match="no space left"):
         write_shard(path, 1, 0, 1, [("a", np.ones(4))], fsync=False)
@@ -318,8 +325,8 @@ def test_writev_partial_writes_and_batches(tmp_path, monkeypatch):
         first = bytes(buffers[0])[:max(1, len(buffers[0]) // 2)]
         return real_writev(fd, [first])
 
-    monkeypatch.setattr(shardfile, "_IOV_MAX", 4)
-    monkeypatch.setattr(shardfile.os, "writev", short_writev)
+    monkeypatch.setattr(atomic, "_IOV_MAX", 4)
+    monkeypatch.setattr(atomic.os, "writev", short_writev)
     rng = np.random.default_rng(2)
     pieces = [(f"p{i}", rng.standard_normal(i + 1)) for i in range(10)]
     path = tmp_path / "s.bin"

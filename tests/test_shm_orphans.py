@@ -7,8 +7,8 @@ import sys
 import time
 
 import pytest
+from conftest import assert_ok, mpi_env, mpiexec_prefix
 
-from conftest import assert_ok, mpiexec_prefix, mpi_env
 from hpcckpt.cluster.shm_orphans import SHM_DIR, find_orphans, remove_orphans
 
 HOLDER = """

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, final_record, mpi_env, read_metrics
 
 SLURM = REPO / "tests" / "slurm"

@@ -6,10 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from hpcckpt.ckpt import direct_io, shardfile
-from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard, write_bytes_atomically
 from hpcckpt.errors import StorageError
+from hpcckpt.format.shardfile import read_shard_table, read_tensor, verify_shard
+from hpcckpt.io import atomic, direct_io
+from hpcckpt.io.atomic import write_bytes_atomically
 from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME, SpareFiles
 
@@ -51,7 +53,7 @@ def test_a_failed_write_over_a_spare_publishes_nothing_and_raises(tmp_path, monk
     def full_disk(fd, buffers):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shardfile, "_writev_all", full_disk)
+    monkeypatch.setattr(atomic, "_writev_all", full_disk)
     with pytest.raises(StorageError, match="no space left"):
         write_bytes_atomically(tmp_path / "shard.hck", b"new", recycle=spare)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -61,6 +63,14 @@ def _level(root, rank, enabled=True):
     level = LocalLevel(root, rank, spares=SpareFiles(root, enabled))
     level.prepare()
     return level
+
+
+def _remove(level, step):
+    """Retention's removal of a node-local version: each node-local level deletes its own
+    files (L1 its shard and commit record, L2 the replica it holds for rank 9)."""
+    level.remove(step)
+    partner_of = tuple(level.rank if r == 9 else r for r in range(10))
+    PartnerLevel(level.root, level.rank, partner_of, comm=None, spares=level.spares).remove(step)
 
 
 def _write(level, step, value):
@@ -74,7 +84,7 @@ def test_retention_keeps_data_files_as_spares_and_the_next_version_overwrites_th
     _write(level, 4, 4.0)
     retired_inode = level.shard_path(4).stat().st_ino
     level.commit_path(4).write_text("{}")
-    level.remove(4)
+    _remove(level, 4)
     spares = tmp_path / "node0" / SPARE_DIR_NAME
     assert sorted(p.name for p in spares.iterdir()) == ["replica-of-r00009-held-by-r00000.hck", "shard-r00000.hck"]
     assert not level.version_dir(4).exists()
@@ -93,7 +103,7 @@ def test_ranks_sharing_a_node_directory_recycle_only_their_own_files(tmp_path):
         _write(level, 4, float(level.rank))
     inodes = {level.rank: level.shard_path(4).stat().st_ino for level in ranks}
     for level in ranks:
-        level.remove(4)
+        _remove(level, 4)
     for level in ranks:
         _write(level, 8, 10.0 + level.rank)
         assert level.shard_path(8).stat().st_ino == inodes[level.rank]
@@ -104,7 +114,7 @@ def test_ranks_sharing_a_node_directory_recycle_only_their_own_files(tmp_path):
 def test_recycling_off_deletes_retired_files(tmp_path):
     level = _level(tmp_path / "node0", 0, enabled=False)
     _write(level, 4, 4.0)
-    level.remove(4)
+    _remove(level, 4)
     assert os.listdir(tmp_path / "node0") == []
 
 
@@ -132,7 +142,7 @@ def test_a_spare_with_other_names_is_not_overwritten(tmp_path):
     backup = tmp_path / "backup.hck"
     os.link(level.shard_path(4), backup)
     kept = backup.read_bytes()
-    level.remove(4)
+    _remove(level, 4)
     _write(level, 8, 8.0)
     assert backup.read_bytes() == kept and backup.stat().st_nlink == 1
     assert level.shard_path(8).stat().st_ino != backup.stat().st_ino
@@ -146,7 +156,7 @@ def test_a_spare_that_cannot_be_taken_is_a_clear_error_naming_it(tmp_path, monke
     def refused(source, destination):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(shardfile.os, "rename", refused)
+    monkeypatch.setattr(atomic.os, "rename", refused)
     with pytest.raises(StorageError, match="spare file .*spare.hck.*recycle_files = false"):
         write_bytes_atomically(tmp_path / "shard.hck", b"new", recycle=spare)
     assert spare.read_bytes() == b"old" and not (tmp_path / "shard.hck").exists()

@@ -1,7 +1,6 @@
 """The trainer on real MPI ranks (mpiexec -n N), through the CLI."""
 
 import pytest
-
 from conftest import REPO, assert_ok, final_record, read_metrics, run_mpi, small_job
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.ckpt.manifest import Manifest
 from hpcckpt.ckpt.retention import best_step
 from hpcckpt.ckpt.run_identity import LOCAL_SUBDIR_PREFIX, pfs_owner, read_run_identity
-from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, verify_shard
 from hpcckpt.cluster.placement import pfs_dir_of, user_name
 from hpcckpt.cluster.topology import expand_dir_template, job_id
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, UnrecoverableError
-from hpcckpt.levels.base import list_version_steps, shard_file_name, version_dir_name
+from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.shardfile import read_shard_table, read_tensor, verify_shard
+from hpcckpt.levels.naming import list_version_steps, shard_file_name, version_dir_name
 from hpcckpt.levels.spares import spare_kind
 
 
@@ -231,7 +231,7 @@ def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
 
 def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
     """Every replicated tensor of a version, reassembled from the first good copy of each shard."""
-    from hpcckpt.ckpt.layout import insert_piece
+    from hpcckpt.format.layout import insert_piece
 
     tensors = {tl.name: np.empty(tl.spec.shape, dtype=tl.spec.dtype) for tl in manifest.layout.tensors}
     for rank in range(manifest.world_size):

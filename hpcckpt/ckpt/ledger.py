@@ -23,8 +23,8 @@ import json
 import time
 from pathlib import Path
 
-from hpcckpt.ckpt.shardfile import write_bytes_atomically
 from hpcckpt.errors import StorageError
+from hpcckpt.io.atomic import write_bytes_atomically
 
 LEDGER_NAME = "restarts.json"
 

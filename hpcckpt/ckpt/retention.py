@@ -29,3 +29,29 @@ def steps_to_delete(committed: list[int], keep: int, metrics_by_step: Mapping[in
         if best is not None:
             kept.add(best)
     return [s for s in committed if s not in kept]
+
+
+def newest_redundant_versions(levels_by_step: Mapping[int, tuple[str, ...]], redundant: set[str]) -> set[int]:
+    """The newest version holding each redundancy level in `redundant` (partner copies,
+    parity). With partner_every or erasure_every above keep_local, the newest versions are
+    L1 only; deleting older ones by count alone would delete the only version that survives
+    a node loss (its replicas and parity live in the same version directory)."""
+    missing = set(redundant)
+    pinned: set[int] = set()
+    for step in sorted(levels_by_step, reverse=True):
+        if not missing:
+            break
+        found = missing & set(levels_by_step[step])
+        if found:
+            pinned.add(step)
+            missing -= found
+    return pinned
+
+
+def versions_to_delete(committed: list[int], uncommitted: list[int], newest: int, keep: int,
+                       metrics_by_step: Mapping[int, Mapping], keep_best: str, pinned: set[int]) -> list[int]:
+    """What retention deletes from one level after version `newest` committed: committed
+    versions beyond `keep` (never the newest, the best or a pinned one), and uncommitted
+    leftovers older than `newest` (a version being written now is never one of them)."""
+    dropped = [s for s in steps_to_delete(committed, keep, metrics_by_step, keep_best) if s not in pinned]
+    return dropped + [s for s in uncommitted if s < newest]

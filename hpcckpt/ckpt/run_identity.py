@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
-from hpcckpt.first_write import write_if_absent
+from hpcckpt.io.first_write import write_if_absent
 
 RUN_FILE = "run.json"
 PFS_OWNER_FILE = ".hpcckpt-run.json"

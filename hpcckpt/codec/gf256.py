@@ -222,12 +222,6 @@ def generator_matrix(k: int, m: int) -> Matrix:
     return [generator_row(r, k) for r in range(m)]
 
 
-def code_matrix(k: int, m: int) -> Matrix:
-    """The (k+m) x k matrix [I_k; G]: block i = row i applied to the data blocks."""
-    ident = [[int(i == j) for j in range(k)] for i in range(k)]
-    return ident + generator_matrix(k, m)
-
-
 def check_supported(k: int, m: int) -> None:
     """Raise ValueError (TypeError for non-integers) unless 1 <= k, 1 <= m, k + m <= 256."""
     if not (isinstance(k, (int, np.integer)) and isinstance(m, (int, np.integer))):

@@ -1,25 +1,103 @@
-"""What every storage level shares: version directories named by step, shard names, listing.
+"""The shape every storage level has (the Level protocol), what one version looks like on its
+way into the levels (VersionImage), and what the file-based levels share.
 
-A level never imports another level; the engine composes them. Each level answers the same
-questions (write a shard, commit, which versions are committed here, where a shard is,
-remove a version), and one conformance suite (tests/test_levels.py) holds them all to it.
+Every level answers the same questions, and one conformance suite holds all four to it
+(tests/test_levels.py on one process, tests/test_level_conformance_mpi.py on real ranks):
+
+    store(version)     save side: keep this rank's part of a version, return the bytes stored
+    commit(manifest)   make the version loadable from this level (a commit record)
+    withdraw(step)     take the commit back (a version some rank could not commit)
+    committed_steps()  versions committed here, as this rank sees them; uncommitted_steps():
+                       versions with this rank's files and no commit (leftovers to delete)
+    holdings()         step -> the ranks whose shard bytes this rank can supply from here
+    deliver(request)   restore side: this rank's shard of a version as a file to verify, by
+                       reading it (L1, L4), fetching it from a peer (L2) or rebuilding it
+                       from the group's survivors (L3); collective where `collective`
+    remove(step)       delete this rank's files of a version; a level owns its files only
+
+A level never imports another level, nor anything above levels/: the engine composes them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Protocol
 
-from hpcckpt.ckpt.manifest import Manifest
-from hpcckpt.ckpt.shardfile import ShardImage, ShardInfo, plan_shard, write_shard_image
+import numpy as np
+
 from hpcckpt.errors import StorageError
+from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.shardfile import ShardImage, ShardInfo, plan_shard, write_shard_image
+from hpcckpt.io.atomic import write_bytes_atomically
+from hpcckpt.levels.naming import (
+    LEVEL_LABELS,
+    STAGE_LABELS,
+    commit_file_name,
+    list_version_steps,
+    shard_file_name,
+    version_dir_name,
+)
 from hpcckpt.levels.spares import SpareFiles
 
-_VERSION_DIR = re.compile(r"^v(\d{12})$")
+
+@dataclass(frozen=True)
+class VersionImage:
+    """One version of this rank's shard on its way into the levels. `image` is the planned
+    shard file (header, table, views of the snapshot's pieces); `file_bytes()` the same file
+    as one contiguous buffer, made on first use by the levels that send it (L2, L3);
+    `shard_sizes` every rank's file size, agreed before any level stores."""
+
+    step: int
+    rank: int
+    world_size: int
+    shard_sizes: tuple[int, ...]
+    file_bytes: Callable[[], np.ndarray]
+    image: ShardImage | None = None  # None: the bytes of an existing file (drain copies L1's)
+    size: int = 0
+
+
+@dataclass
+class DeliveryRequest:
+    """What a restore asks the levels for, the same on every rank: `needy` ranks lack a
+    verified shard of `step`; `shard_sizes` come from the commit record; `lacking` are the
+    ranks whose node-local pieces of the version are not all there (an erasure group
+    rebuilds them too). `place(bytes)` stores shard bytes a level received or rebuilt where
+    the restore reads them (this rank's L1 copy) and returns that file."""
+
+    step: int
+    rank: int
+    world_size: int
+    needy: frozenset[int]
+    shard_sizes: tuple[int, ...]
+    place: Callable[[np.ndarray], Path | None]
+    own_shard: Callable[[], np.ndarray] | None = None  # a survivor's verified shard bytes
+    lacking: frozenset[int] = frozenset()
+    warnings: list = field(default_factory=list)
+
+
+class Level(Protocol):
+    name: str  # "local", "partner", "erasure", "pfs" (levels/naming.py)
+    label: str  # "L1 local", ... for logs
+    stage_label: str  # "L1 local write", ... what its part of a checkpoint is called in errors
+    node_local: bool  # its files live in the node-local directory and share L1's commit record
+    prunes_here: bool  # this rank applies retention to it (each rank its own files, or a coordinator)
+    collective: bool  # store() and deliver() are collective over the level's communicator
+    root: Path
+
+    def prepare(self) -> None: ...
+    def store(self, version: VersionImage) -> int: ...
+    def commit(self, manifest: Manifest) -> None: ...
+    def withdraw(self, step: int) -> None: ...
+    def committed_steps(self) -> list[int]: ...
+    def uncommitted_steps(self) -> list[int]: ...
+    def holdings(self) -> dict[int, frozenset[int]]: ...
+    def deliver(self, request: DeliveryRequest) -> Path | None: ...
+    def remove(self, step: int) -> None: ...
 
 
 def hold_to_bandwidth(nbytes: int, bytes_per_s: float, started: float) -> None:
@@ -29,47 +107,6 @@ def hold_to_bandwidth(nbytes: int, bytes_per_s: float, started: float) -> None:
         remaining = nbytes / bytes_per_s - (time.perf_counter() - started)
         if remaining > 0:
             time.sleep(remaining)
-
-
-def version_dir_name(step: int) -> str:
-    return f"v{step:012d}"
-
-
-def shard_file_name(rank: int) -> str:
-    return f"shard-r{rank:05d}.hck"
-
-
-def replica_file_name(source_rank: int, holder_rank: int) -> str:
-    return f"replica-of-r{source_rank:05d}-held-by-r{holder_rank:05d}.hck"
-
-
-def parity_file_name(rank: int) -> str:
-    return f"parity-r{rank:05d}.hck"
-
-
-def commit_file_name(rank: int) -> str:
-    return f"commit-r{rank:05d}.json"
-
-
-def files_of_rank(version_dir: Path, rank: int) -> list[Path]:
-    """Every file a rank owns in a node-local version directory, commit record first (so a
-    half-deleted version never looks complete), temporaries included."""
-    names = [commit_file_name(rank), shard_file_name(rank), parity_file_name(rank)]
-    paths = [version_dir / n for n in names]
-    try:
-        paths += sorted(version_dir.glob(f"replica-of-r*-held-by-r{rank:05d}.hck"))
-    except OSError:
-        pass
-    return paths + [Path(str(p) + ".tmp") for p in paths]
-
-
-def list_version_steps(root: Path) -> list[int]:
-    """Steps that have a version directory under `root` (complete or not), ascending."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, names) if m)
 
 
 def ensure_writable_dir(path: Path, what: str) -> None:
@@ -103,34 +140,102 @@ def remove_dir_if_empty(path: Path) -> None:
             raise
 
 
-class VersionedLevel:
-    """What the file-based levels share: one directory per version under `root`, this rank's
-    shard in it, and a commit record whose place each level defines (commit_path)."""
+def with_temporaries(paths: list[Path]) -> list[Path]:
+    return paths + [Path(str(p) + ".tmp") for p in paths]
 
-    name = ""
-    label = ""
-    config_key = ""  # the setting that names `root`, for error messages
 
-    def __init__(self, root: str | Path, rank: int, direct_io: bool = False, spares: SpareFiles | None = None,
-                 file_mode: int = 0o666):
+class NodeLocalFiles:
+    """What the node-local levels (L1-L3) share: version directories under the node-local
+    directory, in which each rank's commit record (written once per version, by whichever
+    node-local level commits first) makes every node-local file of that rank's version
+    loadable. Each level keeps, finds and deletes only its own data files (`own_files`)."""
+
+    node_local = True
+    prunes_here = True  # each rank deletes its own files of the versions retention drops
+
+    def __init__(self, root: str | Path, rank: int, spares: SpareFiles | None, file_mode: int,
+                 bandwidth_mb: float):
         self.root = Path(root)
-        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
         self.rank = rank
-        self.direct_io = direct_io  # write shard files with O_DIRECT (ckpt/direct_io.py)
+        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
         # Retired files to overwrite instead of new ones (levels/spares.py); none by default.
         self.spares = spares or SpareFiles(self.root, enabled=False)
+        # storage.local_bandwidth_mb: checkpoints leave the disk to the application's own I/O.
+        self.bandwidth_bytes = bandwidth_mb * 1e6
 
-    def prepare(self) -> None:
-        ensure_writable_dir(self.root, self.config_key)
+    @property
+    def label(self) -> str:
+        return LEVEL_LABELS[self.name]
+
+    @property
+    def stage_label(self) -> str:
+        return STAGE_LABELS[self.name]
 
     def version_dir(self, step: int) -> Path:
         return self.root / version_dir_name(step)
 
+    def commit_path(self, step: int, rank: int | None = None) -> Path:
+        """A rank's copy of the commit record (each rank commits: a version stays readable
+        from a node as long as the node survives, whichever others are lost)."""
+        return self.version_dir(step) / commit_file_name(self.rank if rank is None else rank)
+
+    def own_files(self, step: int) -> list[Path]:
+        raise NotImplementedError
+
+    def has_own_files(self, step: int) -> bool:
+        return any(p.is_file() for p in self.own_files(step))
+
+    def commit(self, manifest: Manifest) -> None:
+        """Write this rank's commit record, unless another node-local level of this version
+        already has (one record per rank and version covers L1-L3)."""
+        path = self.commit_path(manifest.step)
+        if not path.is_file():
+            manifest.write(path, self.file_mode)
+
+    def withdraw(self, step: int) -> None:
+        self.commit_path(step).unlink(missing_ok=True)
+
+    def manifest(self, step: int) -> Manifest:
+        return Manifest.read(self.commit_path(step))
+
+    def committed_steps(self) -> list[int]:
+        return [s for s in list_version_steps(self.root) if self.commit_path(s).is_file() and self.has_own_files(s)]
+
+    def uncommitted_steps(self) -> list[int]:
+        """Versions where this rank has files of this level but no commit record (they would
+        otherwise stay for good, and a full disk is when writes fail)."""
+        return [s for s in list_version_steps(self.root)
+                if not self.commit_path(s).is_file()
+                and any(p.exists() for p in with_temporaries(self.own_files(s)))]
+
+    def remove(self, step: int) -> None:
+        """Delete this rank's files of this level in a version (the commit record with L1's;
+        data files become spares for the next checkpoint to overwrite, where recycling is
+        on); the directory goes with the node's last file."""
+        directory = self.version_dir(step)
+        for path in with_temporaries(self.own_files(step)):
+            if path.suffix == ".hck":
+                self.spares.retire(path)
+            else:
+                path.unlink(missing_ok=True)
+        remove_dir_if_empty(directory)
+
+    def _publish(self, path: Path, data) -> None:
+        """A whole file this level received or rebuilt, published atomically."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
+                               mode=self.file_mode)
+
+
+class ShardFileLevel:
+    """What the levels that keep whole shard files (L1, L4) share: this rank's shard of a
+    version under <root>/v<step>/, written from the planned image or copied as bytes."""
+
     def shard_path(self, step: int, rank: int | None = None) -> Path:
         return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)
 
-    def commit_path(self, step: int) -> Path:
-        raise NotImplementedError
+    def prepare(self) -> None:
+        ensure_writable_dir(self.root, self.config_key)
 
     def write_shard(self, step: int, world_size: int, pieces, extra: dict) -> ShardInfo:
         path = self.shard_path(step)
@@ -138,22 +243,31 @@ class VersionedLevel:
 
     def write_image(self, step: int, image: ShardImage) -> ShardInfo:
         """This rank's shard of `step`, from a planned image (shardfile.plan_shard)."""
+        started = time.perf_counter()
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        return write_shard_image(path, image, direct=self.direct_io, recycle=self.spares.spare_for(path),
+        info = write_shard_image(path, image, direct=self.direct_io, recycle=self.spares.spare_for(path),
                                  mode=self.file_mode)
+        hold_to_bandwidth(info.size, self.bandwidth_bytes, started)
+        return info
 
     def write_shard_bytes(self, step: int, data) -> None:
         """A whole shard file copied from another level (its bytes are the original file's)."""
-        from hpcckpt.ckpt.shardfile import write_bytes_atomically
-
+        started = time.perf_counter()
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
         write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
                                mode=self.file_mode)
+        hold_to_bandwidth(len(memoryview(data).cast("B")), self.bandwidth_bytes, started)
 
-    def commit(self, manifest: Manifest) -> None:
-        manifest.write(self.commit_path(manifest.step), self.file_mode)
+    def store(self, version: VersionImage) -> int:
+        if version.image is not None:
+            return self.write_image(version.step, version.image).size
+        data = version.file_bytes()
+        self.write_shard_bytes(version.step, data)
+        return int(data.size)
 
-    def manifest(self, step: int) -> Manifest:
-        return Manifest.read(self.commit_path(step))
+    def deliver(self, request: DeliveryRequest) -> Path | None:
+        """This rank's own shard file, where this level has it (read, not copied)."""
+        path = self.shard_path(request.step)
+        return path if self.rank in request.needy and path.is_file() else None

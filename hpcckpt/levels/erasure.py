@@ -6,7 +6,8 @@ whose tensors are the pieces, so every piece carries its own checksum:
 
 Encode work is shared: member t gathers stripe t's k data segments, encodes its p parity
 pieces and keeps or forwards them. Traffic runs on the group's own communicator, never
-interleaved with training collectives. All methods are collective over the group.
+interleaved with training collectives. store, deliver, protect and rebuild are collective
+over the group.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.ckpt.direct_io import ReusedBuffers
-from hpcckpt.ckpt.shardfile import read_shard_table, read_tensor, write_shard
+from hpcckpt.cluster.collectives import agree_before_exchange, exchange, quiet_allgather, wait_all
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
-from hpcckpt.levels.base import parity_file_name, version_dir_name
-from hpcckpt.levels.messaging import agree_before_exchange, exchange, quiet_allgather
+from hpcckpt.format.shardfile import read_shard_table, read_tensor, write_shard
+from hpcckpt.io.direct_io import ReusedBuffers
+from hpcckpt.levels.base import DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
+from hpcckpt.levels.naming import parity_file_name
 from hpcckpt.levels.spares import SpareFiles
 from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
 
@@ -33,17 +35,15 @@ def _piece_name(stripe: int, block: int) -> str:
     return f"stripe{stripe}.block{block}"
 
 
-class ErasureLevel:
+class ErasureLevel(NodeLocalFiles):
     name = "erasure"
-    label = "L3 erasure"
+    collective = True
 
     def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
-                 direct_io: bool = False, spares: SpareFiles | None = None, file_mode: int = 0o666):
-        self.root = Path(root)
-        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
-        self.direct_io = direct_io  # write parity files with O_DIRECT (ckpt/direct_io.py)
-        self.spares = spares or SpareFiles(self.root, enabled=False)  # retired parity files (levels/spares.py)
-        self.rank = rank
+                 direct_io: bool = False, spares: SpareFiles | None = None, file_mode: int = 0o666,
+                 bandwidth_mb: float = 0.0):
+        super().__init__(root, rank, spares, file_mode, bandwidth_mb)
+        self.direct_io = direct_io  # write parity files with O_DIRECT (io/direct_io.py)
         self.members = tuple(members)
         self.me = self.members.index(rank)
         self.comm = group_comm  # ranks ordered as `members`
@@ -54,8 +54,28 @@ class ErasureLevel:
         self.stripes = stripe_plan(self.n, self.p)
         self._receive_buffers = ReusedBuffers()
 
+    def prepare(self) -> None:
+        pass  # the node-local directory is L1's, which proves it writable
+
     def parity_path(self, step: int) -> Path:
-        return self.root / version_dir_name(step) / parity_file_name(self.rank)
+        return self.version_dir(step) / parity_file_name(self.rank)
+
+    def own_files(self, step: int) -> list[Path]:
+        return [self.parity_path(step)]
+
+    def holdings(self) -> dict[int, frozenset[int]]:
+        """Steps whose parity pieces this member holds, cut for this group: with p-1 other
+        members' pieces, any member's shard can be rebuilt."""
+        return {step: frozenset(self.members) for step in self.committed_steps() if self.has_parity(step)}
+
+    def store(self, version: VersionImage) -> int:
+        """(group) This version's parity pieces."""
+        import time
+
+        started = time.perf_counter()
+        stored = self.protect(version.step, version.file_bytes, version.shard_sizes, version.world_size)
+        hold_to_bandwidth(stored, self.bandwidth_bytes, started)
+        return stored
 
     def has_parity(self, step: int) -> bool:
         """This member holds a parity file of `step` made by this group: the same members and
@@ -130,7 +150,7 @@ class ErasureLevel:
                     mine[_piece_name(stripe.index, block)] = buffer
         except Exception as exc:
             failure = exc
-        agree_before_exchange(self.comm, failure, self.label)
+        agree_before_exchange(self.comm, failure, self.stage_label, step)
         exchange(self.comm, gather_sends, gathered, TAG_GATHER)
         # Phase 2: the gatherer encodes and forwards parity block h to holder h.
         sends = []
@@ -141,7 +161,7 @@ class ErasureLevel:
                 sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
         except Exception as exc:
             failure = exc
-        agree_before_exchange(self.comm, failure, self.label)
+        agree_before_exchange(self.comm, failure, self.stage_label, step)
         exchange(self.comm, sends, parity_receives, TAG_PARITY)
         if not needs[self.me]:
             return 0
@@ -153,13 +173,51 @@ class ErasureLevel:
         """Write this member's parity file; with `replace`, one already there (damaged, or cut
         for another group geometry: see has_parity) gives way, since files are never
         overwritten in place."""
-        (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
+        self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.parity_path(step)
         if replace:
             path.unlink(missing_ok=True)
         write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
                     extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io,
                     recycle=self.spares.spare_for(path), mode=self.file_mode)
+
+    def deliver(self, request: DeliveryRequest) -> Path | None:
+        """(group) Members of this group that are needy get their shard rebuilt from the
+        survivors' verified pieces, placed where the restore reads it; survivors also store
+        the lost members' parity again. Nothing happens when no member is needy, or when more
+        than p members lack pieces (then the group cannot help)."""
+        step = request.step
+        members = set(self.members)
+        lost_ranks = (set(request.lacking) | set(request.needy)) & members
+        if not (request.needy & members) or len(lost_ranks) > self.p:
+            return None
+        # A survivor's parity pieces and shard are checked before the group relies on them: a
+        # bad piece makes its holder one more lost member rather than a wrong rebuild, and a
+        # survivor failing mid-exchange would leave the others waiting for its pieces.
+        parity_pieces, shard = None, None
+        if self.rank not in lost_ranks:
+            try:
+                parity_pieces = self.read_parity(step)
+                shard = request.own_shard()
+            except (HpcckptError, OSError) as exc:
+                parity_pieces = None
+                request.warnings.append(f"version {step}: L3 parity or shard of rank {self.rank} unusable: {exc}")
+        ready = quiet_allgather(self.comm, parity_pieces is not None or self.rank in lost_ranks)
+        lost_ranks |= {r for r, ok in zip(self.members, ready) if not ok}
+        if len(lost_ranks) > self.p:
+            request.warnings.append(f"version {step}: group {self.members} lost {sorted(lost_ranks)}, "
+                                    "more than L3 survives")
+            return None
+        lost = frozenset(self.members.index(r) for r in lost_ranks)
+        try:
+            data = self.rebuild(step, lost, None if self.rank in lost_ranks else shard, parity_pieces,
+                                request.shard_sizes, request.world_size)
+        except (HpcckptError, OSError, ValueError) as exc:
+            request.warnings.append(f"version {step}: L3 rebuild in group {self.members} failed: {exc}")
+            return None
+        if self.rank in request.needy and data is not None:
+            return request.place(data)
+        return None
 
     def read_parity(self, step: int) -> dict[str, np.ndarray]:
         """This member's parity pieces of `step`, each checked against its checksum."""
@@ -218,8 +276,6 @@ class ErasureLevel:
 
     def _exchange_by_stripe(self, sends, receives) -> None:
         from mpi4py import MPI
-
-        from hpcckpt.levels.messaging import wait_all
 
         requests = [self.comm.Irecv([buf, MPI.BYTE], source=src, tag=TAG_REBUILD + t) for src, buf, t in receives]
         requests += [self.comm.Isend([np.ascontiguousarray(buf), MPI.BYTE], dest=dst, tag=TAG_REBUILD + t)

@@ -13,44 +13,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcckpt.levels.base import (
-    VersionedLevel,
-    commit_file_name,
-    files_of_rank,
-    list_version_steps,
-    remove_dir_if_empty,
-)
+from hpcckpt.levels.base import NodeLocalFiles, ShardFileLevel
+from hpcckpt.levels.spares import SpareFiles
 
 
-class LocalLevel(VersionedLevel):
+class LocalLevel(ShardFileLevel, NodeLocalFiles):
     name = "local"
-    label = "L1 local"
     config_key = "storage.local_dir"
+    collective = False
 
-    def commit_path(self, step: int, rank: int | None = None) -> Path:
-        """This rank's copy of the commit record (each rank commits: see the module docstring)."""
-        return self.version_dir(step) / commit_file_name(self.rank if rank is None else rank)
+    def __init__(self, root: str | Path, rank: int, direct_io: bool = False, spares: SpareFiles | None = None,
+                 file_mode: int = 0o666, bandwidth_mb: float = 0.0):
+        super().__init__(root, rank, spares, file_mode, bandwidth_mb)
+        self.direct_io = direct_io  # write shard files with O_DIRECT (io/direct_io.py)
+
+    def own_files(self, step: int) -> list[Path]:
+        # The commit record first, so a half-deleted version never looks complete.
+        return [self.commit_path(step), self.shard_path(step)]
 
     def committed_steps(self) -> list[int]:
-        return [s for s in list_version_steps(self.root)
-                if self.commit_path(s).is_file() and self.shard_path(s).is_file()]
+        return [s for s in super().committed_steps() if self.shard_path(s).is_file()]
 
-    def uncommitted_steps(self) -> list[int]:
-        """Versions where this rank has files but no commit record: its own shard, or only the
-        replicas and parity it took for others when its own write failed (those would
-        otherwise stay for good, and a full disk is when writes fail)."""
-        return [s for s in list_version_steps(self.root)
-                if not self.commit_path(s).is_file()
-                and any(p.exists() for p in files_of_rank(self.version_dir(s), self.rank))]
-
-    def remove(self, step: int) -> None:
-        """Delete this rank's files of a version (its shard, commit record, and the replicas and
-        parity it holds for others); the directory goes with the node's last rank. Data files
-        become spares for the next checkpoint to overwrite, where recycling is on."""
-        directory = self.version_dir(step)
-        for path in files_of_rank(directory, self.rank):
-            if path.suffix == ".hck":
-                self.spares.retire(path)
-            else:
-                path.unlink(missing_ok=True)
-        remove_dir_if_empty(directory)
+    def holdings(self) -> dict[int, frozenset[int]]:
+        return {step: frozenset({self.rank}) for step in self.committed_steps()}

@@ -5,7 +5,7 @@ node-local directory of its partner (a rank on another node, from the topology):
 
 A replica is a complete shard file, so it carries the same per-tensor checksums. It survives
 the loss of any one node, and of several nodes as long as no rank and its partner are lost
-together. All methods are collective over the checkpoint communicator.
+together. store, deliver and protect are collective over the checkpoint communicator.
 """
 
 from __future__ import annotations
@@ -14,40 +14,52 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.ckpt.direct_io import ReusedBuffers
-from hpcckpt.ckpt.shardfile import write_bytes_atomically
-from hpcckpt.levels.base import list_version_steps, replica_file_name, version_dir_name
-from hpcckpt.levels.messaging import agree_before_exchange, exchange, quiet_allgather
+from hpcckpt.cluster.collectives import agree_before_exchange, exchange, quiet_allgather
+from hpcckpt.io.direct_io import ReusedBuffers
+from hpcckpt.levels.base import DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
+from hpcckpt.levels.naming import replica_file_name
 from hpcckpt.levels.spares import SpareFiles
 
 TAG_PROTECT = 201
 TAG_FETCH = 202
 
 
-class PartnerLevel:
+class PartnerLevel(NodeLocalFiles):
     name = "partner"
-    label = "L2 partner"
+    collective = True
 
     def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False,
-                 spares: SpareFiles | None = None, file_mode: int = 0o666):
-        self.root = Path(root)
-        self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
+                 spares: SpareFiles | None = None, file_mode: int = 0o666, bandwidth_mb: float = 0.0):
+        super().__init__(root, rank, spares, file_mode, bandwidth_mb)
         self.direct_io = direct_io
-        self.spares = spares or SpareFiles(self.root, enabled=False)  # retired replicas (levels/spares.py)
-        self.rank = rank
         self.partner_of = partner_of
         self.comm = comm
         self.sources = tuple(r for r, holder in enumerate(partner_of) if holder == rank and r != rank)
         self._receive_buffers = ReusedBuffers()
 
+    def prepare(self) -> None:
+        pass  # the node-local directory is L1's, which proves it writable
+
     def replica_path(self, step: int, source: int) -> Path:
-        return self.root / version_dir_name(step) / replica_file_name(source, self.rank)
+        return self.version_dir(step) / replica_file_name(source, self.rank)
+
+    def own_files(self, step: int) -> list[Path]:
+        return [self.replica_path(step, s) for s in self.sources]
 
     def held(self, step: int) -> list[int]:
         return [s for s in self.sources if self.replica_path(step, s).is_file()]
 
-    def steps_held(self) -> dict[int, list[int]]:
-        return {step: self.held(step) for step in list_version_steps(self.root)}
+    def holdings(self) -> dict[int, frozenset[int]]:
+        return {step: frozenset(self.held(step)) for step in self.committed_steps()}
+
+    def store(self, version: VersionImage) -> int:
+        """(all ranks) This version's replicas: every rank's bytes travel to its partner."""
+        import time
+
+        started = time.perf_counter()
+        stored = self.protect(version.step, version.file_bytes, shard_sizes=version.shard_sizes)
+        hold_to_bandwidth(stored, self.bandwidth_bytes, started)
+        return stored
 
     def protect(self, step: int, shard, only_missing: bool = False, shard_sizes=None) -> int:
         """(all ranks) Send this rank's shard bytes to its partner; store the replicas it holds.
@@ -81,16 +93,18 @@ class PartnerLevel:
             receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
         except Exception as exc:
             failure = failure or exc
-        agree_before_exchange(self.comm, failure, self.label)
+        agree_before_exchange(self.comm, failure, self.stage_label, step)
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
         exchange(self.comm, sends, receives, TAG_PROTECT)
-        if receives:
-            (self.root / version_dir_name(step)).mkdir(parents=True, exist_ok=True)
         for source, data in receives:
-            path = self.replica_path(step, source)
-            write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
-                                   mode=self.file_mode)
+            self._publish(self.replica_path(step, source), data)
         return sum(int(d.size) for _, d in receives)
+
+    def deliver(self, request: DeliveryRequest) -> Path | None:
+        """(all ranks) Holders send the replicas of needy ranks back to them; a needy rank
+        whose partner has one gets it, placed where the restore reads it."""
+        data = self.fetch(request.step, set(request.needy))
+        return request.place(data) if data is not None else None
 
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:
         """(all ranks) Holders send the replicas of `needy` ranks back to them; a needy rank

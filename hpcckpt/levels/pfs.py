@@ -8,37 +8,64 @@ The flush may be throttled to a bandwidth cap so it does not starve other jobs' 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from hpcckpt.levels.base import VersionedLevel, hold_to_bandwidth, list_version_steps, remove_tree
+from hpcckpt.format.manifest import Manifest
+from hpcckpt.levels.base import ShardFileLevel, remove_tree
+from hpcckpt.levels.naming import (
+    LEVEL_LABELS,
+    PFS_COMMIT_NAME,
+    SHARD_GLOB,
+    SHARD_NAME,
+    STAGE_LABELS,
+    list_version_steps,
+    version_dir_name,
+)
 from hpcckpt.levels.spares import SpareFiles
 
+COORDINATOR = 0  # the rank that writes the commit record and deletes whole versions
 
-class PfsLevel(VersionedLevel):
+
+class PfsLevel(ShardFileLevel):
     name = "pfs"
-    label = "L4 pfs"
+    label = LEVEL_LABELS["pfs"]
+    stage_label = STAGE_LABELS["pfs"]
     config_key = "storage.pfs_dir"
+    node_local = False
+    collective = False
 
     def __init__(self, root: str | Path, rank: int, bandwidth_mb: float = 0.0, direct_io: bool = False,
-                 spares: SpareFiles | None = None):
-        super().__init__(root, rank, direct_io, spares)
+                 spares: SpareFiles | None = None, file_mode: int = 0o666):
+        self.root = Path(root)
+        self.rank = rank
+        self.direct_io = direct_io
+        self.file_mode = file_mode
+        self.spares = spares or SpareFiles(self.root, enabled=False)
         self.bandwidth_bytes = bandwidth_mb * 1e6
 
+    @property
+    def prunes_here(self) -> bool:
+        return self.rank == COORDINATOR
+
+    def version_dir(self, step: int) -> Path:
+        return self.root / version_dir_name(step)
+
     def commit_path(self, step: int) -> Path:
-        """The one commit record, written by the coordinator (rank 0)."""
-        return self.version_dir(step) / "manifest.json"
+        """The one commit record, written by the coordinator."""
+        return self.version_dir(step) / PFS_COMMIT_NAME
 
-    def write_image(self, step: int, image):
-        started = time.perf_counter()
-        info = super().write_image(step, image)
-        hold_to_bandwidth(info.size, self.bandwidth_bytes, started)
-        return info
+    def commit(self, manifest: Manifest) -> None:
+        """(all ranks) The coordinator writes the version's one commit record, after every
+        rank's agreed write."""
+        if self.rank == COORDINATOR:
+            manifest.write(self.commit_path(manifest.step), self.file_mode)
 
-    def write_shard_bytes(self, step: int, data) -> None:
-        started = time.perf_counter()
-        super().write_shard_bytes(step, data)
-        hold_to_bandwidth(len(memoryview(data).cast("B")), self.bandwidth_bytes, started)
+    def withdraw(self, step: int) -> None:
+        if self.rank == COORDINATOR:
+            self.commit_path(step).unlink(missing_ok=True)
+
+    def manifest(self, step: int) -> Manifest:
+        return Manifest.read(self.commit_path(step))
 
     def committed_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root) if self.commit_path(s).is_file()]
@@ -46,14 +73,27 @@ class PfsLevel(VersionedLevel):
     def uncommitted_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root) if not self.commit_path(s).is_file()]
 
+    def holdings(self) -> dict[int, frozenset[int]]:
+        """Every rank's shard that is there: any rank reads any file of the shared PFS."""
+        held = {}
+        for step in self.committed_steps():
+            try:
+                names = [p.name for p in self.version_dir(step).glob(SHARD_GLOB)]
+            except OSError:
+                names = []
+            held[step] = frozenset(int(m.group(1)) for m in map(SHARD_NAME.match, names) if m)
+        return held
+
     def remove(self, step: int) -> None:
         """(coordinator) Delete a whole version: commit record first, then the shards, which
         become every rank's spares where recycling is on (the coordinator retires them all;
-        each rank's next L4 write takes its own)."""
+        each rank's next L4 write takes its own). Other ranks: nothing to do."""
+        if self.rank != COORDINATOR:
+            return
         self.commit_path(step).unlink(missing_ok=True)
         if self.spares.enabled:
             try:
-                shards = sorted(self.version_dir(step).glob("shard-r*.hck"))
+                shards = sorted(self.version_dir(step).glob(SHARD_GLOB))
             except OSError:
                 shards = []
             for path in shards:

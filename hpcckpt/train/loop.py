@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hpcckpt.cluster.backend import select_backend
 from hpcckpt.ckpt.engine import Checkpointer
 from hpcckpt.ckpt.policy import IntervalPolicy
+from hpcckpt.cluster.backend import select_backend
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector, current_attempt

@@ -79,9 +79,6 @@ class StopRequests:
                     f"(run.end_time {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.end_time))})")
         return f"{self.signal_name or 'a stop signal'} received" + ("" if self.signal_name else " by another rank")
 
-    def time_left(self) -> float | None:
-        return self.end_time - self.clock() if self.end_time else None
-
     def close(self) -> None:
         for number, handler in self._previous_handlers.items():
             signal.signal(number, handler)

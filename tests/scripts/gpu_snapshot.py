@@ -90,7 +90,7 @@ def run_mode(comm, run_dir, mode):
     ckpt.wait()
     cupy.cuda.Device().synchronize()
     used_after = pool.used_bytes()
-    chosen = ckpt._device_snapshot.mode
+    chosen = ckpt.arrays.device_snapshot.mode
     ckpt.close()
 
     restored = fresh_arrays(comm.rank)

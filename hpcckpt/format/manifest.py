@@ -14,9 +14,9 @@ from pathlib import Path
 
 import xxhash
 
-from hpcckpt.ckpt.layout import Layout
-from hpcckpt.ckpt.shardfile import write_bytes_atomically
 from hpcckpt.errors import FormatError
+from hpcckpt.format.layout import Layout
+from hpcckpt.io.atomic import write_bytes_atomically
 
 MANIFEST_FORMAT = 1
 
@@ -50,10 +50,6 @@ class Manifest:
         (the shards' sizes and checksums), different when another run wrote the same step."""
         shards = [[s.rank, s.size, sorted(s.checksums.items())] for s in self.shards]
         return xxhash.xxh3_64_hexdigest(json.dumps([self.step, self.world_size, shards]).encode())
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.size for s in self.shards)
 
     def to_bytes(self) -> bytes:
         body = {

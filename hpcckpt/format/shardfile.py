@@ -22,20 +22,19 @@ are fsynced, then published under `path`, and the directory is fsynced.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Sequence
+from typing import BinaryIO, Sequence
 
 import numpy as np
 import reedsolo
 import xxhash
 
-from hpcckpt.ckpt import direct_io
-from hpcckpt.codec import gf256
+from hpcckpt.codec.header_ecc import RS_CODEWORD_BYTES, rs_decode, rs_encode, rs_encoded_size, rs_message_bytes
 from hpcckpt.errors import ChecksumError, FormatError, StorageError
+from hpcckpt.io.atomic import exists_error, write_buffers_atomically
 
 MAGIC = b"HPCKSHRD"
 FORMAT_VERSION = 1  # what write_shard writes
@@ -47,24 +46,13 @@ _HEADER = struct.Struct("<8sHHHHQIIQQQQQ")
 HEADER_NSYM = 32  # corrects up to 16 wrong bytes in the header
 HEADER_CODEWORD_BYTES = _HEADER.size + HEADER_NSYM
 TABLE_NSYM = 32  # corrects up to 16 wrong bytes per 255-byte table codeword
-RS_CODEWORD_BYTES = 255  # GF(2^8) Reed-Solomon limit
 
 PAYLOAD_ALIGNMENT = 4096
 SMALL_PIECE_ALIGNMENT = 64
 LARGE_PIECE_BYTES = 1 << 16  # pieces this big start on a 4096-byte boundary
 
-# Linux moves at most 0x7ffff000 bytes per write call and IOV_MAX buffers per writev.
-_MAX_BYTES_PER_CALL = 0x7FFFF000
-try:
-    _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if os.sysconf("SC_IOV_MAX") > 0 else 1024
-except (AttributeError, ValueError, OSError):
-    _IOV_MAX = 1024
 _READ_CHUNK = 16 << 20
 _ZEROS = bytes(PAYLOAD_ALIGNMENT)
-
-
-class ShardExistsError(StorageError, FileExistsError):
-    """The shard path already exists; shards are never overwritten."""
 
 
 @dataclass(frozen=True)
@@ -116,96 +104,6 @@ class ShardTable:
 
 
 # ---------------------------------------------------------------------------------------
-# Reed-Solomon, systematic, compatible with reedsolo.RSCodec(nsym) (default GF(2^8),
-# prim 0x11d, generator 2, fcr 0). Encoding runs on every checkpoint, so it is done for all
-# codewords at once with NumPy; decoding only happens when the cheap checksum fails, and
-# uses reedsolo itself.
-
-# The field tables are the erasure codec's (same field: 0x11d); one definition for both.
-_GF_EXP = gf256.EXP
-_GF_MUL = gf256.MUL_TABLE
-_PARITY_MATRICES: dict[int, np.ndarray] = {}
-
-
-def _generator_poly(nsym: int) -> np.ndarray:
-    poly = np.array([1], dtype=np.uint8)
-    for i in range(nsym):  # multiply by (x - 2**i); minus is xor in GF(2^8)
-        root = _GF_EXP[i]
-        shifted = np.append(poly, 0)
-        scaled = np.insert(_GF_MUL[poly, root], 0, 0)
-        poly = shifted ^ scaled
-    return poly
-
-
-def _remainders(message: np.ndarray, nsym: int) -> np.ndarray:
-    """Parity of each row of `message` by long division, one column per step."""
-    generator = _generator_poly(nsym)[1:]
-    remainder = np.zeros((message.shape[0], nsym), dtype=np.uint8)
-    for column in range(message.shape[1]):
-        feedback = message[:, column] ^ remainder[:, 0]
-        remainder[:, :-1] = remainder[:, 1:]
-        remainder[:, -1] = 0
-        remainder ^= _GF_MUL[feedback[:, None], generator[None, :]]
-    return remainder
-
-
-def _parity_matrix(nsym: int) -> np.ndarray:
-    """(255 - nsym) x nsym: row i is the parity of the message with a 1 at position i. Parity
-    is linear over GF(2^8), so any message's parity is the XOR of its bytes times these rows:
-    one table lookup for all codewords of a header, instead of a division step per column
-    (1.3-2.5 ms per shard file before, and every checkpoint writes four per rank)."""
-    if nsym not in _PARITY_MATRICES:
-        block = RS_CODEWORD_BYTES - nsym
-        _PARITY_MATRICES[nsym] = _remainders(np.eye(block, dtype=np.uint8), nsym)
-    return _PARITY_MATRICES[nsym]
-
-
-def rs_encode(data: bytes, nsym: int) -> bytes:
-    """Same bytes as reedsolo.RSCodec(nsym).encode(data): each (255 - nsym)-byte chunk
-    followed by its nsym parity bytes."""
-    block = RS_CODEWORD_BYTES - nsym
-    if not data:
-        return b""
-    count = -(-len(data) // block)
-    message = np.zeros((count, block), dtype=np.uint8)
-    flat = np.frombuffer(data, dtype=np.uint8)
-    full = len(data) // block
-    message[:full] = flat[:full * block].reshape(full, block)
-    tail = len(data) - full * block
-    if tail:
-        # A shortened last chunk behaves as if prefixed by zeros, which do not change
-        # the remainder, so right-aligning it gives the parity reedsolo computes.
-        message[full, block - tail:] = flat[full * block:]
-    if count * nsym <= 2048:  # headers and tables of a few KiB: one lookup for everything
-        remainder = np.bitwise_xor.reduce(_GF_MUL[message[:, :, None], _parity_matrix(nsym)[None, :, :]], axis=1)
-    else:  # the lookup grows with count x block x nsym; division steps grow with block only
-        remainder = _remainders(message, nsym)
-    out = bytearray()
-    for index in range(count):
-        start = index * block
-        out += data[start:start + block]
-        out += remainder[index].tobytes()
-    return bytes(out)
-
-
-def rs_encoded_size(length: int, nsym: int) -> int:
-    return length + -(-length // (RS_CODEWORD_BYTES - nsym)) * nsym
-
-
-def _rs_message_bytes(encoded: bytes, nsym: int) -> bytes:
-    """The data bytes of a systematic encoding, as stored (no correction)."""
-    parts = []
-    for start in range(0, len(encoded), RS_CODEWORD_BYTES):
-        parts.append(encoded[start:start + RS_CODEWORD_BYTES][:-nsym])
-    return b"".join(parts)
-
-
-def _rs_decode(encoded: bytes, nsym: int) -> tuple[bytes, int]:
-    """Corrected data bytes and how many bytes were repaired; ReedSolomonError if it can't."""
-    decoded, _, errata = reedsolo.RSCodec(nsym).decode(bytearray(encoded))
-    return bytes(decoded), len(errata)
-
-
 # ---------------------------------------------------------------------------------------
 # Writing
 
@@ -327,13 +225,13 @@ def write_shard_image(path: str | os.PathLike, image: ShardImage, fsync: bool = 
                       direct: bool = False, recycle: str | os.PathLike | None = None,
                       mode: int = 0o666) -> ShardInfo:
     """Write a planned shard as a new file; never replaces an existing file. `direct`:
-    with O_DIRECT where the file system allows (ckpt/direct_io.py). `recycle`: a retired
+    with O_DIRECT where the file system allows (io/direct_io.py). `recycle`: a retired
     file to overwrite in place if it exists (levels/spares.py). `mode`: of a new file, less
     the umask (node-local levels pass a private one: levels/dir_safety.py)."""
     path = os.fspath(path)
     if os.path.lexists(path):
-        raise _exists_error(path)
-    _write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct, recycle=recycle,
+        raise exists_error(path)
+    write_buffers_atomically(path, image.buffers, fsync=fsync, overwrite=False, direct=direct, recycle=recycle,
                               mode=mode)
     return ShardInfo(path, image.size, dict(image.checksums), image.step, image.rank)
 
@@ -352,7 +250,7 @@ def write_shard(path: str | os.PathLike, step: int, rank: int, world_size: int,
     """
     path = os.fspath(path)
     if os.path.lexists(path):  # before the checksum pass, which would be wasted
-        raise _exists_error(path)
+        raise exists_error(path)
     return write_shard_image(path, plan_shard(step, rank, world_size, pieces, extra, path), fsync, direct, recycle,
                              mode)
 
@@ -386,168 +284,6 @@ def _padding(count: int) -> list[memoryview]:
     return [zeros[:min(len(zeros), count - start)] for start in range(0, max(count, 0), len(zeros))]
 
 
-def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = True,
-                           overwrite: bool = False, direct: bool = False,
-                           recycle: str | os.PathLike | None = None, mode: int = 0o666) -> None:
-    """Publish `data` under `path` all at once: temp name, fsync, rename, fsync directory.
-
-    Refuses to replace an existing file unless `overwrite` (for pointer-like records, not
-    checkpoint data: invariant 3). `recycle`: a retired file to overwrite in place if it
-    exists (levels/spares.py).
-    """
-    path = os.fspath(path)
-    if not overwrite and os.path.lexists(path):
-        raise _exists_error(path)
-    _write_buffers_atomically(path, [data], fsync=fsync, overwrite=overwrite, direct=direct, recycle=recycle,
-                              mode=mode)
-
-
-def _write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrite: bool,
-                              direct: bool = False, recycle: str | os.PathLike | None = None,
-                              mode: int = 0o666) -> None:
-    temporary = path + ".tmp"
-    fd = None
-    published = False
-    try:
-        # The spare becomes the temporary file: its pages (tmpfs) or blocks (ext4) are
-        # overwritten instead of allocated, and it is never visible under `path` half-written.
-        recycled = _take_spare(recycle, temporary)
-        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | (0 if recycled else os.O_TRUNC)
-        fd, is_direct = direct_io.open_for_writing(temporary, flags, mode, direct_io.wants_direct(buffers, direct))
-        if is_direct:
-            try:
-                direct_io.write_direct(fd, buffers)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                # Some file systems take O_DIRECT at open and refuse it when writing (EINVAL,
-                # from any write): the whole file is written again, buffered.
-                direct_io.drop_direct(fd)
-                _writev_all(fd, buffers)
-        else:
-            _writev_all(fd, buffers)
-        if recycled:  # a longer spare leaves its tail behind the new bytes
-            os.ftruncate(fd, sum(memoryview(b).nbytes for b in buffers))
-        if fsync:
-            os.fsync(fd)
-        os.close(fd)
-        fd = None
-        _publish(temporary, path, overwrite)
-        published = True
-        if fsync:
-            _fsync_directory(os.path.dirname(os.path.abspath(path)))
-    except ShardExistsError:
-        raise
-    except OSError as exc:
-        raise _storage_error(exc, path) from exc
-    finally:
-        if fd is not None:
-            os.close(fd)
-        if not published:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
-
-
-def _take_spare(spare: str | os.PathLike | None, temporary: str) -> bool:
-    """Move a retired file onto `temporary` to be overwritten; False when there is none, or
-    when the file has other names (a hard-linked backup of a retired version, `cp -al`):
-    overwriting it would change their bytes, so it is dropped and a new file written."""
-    if spare is None:
-        return False
-    try:
-        os.rename(spare, temporary)
-        if os.stat(temporary).st_nlink == 1:
-            return True
-        os.unlink(temporary)
-        return False
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise StorageError(f"cannot reuse the spare file {os.fspath(spare)!r} for {temporary!r}: "
-                           f"{exc.strerror or exc}; delete its directory or set storage.recycle_files = false") from exc
-
-
-def _publish(temporary: str, path: str, overwrite: bool) -> None:
-    if overwrite:
-        os.replace(temporary, path)
-        return
-    # link() fails if `path` exists, so a concurrent writer can never be overwritten;
-    # rename() would silently replace. Some file systems lack hard links: fall back.
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        raise _exists_error(path) from None
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
-            raise
-        if os.path.lexists(path):
-            raise _exists_error(path) from None
-        os.rename(temporary, path)
-        return
-    os.unlink(temporary)
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some network file systems refuse fsync on directories; the data is already safe.
-        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _storage_error(exc: OSError, path: str) -> StorageError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        message = f"no space left writing {path} ({exc.strerror})"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        message = f"cannot write {path}: directory not writable ({exc.strerror})"
-    elif exc.errno == errno.ENOENT:
-        message = f"cannot write {path}: directory {os.path.dirname(path) or '.'} does not exist"
-    else:
-        message = f"cannot write {path}: {exc.strerror or exc}"
-    error = StorageError(message)
-    error.errno = exc.errno  # kept for callers that branch on it; str() stays the message
-    return error
-
-
-def _exists_error(path: str) -> ShardExistsError:
-    error = ShardExistsError(f"{path} already exists; checkpoint files are never overwritten")
-    error.errno = errno.EEXIST
-    return error
-
-
-def _writev_all(fd: int, buffers: Iterable) -> None:
-    """Write every buffer in order, in as few writev calls as the kernel limits allow."""
-    pending = [memoryview(b).cast("B") for b in buffers if len(b)]
-    index = 0
-    while index < len(pending):
-        batch = []
-        batch_bytes = 0
-        for view in pending[index:index + _IOV_MAX]:
-            if batch_bytes + len(view) > _MAX_BYTES_PER_CALL:
-                if not batch:  # one buffer larger than a call can take: write a slice of it
-                    batch.append(view[:_MAX_BYTES_PER_CALL])
-                break
-            batch.append(view)
-            batch_bytes += len(view)
-        written = os.writev(fd, batch)
-        if written == 0:
-            raise OSError(errno.EIO, "writev wrote nothing")
-        # Drop what was written; a partial write leaves the rest of one buffer pending.
-        while written:
-            if written >= len(pending[index]):
-                written -= len(pending[index])
-                index += 1
-            else:
-                pending[index] = pending[index][written:]
-                written = 0
-
-
 # ---------------------------------------------------------------------------------------
 # Reading
 
@@ -577,10 +313,10 @@ def read_shard_table(path: str | os.PathLike) -> ShardTable:
         raise FormatError(f"{path}: shard is truncated inside its tensor table")
 
     unsummed = _HEADER.pack(*fields[:-1], 0)
-    table = _rs_message_bytes(encoded_table, table_nsym)
+    table = rs_message_bytes(encoded_table, table_nsym)
     if xxhash.xxh3_64_intdigest(unsummed + table) != checksum:
         try:
-            table, table_corrected = _rs_decode(encoded_table, table_nsym)
+            table, table_corrected = rs_decode(encoded_table, table_nsym)
         except reedsolo.ReedSolomonError:
             raise FormatError(f"{path}: shard tensor table is corrupted beyond repair") from None
         corrected += table_corrected
@@ -614,7 +350,7 @@ def _decode_header(head: bytes, path: str) -> tuple[bytes, int]:
             raise FormatError(f"{path}: shard is truncated inside its header")
         raise FormatError(f"{path}: not an hpcckpt shard file")
     try:
-        header, corrected = _rs_decode(codeword, HEADER_NSYM)
+        header, corrected = rs_decode(codeword, HEADER_NSYM)
     except reedsolo.ReedSolomonError:
         if looks_like_shard:
             raise FormatError(f"{path}: shard header is corrupted beyond repair") from None

@@ -1,0 +1,280 @@
+"""Where this run's checkpoints live, seen from one rank: the run's identity and lease, the
+node-local and PFS directories, the ordered level stack, and the checks before the first
+checkpoint. Built once by the Checkpointer (ckpt/engine.py), collectively."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from hpcckpt.ckpt.lease import RunLease
+from hpcckpt.ckpt.run_identity import (
+    RUN_FILE,
+    RunIdentity,
+    claim_pfs_dir,
+    establish_run_identity,
+    other_runs_in,
+    pfs_owner,
+    read_run_identity,
+)
+from hpcckpt.cluster.collectives import on_root, quiet_any, raise_if_any_failed
+from hpcckpt.cluster.placement import local_dir_of, pfs_dir_of, user_name
+from hpcckpt.cluster.topology import job_id
+from hpcckpt.errors import ConfigError, HpcckptError, StorageError
+from hpcckpt.levels import dir_safety
+from hpcckpt.levels.erasure import ErasureLevel
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.naming import NODE_LOCAL_LEVELS
+from hpcckpt.levels.partner import PartnerLevel
+from hpcckpt.levels.pfs import PfsLevel
+from hpcckpt.levels.spares import SpareFiles
+
+
+class RunClaim:
+    """(all ranks) Which run this is (ckpt/run_identity.py). A writing job: rank 0 takes the
+    run directory's lease, creates or reads the run's identity and claims the PFS directory
+    for it; a reading one (read_only) only reads the identity. Rank 0's refusal fails every
+    rank alike."""
+
+    def __init__(self, comm, config, pfs_dir: str, log, read_only: bool):
+        self.lease = None
+        self.identity: RunIdentity = self._claim(comm, config, pfs_dir, log, read_only)
+
+    def _claim(self, comm, config, pfs_dir: str, log, read_only: bool) -> RunIdentity:
+        run_dir = Path(config.run.dir)
+
+        def on_rank0() -> RunIdentity:
+            if read_only:
+                identity = read_run_identity(run_dir)
+                if identity is None:
+                    raise ConfigError(f"run.dir {str(run_dir)!r} holds no run ({RUN_FILE} is missing): point "
+                                      "run.dir (-c, --set run.dir=...) at the directory of the run to read")
+                return identity
+            try:
+                dir_safety.check_path(run_dir, "run.dir")
+                run_dir.mkdir(parents=True, exist_ok=True)
+                self.lease = RunLease(run_dir, job_id(os.environ), user_name(), log).acquire()
+                identity, created = establish_run_identity(run_dir, user_name(), pfs_dir)
+            except OSError as exc:
+                raise StorageError(f"run.dir {str(run_dir)!r}: cannot take the run's lease or record its identity: "
+                                   f"{exc.strerror or exc}; point run.dir at a writable directory") from None
+            if log:
+                log.info(("started " if created else "this is ") + identity.describe())
+            if "pfs" in config.resilience.levels:
+                dir_safety.check_path(pfs_dir, "storage.pfs_dir")
+                try:
+                    claim_pfs_dir(pfs_dir, identity, foreign_pfs_steps(pfs_dir, identity))
+                except OSError as exc:
+                    raise StorageError(f"storage.pfs_dir {str(pfs_dir)!r} is not usable: {exc.strerror or exc}; "
+                                       "point it at a writable directory") from None
+            return identity
+
+        try:
+            return on_root(comm, "claiming the run", on_rank0)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+
+def foreign_pfs_steps(pfs_dir: str, identity: RunIdentity) -> list[int]:
+    """Committed versions in a PFS directory no run has claimed yet that another run (or an
+    hpcckpt without run identities) wrote."""
+    if pfs_owner(pfs_dir) is not None:
+        return []
+    probe = PfsLevel(pfs_dir, 0)
+    foreign = []
+    for step in probe.committed_steps():
+        try:
+            if probe.manifest(step).run_id != identity.run_id:
+                foreign.append(step)
+        except (HpcckptError, OSError):
+            foreign.append(step)
+    return foreign
+
+
+class JobStorage:
+    """(all ranks) This run's directories and level stack on this rank."""
+
+    def __init__(self, comm, config, topology, run: RunIdentity, log):
+        self.comm = comm
+        self.config = config
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+        self.topology = topology
+        self.node = topology.node_of_rank[self.rank]
+        self.log = log
+        self.run = run
+        self.enabled = tuple(config.resilience.levels)
+        run_dir = str(config.run.dir)
+        self.pfs_dir = self.pfs_dir_for(config)
+        # Node-local versions live in a directory of this run's own under the configured one,
+        # so runs that share a node-local directory never see each other's versions.
+        self.local_base = local_dir_of(config.storage.local_dir, run_dir, topology, self.rank)
+        self.local_dir = str(Path(self.local_base) / run.local_subdir)
+        self.local_dirs = tuple(comm.allgather(self.local_dir))
+        self.dir_mode, self.file_mode = dir_safety.modes(config.storage.share_with_group)
+        # Ranks whose node-local directory is this rank's: on its node, under the same path (the
+        # same path on two nodes is two directories, as with a plain /local/scratch/ckpt).
+        node_of = topology.node_of_rank
+        self.dir_sharers = frozenset(r for r, d in enumerate(self.local_dirs)
+                                     if d == self.local_dir and node_of[r] == self.node)
+        # L1-L3 share the node-local directory and so its spares (levels/spares.py).
+        self.node_spares = SpareFiles(self.local_dir, config.storage.recycle_files, self._reusable_node_spare)
+        self.partner_of: tuple[int, ...] = ()
+        self.groups: tuple[tuple[int, ...], ...] = ()
+        self.levels = self._level_stack()
+
+    @staticmethod
+    def pfs_dir_for(config) -> str:
+        return pfs_dir_of(config.storage.pfs_dir, str(config.run.dir))
+
+    def _level_stack(self) -> tuple:
+        """The enabled levels in data-flow order (levels/naming.py's LEVEL_ORDER)."""
+        storage, resilience = self.config.storage, self.config.resilience
+        node_local = dict(direct_io=storage.direct_io, spares=self.node_spares, file_mode=self.file_mode,
+                          bandwidth_mb=storage.local_bandwidth_mb)
+        stack = []
+        if "local" in self.enabled:
+            stack.append(LocalLevel(self.local_dir, self.rank, **node_local))
+        if "partner" in self.enabled:
+            # The topology validates the scheme (e.g. partners need two nodes) on every rank
+            # alike, so a bad one fails the same way everywhere before any collective.
+            self.partner_of = self.topology.partner_of()
+            stack.append(PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, **node_local))
+        if "erasure" in self.enabled:
+            self.groups = self.topology.erasure_groups(resilience.group_size, resilience.parity)
+            group_index = self.topology.group_of(self.groups, self.rank)
+            members = self.groups[group_index]
+            group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
+            stack.append(ErasureLevel(self.local_dir, self.rank, members, group_comm, resilience.parity, **node_local))
+        if "pfs" in self.enabled:
+            pfs_spares = SpareFiles(self.pfs_dir, storage.pfs_recycle_files,
+                                    lambda kind, writer, _: kind == "shard" and writer < self.world_size)
+            stack.append(PfsLevel(self.pfs_dir, self.rank, storage.pfs_bandwidth_mb, storage.direct_io, pfs_spares))
+        return tuple(stack)
+
+    def level(self, name: str):
+        return next((level for level in self.levels if level.name == name), None)
+
+    def close(self) -> None:
+        erasure = self.level("erasure")
+        if erasure is not None and erasure.comm is not None:
+            erasure.comm.Free()
+            erasure.comm = None
+
+    # -- checks before the first checkpoint --------------------------------------------------
+    def prepare(self, read_only: bool) -> None:
+        """(all ranks) Check every rank's storage paths (dir_safety: nothing planted), create
+        this run's private node-local directory, prove each level writable; fail together."""
+        error, error_type = None, StorageError
+        try:
+            if not self.enabled:
+                raise ConfigError("resilience.levels is empty; list at least one of local, partner, erasure, pfs")
+            if set(self.enabled) & set(NODE_LOCAL_LEVELS):
+                if read_only:
+                    dir_safety.check_path(self.local_dir, "storage.local_dir")
+                else:
+                    dir_safety.make_private_dirs(self.local_dir, "storage.local_dir", self.dir_mode)
+                    self._keep_private(Path(self.local_dir))
+            if "pfs" in self.enabled:
+                dir_safety.check_path(self.pfs_dir, "storage.pfs_dir")
+            if not read_only:  # first: stale spares may be what filled the disk the probe writes to
+                self._prune_spares()
+            for level in self.levels:
+                level.prepare()
+        except ConfigError as exc:
+            error, error_type = str(exc), ConfigError
+        except HpcckptError as exc:
+            error = str(exc)
+        if quiet_any(self.comm, error_type is ConfigError):
+            error_type = ConfigError  # a refused path is the user's to fix: exit 2 on every rank
+        raise_if_any_failed(self.comm, "storage check", error, error_type=error_type)
+
+    def _keep_private(self, directory: Path) -> None:
+        """This run's node-local directory has the mode the config asks for, also when an
+        earlier start of the run made it with another storage.share_with_group."""
+        try:
+            if directory.stat().st_mode & 0o777 != self.dir_mode:
+                os.chmod(directory, self.dir_mode)
+        except OSError as exc:
+            raise StorageError(f"storage.local_dir: cannot set the mode of {str(directory)!r}: "
+                               f"{exc.strerror or exc}") from None
+
+    def _reusable_node_spare(self, kind: str, writer: int, source: int | None) -> bool:
+        """Whether this job can overwrite a node-local spare: its writer is a rank of this
+        directory, the level that writes it is on, and a replica's pair is still partners."""
+        if writer not in self.dir_sharers:
+            return False
+        if kind == "replica":
+            return "partner" in self.enabled and source < self.world_size and self.partner_of[source] == writer
+        return ("local" if kind == "shard" else "erasure") in self.enabled
+
+    def _prune_spares(self) -> None:
+        """Spares an earlier run left that this one can never reuse (another rank count or
+        placement, another partner scheme, a level or recycling turned off) would hold their
+        space for good: one rank per node-local directory, and rank 0 on L4, delete them
+        before the first checkpoint. Spares are never versions, so nothing saved is lost."""
+        prunes = []
+        if self.rank == min(self.dir_sharers) and set(self.enabled) & set(NODE_LOCAL_LEVELS):
+            prunes.append(self.node_spares)
+        pfs = self.level("pfs")
+        if pfs is not None and pfs.prunes_here:
+            prunes.append(pfs.spares)
+        for spares in prunes:
+            try:
+                files, nbytes = spares.prune()
+            except OSError as exc:  # recycling only saves time: a start that worked before still does
+                if self.log:
+                    self.log.warning(f"cannot clean up the spare files in {str(spares.directory)!r}: "
+                                     f"{exc.strerror or exc}; delete that directory by hand")
+                continue
+            if files and self.log:
+                self.log.info(f"deleted {files} spare file(s) ({nbytes / 1e6:.1f} MB) in {spares.directory} "
+                              "that this job cannot reuse")
+
+    # -- what the logs say about placement ------------------------------------------------
+    def log_placement(self) -> None:
+        """(all ranks) Where this rank's redundancy lives: an operator checks from the logs that
+        partners and erasure groups really span nodes (hosts, or simulated nodes on one host);
+        each rank logs its own line, rank 0 prints a summary."""
+        others = other_runs_in(self.local_base, self.run.local_subdir) if self.local_base else []
+        seen = self.comm.allgather((socket.gethostname(), others))
+        hosts = [host for host, _ in seen]
+        if self.log is None:
+            return
+        if others:
+            self.log.info(f"{self.local_base} also holds {', '.join(others)}: other runs' versions, left alone")
+        others_anywhere = sorted({name for _, names in seen for name in names})
+        if others_anywhere:
+            self.log.info(f"node-local directories also hold other runs' versions ({', '.join(others_anywhere[:4])}"
+                          f"{', ...' if len(others_anywhere) > 4 else ''}): never loaded, deleted or overwritten "
+                          f"by this run ({self.run.local_subdir})", console=True)
+        simulated = bool(self.config.cluster.simulated_nodes)
+        node_of = self.topology.node_of_rank
+        where = [f"simulated node {node_of[r]}" if simulated else f"host {hosts[r]}" for r in range(self.world_size)]
+        parts = [f"node-local directory {self.local_dir} on {where[self.rank]}"]
+        if self.partner_of:
+            partner = self.partner_of[self.rank]
+            parts.append(f"L2 partner copy on rank {partner} ({where[partner]})")
+        if self.groups:
+            members = self.groups[self.topology.group_of(self.groups, self.rank)]
+            parts.append(f"L3 erasure group {list(members)} on {[where[m] for m in members]}")
+        self.log.info("placement: " + "; ".join(parts))
+        names = sorted(set(hosts))
+        summary = (f"placement: {self.world_size} rank(s) on {self.topology.node_count} simulated node(s) of host(s) "
+                   if simulated else f"placement: {self.world_size} rank(s) on {len(names)} host(s) ")
+        summary += f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})"
+        domain = node_of if simulated else hosts
+        if self.partner_of:
+            apart = sum(domain[r] != domain[p] for r, p in enumerate(self.partner_of))
+            summary += f"; L2 partner copies on another node for {apart} of {self.world_size} rank(s)"
+        if self.groups:
+            spread = min(len({domain[m] for m in g}) for g in self.groups)
+            summary += f"; L3 {len(self.groups)} erasure group(s), each across {spread}+ node(s)"
+        self.log.info(summary, console=True)

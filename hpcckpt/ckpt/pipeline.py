@@ -1,0 +1,500 @@
+"""The save pipeline: one snapshot's way into the levels, behind training.
+
+    layout -> agree on every rank's shard size -> the node-local levels due (L1 on the writer
+    thread while L2 sends and L3 encodes the same bytes) -> their commit -> the global levels
+    due (L4), each written then committed -> retention
+
+A loop over the ordered level stack (levels/base.py's Level), with no branch on what a level
+is: a level says whether it is node-local (its files share L1's version directory and commit
+record) and whether it is collective. Each stage ends with an agreement (cluster/
+collectives.py), so a failure anywhere stops the version everywhere before its commit.
+
+Threads: background copies on a copier thread, the first node-local write on a writer
+thread, the rest on a persist thread; all live as long as the pipeline. At most one
+checkpoint is in flight: the next snapshot first waits for this one (its buffers are reused).
+A failure on any rank is kept and raised on the main thread at the next call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from hpcckpt.ckpt.policy import levels_due
+from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
+from hpcckpt.cluster.collectives import agree, describe_failure, quiet_allgather, raise_if_any_failed
+from hpcckpt.errors import CheckpointError, HpcckptError
+from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.shardfile import plan_shard, verify_shard
+from hpcckpt.io import direct_io
+from hpcckpt.levels.base import VersionImage
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent copy of this rank's shard of one step, handed to the pipeline."""
+
+    step: int
+    ordinal: int  # 1-based count of checkpoints of this job, for every-Nth levels
+    pieces: tuple[tuple[str, np.ndarray], ...]
+    state: dict
+    metrics: dict
+    final: bool
+
+
+@dataclass
+class PersistReport:
+    """Timings of one checkpoint, for logs, the interval policy and benchmarks.
+
+    snapshot_s: what end_checkpoint() blocked for; captured_early_s: time spent in capture()
+    during the step (the copies themselves, or only queueing them with copy_in_background);
+    copy_wait_s: what before_update() blocked for until a background copy was taken;
+    background_copy_s: the copies made behind the step by the worker thread;
+    device_to_host_s: the persist thread's wait for the GPU snapshot to reach host memory;
+    device_copy_s: GPU time of the snapshot's copies on the side stream (CuPy arrays);
+    durable_s: seconds from end_checkpoint() until each level was durable;
+    started_s: seconds from end_checkpoint() until this rank began writing each level (a
+    level's own time is durable_s - started_s; L4 starts after the L1-L3 commit);
+    cpu_s: CPU seconds this rank spent on the checkpoint outside the training loop's own
+    work, by thread ("copy", "persist", "l1_write"; "persist" is the calling thread when the
+    engine runs unthreaded): what it takes from training on saturated cores.
+    """
+
+    step: int
+    snapshot_s: float = 0.0
+    captured_early_s: float = 0.0
+    copy_wait_s: float = 0.0
+    background_copy_s: float = 0.0
+    device_to_host_s: float = 0.0
+    device_copy_s: float = 0.0
+    durable_s: dict = field(default_factory=dict)
+    started_s: dict = field(default_factory=dict)
+    cpu_s: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """What the pipeline needs of the job's configuration."""
+
+    every: dict  # level -> every how many checkpoints it is due (policy.levels_due)
+    keep: dict  # node_local / global -> versions retention keeps (checkpoint.keep_local, keep_pfs)
+    keep_best: str = ""
+    one_write_at_a_time: bool = False  # storage.local_bandwidth_mb is set: L1 before L2/L3
+    background_policy: str = "batch"
+    persist_nice: int = 0
+    direct_io: bool = False
+
+
+class BackgroundCopies:
+    """Copies of one snapshot queued by capture() and taken by the copier thread while
+    training goes on (CheckFreq's snapshot overlapping the next step). Each array has an
+    event, set once its copy is taken, which before_update() waits for."""
+
+    def __init__(self, report: PersistReport):
+        self.taken: dict[str, threading.Event] = {}
+        self.report = report
+        self.error: str | None = None
+
+    def release_all(self) -> None:
+        for event in self.taken.values():
+            event.set()
+
+
+class _Worker:
+    """One long-lived daemon thread that runs submitted jobs in order. Starting a thread per
+    checkpoint would cost a scheduling round trip (Thread.start() waits for the new thread to
+    run: milliseconds on busy cores) inside the blocking time."""
+
+    def __init__(self, name: str, on_start: Callable[[], None] | None = None):
+        self.name = name
+        self.on_start = on_start
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, job: Callable, *args) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self.thread.start()
+        self.jobs.put((job, args))
+
+    def _run(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
+        while True:
+            item = self.jobs.get()
+            if item is None:
+                return
+            job, args = item
+            job(*args)  # jobs keep their own errors (see SavePipeline.worker_error)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join()
+            self.thread = None
+
+
+class _BackgroundWrite:
+    """One level's store on the writer thread (L1's file), while the other node-local levels
+    send and encode the same bytes: durable on L1-L3 after the disk's time for the files
+    rather than after the disk's time plus the transfers and the encoding."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.error = None
+        self.stored = 0
+        self.finished_at = 0.0
+        self.cpu_s = 0.0
+
+
+class SavePipeline:
+    """(all ranks) Runs snapshots through the level stack. `make_manifest(snapshot,
+    shard_infos, levels)` builds the commit record; `faults` injects failures by stage."""
+
+    def __init__(self, comm, rank: int, world_size: int, levels: tuple, settings: PipelineSettings,
+                 make_manifest: Callable, shard_extra: dict, faults, log, threaded: bool, lease=None):
+        self.comm = comm
+        self.rank = rank
+        self.world_size = world_size
+        self.levels = levels
+        self.node_local = tuple(level for level in levels if level.node_local)
+        self.global_levels = tuple(level for level in levels if not level.node_local)
+        self.settings = settings
+        self.make_manifest = make_manifest
+        self.faults = faults
+        self.log = log
+        self.threaded = threaded
+        self.lease = lease
+        self.shard_extra = shard_extra  # the shard's extra record (the snapshot's layout depends on it)
+        self.device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), once laid out
+        self.shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
+        self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
+        self.last_report: PersistReport | None = None
+        self.worker_error: BaseException | None = None
+        self.in_flight: threading.Event | None = None
+        # Copies run at normal priority (training may wait for them in before_update()), the
+        # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
+        self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
+        self._persister = _Worker("hpcckpt-persist", on_start=self._start_writing_thread)
+        self._writer = _Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
+        self._warned: set[str] = set()
+
+    # -- hand-over from the snapshot ---------------------------------------------------------
+    def submit(self, snapshot: Snapshot, report: PersistReport, started: float,
+               copies: BackgroundCopies | None, copy_piece: Callable[[str], None]) -> None:
+        """Persist `snapshot` behind training (after its background `copies`, if any), or
+        here and now where MPI allows no threads."""
+        if copies is not None:
+            self.in_flight = threading.Event()
+            self._copier.submit(self._take_copies, copies, copy_piece, snapshot, started, self.in_flight)
+        elif self.threaded:
+            self.in_flight = threading.Event()
+            self._persister.submit(self._persist_guarded, snapshot, report, started, self.in_flight)
+        else:
+            self._persist_guarded(snapshot, report, started)
+
+    @property
+    def persisting(self) -> bool:
+        return self.in_flight is not None and not self.in_flight.is_set()
+
+    def finish_in_flight(self) -> PersistReport | None:
+        """Wait for the checkpoint in flight; raise its failure here, on the main thread."""
+        if self.in_flight is not None:
+            self.in_flight.wait()
+            self.in_flight = None
+        if self.worker_error is not None:
+            error, self.worker_error = self.worker_error, None
+            raise error
+        report, self.last_report = self.last_report, None
+        return report
+
+    def stop(self) -> None:
+        self._copier.stop()  # after the copies queued for an abandoned snapshot
+        self._persister.stop()
+        self._writer.stop()
+
+    def _take_copies(self, copies: BackgroundCopies, copy_piece, snapshot: Snapshot, ended_at: float,
+                     done: threading.Event) -> None:
+        """(copier thread) The snapshot's copies in capture order (the order the next step
+        updates them in), then on to the persist; after a failed copy the rest are skipped.
+        They start once the step is over: copies woken during the step competed with it for
+        the cores and the GIL, which on busy cores cost more than they overlapped."""
+        try:
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            for name, taken in list(copies.taken.items()):
+                if copies.error is None and not taken.is_set():
+                    try:
+                        copy_piece(name)
+                    except Exception as exc:  # agreed by every rank before the persist
+                        copies.error = f"copying {name!r} into the snapshot: {type(exc).__name__}: {exc}"
+                taken.set()
+            copies.report.background_copy_s += time.perf_counter() - started
+            copies.report.cpu_s["copy"] = time.thread_time() - cpu_started
+        finally:
+            copies.release_all()
+        self._persister.submit(self._persist_guarded, snapshot, copies.report, ended_at, done, copies)
+
+    # -- thread set-up -------------------------------------------------------------------
+    def _background_scheduling(self) -> None:
+        """(worker thread) SCHED_BATCH: the scheduler does not let this thread's wake-ups (a
+        copy job arriving, the persist's polls of MPI requests) preempt training; it keeps its
+        fair share of the CPU, so it cannot hold the GIL or MPICH's lock for long while
+        preempted, as a niced thread did (Linux schedules threads separately)."""
+        if self.settings.background_policy != "batch":
+            return
+        try:
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError) as exc:
+            self._say_once("policy", f"cannot use SCHED_BATCH for background threads here ({exc}); they run as normal")
+
+    def _start_writing_thread(self) -> None:
+        """(persist and writer threads) Priority first, then the O_DIRECT bounce buffer."""
+        self._background_scheduling()
+        nice = self.settings.persist_nice
+        if nice and threading.current_thread() is not threading.main_thread():
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (AttributeError, OSError) as exc:
+                self._say_once("nice", f"cannot lower the persist thread's priority here ({exc}); it runs at "
+                                       "normal priority")
+        if self.settings.direct_io and direct_io.O_DIRECT:
+            direct_io.reserve_bounce()
+
+    def _say_once(self, key: str, message: str) -> None:
+        if self.log and key not in self._warned:
+            self.log.info(message)
+            self._warned.add(key)
+
+    # -- the persist ----------------------------------------------------------------------
+    def _persist_guarded(self, snapshot: Snapshot, report: PersistReport, started: float,
+                         done: threading.Event | None = None, copies: BackgroundCopies | None = None) -> None:
+        """Persist; a failure surfaces on the next call on the main thread. Every rank first
+        agrees that its snapshot is whole (background copies, the GPU's copies to the host),
+        so no rank persists a torn one. `done` marks the checkpoint finished either way."""
+        cpu_started = time.thread_time()
+        try:
+            error = copies.error if copies is not None else None
+            if error is None and self.lease is not None and self.lease.lost_to is not None:
+                error = str(self.lease.lost_error())
+            if error is None and self.device_snapshot is not None:
+                device_started = time.perf_counter()
+                try:
+                    report.device_copy_s = self.device_snapshot.to_host()
+                except Exception as exc:  # a CUDA error of an asynchronous copy lands here
+                    error = f"copying GPU arrays into the snapshot: {type(exc).__name__}: {exc}"
+                report.device_to_host_s = time.perf_counter() - device_started
+            raise_if_any_failed(self.comm, "snapshot", error, step=report.step)
+            self.persist(snapshot, report, started)
+            self.last_report = report
+        except BaseException as exc:
+            self.worker_error = exc
+            if self.log:
+                self.log.error(f"checkpoint of step {report.step} failed: {exc}")
+        finally:
+            report.cpu_s["persist"] = time.thread_time() - cpu_started
+            if done is not None:
+                done.set()
+
+    def levels_due(self, snapshot: Snapshot) -> tuple:
+        names = levels_due(tuple(level.name for level in self.levels), snapshot.ordinal, snapshot.final,
+                           self.settings.every)
+        return tuple(level for level in self.levels if level.name in names)
+
+    def persist(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
+        """(all ranks) The levels due, in data-flow order, each agreed; then retention."""
+        step = snapshot.step
+        due = self.levels_due(snapshot)
+        if not due:
+            return
+        where = due[0]
+        image = self._stage(step, "shard layout", lambda: plan_shard(
+            step, self.rank, self.world_size, snapshot.pieces, self.shard_extra,
+            str(where.shard_path(step))), phase="layout")
+        shard_infos = quiet_allgather(self.comm, (image.size, image.checksums))
+        version = VersionImage(step, self.rank, self.world_size, tuple(size for size, _ in shard_infos),
+                               functools.cache(lambda: image.copy_into(self.shard_bytes)), image, image.size)
+        names = tuple(level.name for level in due)
+        node_local = [level for level in due if level.node_local]
+        if node_local:
+            self._store_node_local(version, node_local, report, started)
+            manifest = self.make_manifest(snapshot, shard_infos, names)
+            self.faults.strike(step, "commit")
+            try:
+                self._stage(step, "L1-L3 commit", lambda: [level.commit(manifest) for level in node_local],
+                            phase="commit")
+            except CheckpointError:
+                self._withdraw(step, node_local)
+                raise
+        for level in due:
+            if level.node_local:
+                continue
+            report.started_s[level.name] = time.perf_counter() - started
+            stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name)
+            manifest = self.make_manifest(snapshot, shard_infos, names)
+            self.faults.strike(step, "commit")
+            self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest), phase="commit")
+            self._mark(report, step, level.name, started, stored)
+        self.apply_retention(step)
+
+    def _store_node_local(self, version: VersionImage, levels: list, report: PersistReport, started: float) -> None:
+        """The first node-local level (L1's file) stores on the writer thread while the others
+        send and encode the same bytes; with one write at a time it finishes first."""
+        step = version.step
+        first, rest = levels[0], levels[1:]
+        report.started_s[first.name] = time.perf_counter() - started
+        writing = self._start_background_store(first, version)
+        try:
+            if self.settings.one_write_at_a_time:
+                self._finish_background_store(first, step, writing, report, started)
+            for level in rest:
+                report.started_s[level.name] = time.perf_counter() - started
+                stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name)
+                self._mark(report, step, level.name, started, stored)
+            if not self.settings.one_write_at_a_time:
+                self._finish_background_store(first, step, writing, report, started)
+        finally:
+            writing.done.wait()  # never leave while the writer still reads the snapshot
+
+    def _start_background_store(self, level, version: VersionImage) -> _BackgroundWrite:
+        self.faults.strike(version.step, level.name)
+        writing = _BackgroundWrite()
+
+        def write():
+            cpu_started = time.thread_time()
+            try:
+                writing.stored = level.store(version)
+            except Exception as exc:  # agreed by every rank like any stage's error, never lost
+                writing.error = describe_failure(exc)
+            finally:
+                writing.finished_at = time.perf_counter()
+                writing.cpu_s = time.thread_time() - cpu_started
+                writing.done.set()
+
+        self._writer.submit(write)
+        return writing
+
+    def _finish_background_store(self, level, step: int, writing: _BackgroundWrite, report: PersistReport,
+                                 started: float) -> None:
+        """(all ranks) Wait for the writer thread's store and agree on it."""
+        writing.done.wait()
+        report.cpu_s["l1_write"] = writing.cpu_s
+        raise_if_any_failed(self.comm, level.stage_label, writing.error, step=step)
+        self._mark(report, step, level.name, started, writing.stored, finished=writing.finished_at)
+
+    def _stage(self, step: int, label: str, action, phase: str):
+        """(all ranks) One stage of the persist; a failure on any rank fails it on all."""
+        if phase != "commit":
+            self.faults.strike(step, phase)
+        return agree(self.comm, label, action, step=step)
+
+    def _withdraw(self, step: int, levels: list) -> None:
+        """A version some rank could not commit is committed nowhere: the ranks that did drop
+        their record, or their retention would count it and delete an older complete one."""
+        for level in levels:
+            try:
+                level.withdraw(step)
+            except OSError as exc:
+                if self.log:
+                    self.log.warning(f"step {step}: cannot withdraw this rank's commit record of the failed "
+                                     f"version: {exc.strerror or exc}; a restart will not use it, as other ranks "
+                                     "lack theirs")
+                return
+
+    def _mark(self, report: PersistReport, step: int, level: str, started: float, nbytes: int,
+              finished: float | None = None) -> None:
+        report.durable_s[level] = (finished or time.perf_counter()) - started
+        self.bytes_stored[level] = self.bytes_stored.get(level, 0) + int(nbytes)
+        if self.log:
+            self.log.info(f"step {step}: {level} done after {report.durable_s[level]:.3f} s "
+                          f"({nbytes} bytes stored by this rank)")
+
+    # -- retention ------------------------------------------------------------------------
+    def apply_retention(self, newest: int) -> None:
+        """Delete old whole versions; uncommitted leftovers older than `newest` go too. The
+        node-local levels share version directories, so they keep and drop versions together,
+        decided by the first (L1's commit records); each deletes its own files."""
+        if self.node_local:
+            steps = self._deletable(self.node_local[0], self.settings.keep["node_local"], newest,
+                                    extra_leftovers=self.node_local[1:], pin_redundant=True)
+            for step in steps:
+                for level in self.node_local:
+                    level.remove(step)
+        for level in self.global_levels:
+            if not level.prunes_here:
+                continue
+            for step in self._deletable(level, self.settings.keep["global"], newest):
+                level.remove(step)
+
+    def _deletable(self, level, keep: int, newest: int, extra_leftovers=(), pin_redundant=False) -> list[int]:
+        committed = level.committed_steps()
+        manifests: dict[int, Manifest | None] = {}
+
+        def manifest(step: int) -> Manifest | None:  # each commit record read once per retention
+            if step not in manifests:
+                try:
+                    manifests[step] = level.manifest(step)
+                except HpcckptError:
+                    manifests[step] = None
+            return manifests[step]
+
+        metrics = {}
+        if self.settings.keep_best:
+            metrics = {s: manifest(s).metrics for s in committed if manifest(s) is not None}
+        pinned = set()
+        redundant = {lv.name for lv in self.node_local[1:]}
+        if pin_redundant and redundant:
+            levels_by_step: dict[int, tuple] = {}
+            for step in sorted(committed, reverse=True):  # newest first, read until each is found
+                levels_by_step[step] = manifest(step).levels if manifest(step) is not None else ()
+                if redundant <= {name for names in levels_by_step.values() for name in names}:
+                    break
+            pinned = newest_redundant_versions(levels_by_step, redundant)
+        leftovers = set(level.uncommitted_steps())
+        for other in extra_leftovers:
+            leftovers.update(other.uncommitted_steps())
+        return versions_to_delete(committed, sorted(leftovers), newest, keep, metrics, self.settings.keep_best, pinned)
+
+    # -- drain ----------------------------------------------------------------------------
+    def drain(self, source, target) -> list[int]:
+        """(all ranks) Copy to the global level `target` the committed versions of `source`
+        (L1) that its retention would keep but that skipped it; each copy is verified against
+        its checksums before its commit record is written. Returns the steps copied."""
+        common = set.intersection(*(set(s) for s in quiet_allgather(self.comm, source.committed_steps())))
+        on_target = set(self.comm.bcast(target.committed_steps() if self.rank == 0 else None, root=0))
+        manifests = {}
+        for step in sorted(common - on_target):
+            manifest = source.manifest(step)
+            if manifest.world_size == self.world_size:
+                manifests[step] = manifest
+        metrics = {step: m.metrics for step, m in manifests.items()}
+        keep, keep_best = self.settings.keep["global"], self.settings.keep_best
+        if keep_best:  # one broadcast of rank 0's reads, not one per version
+            metrics.update(self.comm.bcast({step: target.manifest(step).metrics for step in on_target}
+                                           if self.rank == 0 else None, root=0))
+        dropped = set(steps_to_delete(sorted(set(manifests) | on_target), keep, metrics, keep_best))
+        copied = [step for step in sorted(manifests) if step not in dropped]
+        for step in copied:
+            def copy_shard(step=step):
+                data = np.fromfile(source.shard_path(step), dtype=np.uint8)
+                target.store(VersionImage(step, self.rank, self.world_size, (), lambda: data))
+                problems = verify_shard(target.shard_path(step))
+                if problems:
+                    raise CheckpointError(f"{target.label} copy of {source.shard_path(step)}: {problems[0]}")
+            self._stage(step, f"drain to {target.label.split()[0]}", copy_shard, phase=target.name)
+            manifest = dataclasses.replace(manifests[step], levels=manifests[step].levels + (target.name,))
+            self._stage(step, f"{target.label.split()[0]} commit", lambda: target.commit(manifest), phase="commit")
+            if self.log:
+                self.log.info(f"drained version {step} from node-local storage to {target.label.split()[0]}",
+                              console=True)
+        if copied and target.prunes_here:
+            for step in self._deletable(target, keep, max(copied)):
+                target.remove(step)
+        return copied

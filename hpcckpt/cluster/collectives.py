@@ -1,0 +1,167 @@
+"""Transfers, small collectives and the one way ranks agree on an outcome, waiting without
+spinning.
+
+MPICH's blocking waits spin; on shared cores the persist thread would steal time from
+training. These helpers post non-blocking operations and poll them with a short sleep.
+
+Agreement (in the style of torch DCP's _DistWrapper): `agree(comm, label, fn)` runs fn on
+every rank and either returns its result everywhere or raises the same error on every rank,
+carrying the failures by rank; `on_root(comm, label, fn)` runs fn on one rank and hands its
+result, or its error, to all. A rank that only saw another rank fail reports a typed
+PeerFailure, and the rank with its own error is the one named. Sizes per call: one
+allreduce of an int on the happy path; O(ranks) small messages gathered when something failed.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import numpy as np
+
+from hpcckpt.errors import CheckpointError, HpcckptError, PeerFailed, StorageError
+
+T = TypeVar("T")
+
+POLL_S = 0.0005
+
+
+def wait_all(requests) -> None:
+    from mpi4py import MPI
+
+    requests = [r for r in requests if r is not None]
+    while requests and not MPI.Request.Testall(requests):
+        time.sleep(POLL_S)
+
+
+def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, np.ndarray]], tag: int) -> None:
+    """Post every receive and send (rank, contiguous uint8 buffer), then wait for all."""
+    from mpi4py import MPI
+
+    requests = [comm.Irecv([buffer, MPI.BYTE], source=source, tag=tag) for source, buffer in receives]
+    requests += [comm.Isend([buffer, MPI.BYTE], dest=dest, tag=tag) for dest, buffer in sends]
+    wait_all(requests)
+
+
+def quiet_any(comm, flag: bool) -> bool:
+    """True on every rank if `flag` is true on any: one sleeping allreduce round, where
+    quiet_allgather needs two (sizes, then payloads). Each round on busy cores waits for
+    every rank's thread to be scheduled, so the happy path of an agreement is one round."""
+    from mpi4py import MPI
+
+    mine = np.array([1 if flag else 0], dtype=np.int32)
+    anyone = np.empty(1, dtype=np.int32)
+    wait_all([comm.Iallreduce(mine, anyone, op=MPI.MAX)])
+    return bool(anyone[0])
+
+
+@dataclass(frozen=True)
+class PeerFailure:
+    """This rank's part of a collective step failed only because another rank's did (that
+    rank's own error says why)."""
+
+    message: str
+
+
+def describe_failure(exc: BaseException) -> str | PeerFailure:
+    """What a rank reports for its own failure in an agreement."""
+    if isinstance(exc, PeerFailed):
+        return PeerFailure(str(exc))
+    if isinstance(exc, HpcckptError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"  # MemoryError, an MPI or CuPy error: agreed, never a hang
+
+
+def raise_if_any_failed(comm, label: str, failure: str | PeerFailure | None, *, step: int | None = None,
+                        error_type: type = CheckpointError) -> None:
+    """(all ranks of comm) Turn a failure on any rank into the same exception on every rank.
+    One allreduce round when no rank failed; the failures are gathered only when one did."""
+    if not quiet_any(comm, failure is not None):
+        return
+    failures = {rank: f for rank, f in enumerate(quiet_allgather(comm, failure)) if f is not None}
+    # Ranks that only saw a peer fail are named when no rank has its own error to tell.
+    own = {rank: f for rank, f in failures.items() if not isinstance(f, PeerFailure)}
+    failures = own or {rank: f.message for rank, f in failures.items()}
+    first_error = next(iter(failures.values()))
+    size = comm.Get_size()
+    where = f" of step {step}" if step is not None else ""
+    who = f"rank(s) {sorted(failures)}" if len(failures) < size else f"all {size} ranks"
+    if step is not None or len(failures) < size:
+        message = f"{label}{where} failed on {who}: {first_error}"
+    else:
+        message = first_error  # every rank says the same thing: say it once
+    exc = error_type(message, failures) if issubclass(error_type, CheckpointError) else error_type(message)
+    exc.collective = True
+    raise exc
+
+
+def agree(comm, label: str, fn: Callable[[], T], *, step: int | None = None,
+          error_type: type = CheckpointError) -> T:
+    """(all ranks of comm) Run fn here; its result, or the same error on every rank. An error
+    that every rank already agreed on (a collective one fn raised) passes through as it is."""
+    failure, result = None, None
+    try:
+        result = fn()
+    except HpcckptError as exc:
+        if exc.collective and isinstance(exc, CheckpointError):
+            raise
+        failure = describe_failure(exc)
+    except Exception as exc:
+        failure = describe_failure(exc)
+    raise_if_any_failed(comm, label, failure, step=step, error_type=error_type)
+    return result
+
+
+def agree_before_exchange(comm, failure: BaseException | None, label: str, step: int | None = None) -> None:
+    """(all ranks of comm) A rank that failed while preparing a point-to-point exchange
+    (allocating its buffers, reading its shard, encoding) would never post its sends and
+    receives, and the others would wait for them for ever. So every rank says whether it is
+    ready first: if any is not, every rank raises the same CheckpointError instead of
+    exchanging."""
+    raise_if_any_failed(comm, label, None if failure is None else describe_failure(failure), step=step)
+
+
+def on_root(comm, label: str, fn: Callable[[], T], root: int = 0) -> T:
+    """(all ranks of comm) Run fn on `root` only and hand its result, or its error, to every
+    rank: an HpcckptError as it is, an OSError as a StorageError saying `label` failed (the
+    others would otherwise wait for ever). One broadcast."""
+    result = None
+    if comm.Get_rank() == root:
+        try:
+            result = fn()
+        except HpcckptError as exc:
+            result = exc
+        except OSError as exc:
+            result = StorageError(f"{label} failed: {exc.strerror or exc}; fix the directory and restart")
+    result = comm.bcast(result, root=root)
+    if isinstance(result, HpcckptError):
+        result.collective = True
+        raise result
+    return result
+
+
+def quiet_allgather(comm, value):
+    """allgather of picklable values that sleeps while it waits, in both of its rounds.
+
+    A blocking allgather spins until the slowest rank arrives; a sleeping barrier in front of
+    it is not enough, since each rank notices the barrier's end at its own next poll and the
+    first ones then spin for the others (milliseconds, on cores shared with training).
+    """
+    from mpi4py import MPI
+
+    payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    wait_all([comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes)])
+    offsets = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+    wait_all([comm.Iallgatherv(payload, [gathered, sizes, offsets, MPI.BYTE])])
+    return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+
+def quiet_barrier(comm) -> None:
+    """A barrier that sleeps while it waits: MPICH's blocking barrier spins, and on shared cores
+    a spinning background thread steals time from training and from the ranks doing I/O."""
+    wait_all([comm.Ibarrier()])

@@ -1,0 +1,129 @@
+"""The Level protocol (levels/base.py), asked of one level on real ranks: 4 ranks on 4
+simulated nodes, each with its own node-local directory. Prints one RESULT line per check
+(rank 0 gathers every rank's answers); tests/test_level_conformance_mpi.py asserts them.
+
+    python level_conformance.py <local|partner|erasure|pfs> <dir>
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcckpt.cluster.topology import Topology, simulated_node_of_rank
+from hpcckpt.format.layout import TensorSpec, plan_layout
+from hpcckpt.format.manifest import Manifest, ShardRecord
+from hpcckpt.format.shardfile import plan_shard, verify_shard
+from hpcckpt.levels.base import DeliveryRequest, VersionImage
+from hpcckpt.levels.erasure import ErasureLevel
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.partner import PartnerLevel
+from hpcckpt.levels.pfs import PfsLevel
+
+kind, base = sys.argv[1], Path(sys.argv[2])
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+topology = Topology(simulated_node_of_rank(size, size))
+local_dir = base / f"node{topology.node_of_rank[rank]}"
+pfs_dir = base / "pfs"
+
+
+def make_level():
+    if kind == "local":
+        return LocalLevel(local_dir, rank)
+    if kind == "pfs":
+        return PfsLevel(pfs_dir, rank)
+    if kind == "partner":
+        return PartnerLevel(local_dir, rank, topology.partner_of(), comm)
+    groups = topology.erasure_groups(size, 1)
+    members = groups[topology.group_of(groups, rank)]
+    return ErasureLevel(local_dir, rank, members, comm.Split(0, members.index(rank)), 1)
+
+
+level = make_level()
+local_dir.mkdir(parents=True, exist_ok=True)
+level.prepare()
+layout = plan_layout([TensorSpec("w", "float32", (size * 1000 + 7,))], size, split_threshold_bytes=1)
+
+
+def version_of(step):
+    """This rank's shard of `step`: its piece of w, filled with a value only it has."""
+    piece = np.arange(layout.tensor("w").piece_shape(rank)[0], dtype=np.float32) + 1000 * step + rank
+    image = plan_shard(step, rank, size, [("w", piece)], {"node": topology.node_of_rank[rank]})
+    infos = comm.allgather((image.size, image.checksums))
+    buffer = np.empty(image.size, np.uint8)
+    version = VersionImage(step, rank, size, tuple(s for s, _ in infos), lambda: image.copy_into(buffer), image,
+                           image.size)
+    manifest = Manifest(step, size, layout, tuple(ShardRecord(r, s, c) for r, (s, c) in enumerate(infos)),
+                        state={}, metrics={}, node_of_rank=topology.node_of_rank, levels=(kind,))
+    return version, manifest
+
+
+def report(name, value):
+    answers = comm.gather(value, root=0)
+    if rank == 0:
+        print("RESULT " + json.dumps({"check": name, "answers": answers}), flush=True)
+
+
+def as_lists(holdings):
+    return {str(step): sorted(ranks) for step, ranks in holdings.items()}
+
+
+originals = {}
+for step in (10, 20):
+    version, manifest = version_of(step)
+    stored = level.store(version)
+    originals[step] = bytes(version.file_bytes())
+    comm.Barrier()
+    level.commit(manifest)
+    comm.Barrier()
+    report(f"stored_{step}", stored)
+version, manifest = version_of(30)
+level.store(version)  # never committed: a checkpoint interrupted before its commit
+comm.Barrier()
+report("committed", level.committed_steps())
+report("uncommitted", level.uncommitted_steps())
+report("holdings", as_lists(level.holdings()))
+
+
+def deliver(step, needy, lacking=()):
+    placed = base / f"placed-r{rank}-{step}.hck"
+    placed.unlink(missing_ok=True)
+
+    def place(data):
+        placed.write_bytes(bytes(data))
+        return placed
+
+    sizes = tuple(comm.allgather(len(originals[step])))
+    request = DeliveryRequest(step, rank, size, frozenset(needy), sizes, place,
+                              own_shard=lambda: np.frombuffer(originals[step], np.uint8), lacking=frozenset(lacking))
+    path = level.deliver(request) if level.collective or rank in needy else None
+    if path is None:
+        return {"delivered": False, "warnings": request.warnings}
+    data = Path(path).read_bytes()
+    return {"delivered": True, "same_bytes": data == originals[step], "verifies": not verify_shard(path),
+            "warnings": request.warnings}
+
+
+report("deliver_to_2", deliver(20, {2}, {2}))
+# Corruption: every copy this level holds of version 20 gets a flipped byte in its payload.
+held_files = [p for p in level.own_files(20) if p.suffix == ".hck" and p.is_file()] if level.node_local else \
+    ([level.shard_path(20)] if level.shard_path(20).is_file() else [])
+for path in held_files:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+comm.Barrier()
+report("deliver_to_2_corrupt", deliver(20, {2}, {2}))
+
+level.remove(10)
+comm.Barrier()
+report("committed_after_remove", level.committed_steps())
+report("own_files_left_of_10", [p.name for p in level.own_files(10) if p.exists()]
+       if level.node_local else [p.name for p in level.version_dir(10).glob("*")] if level.version_dir(10).exists()
+       else [])
+level.withdraw(20)
+comm.Barrier()
+report("withdraw", level.committed_steps())

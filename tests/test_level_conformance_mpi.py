@@ -1,0 +1,75 @@
+"""Every level answers the Level protocol (levels/base.py) the same way, on real ranks:
+4 mpiexec ranks on 4 simulated nodes run tests/scripts/level_conformance.py for one level."""
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_ok, run_script, script_results
+
+SCRIPT = Path(__file__).parent / "scripts" / "level_conformance.py"
+RANKS = 4
+
+
+@pytest.fixture(scope="module", params=["local", "partner", "erasure", "pfs"])
+def answers(request, tmp_path_factory):
+    base = tmp_path_factory.mktemp(request.param)
+    proc = run_script(RANKS, SCRIPT, [request.param, str(base)], base)
+    assert_ok(proc)
+    return request.param, {r["check"]: r["answers"] for r in script_results(proc)}
+
+
+def test_stored_bytes_are_reported(answers):
+    kind, got = answers
+    for step in (10, 20):
+        assert all(n > 0 for n in got[f"stored_{step}"]), got[f"stored_{step}"]
+
+
+def test_only_committed_versions_are_listed_and_leftovers_are_uncommitted(answers):
+    kind, got = answers
+    assert got["committed"] == [[10, 20]] * RANKS
+    assert got["uncommitted"] == [[30]] * RANKS
+
+
+def test_holdings_name_whose_shards_each_rank_can_supply(answers):
+    kind, got = answers
+    for rank, held in enumerate(got["holdings"]):
+        assert set(held) == {"10", "20"}
+        ranks = set(held["20"])
+        if kind == "local":
+            assert ranks == {rank}
+        elif kind == "partner":
+            assert ranks and rank not in ranks  # replicas of other ranks only
+        else:  # a whole group (erasure), the whole job (pfs)
+            assert ranks == set(range(RANKS))
+
+
+def test_a_lost_shard_is_delivered_byte_exact_where_the_level_can(answers):
+    kind, got = answers
+    delivered = got["deliver_to_2"]
+    if kind == "local":
+        # L1 holds only a rank's own shard: rank 2 (deemed needy) reads its own file again.
+        assert delivered[2]["delivered"] and delivered[2]["same_bytes"]
+    else:
+        assert delivered[2] == {"delivered": True, "same_bytes": True, "verifies": True, "warnings": []}
+    assert not any(d["delivered"] for r, d in enumerate(delivered) if r != 2)
+
+
+def test_a_corrupt_copy_is_never_delivered_as_good(answers):
+    kind, got = answers
+    answers = got["deliver_to_2_corrupt"]
+    delivered = answers[2]
+    assert not delivered["delivered"] or not delivered["verifies"], delivered
+    if kind == "erasure":  # damaged parity makes its holders lost members: more than p
+        warnings = [w for answer in answers for w in answer["warnings"]]
+        assert any("unusable" in w for w in warnings) and any("more than L3 survives" in w for w in warnings)
+
+
+def test_remove_deletes_this_levels_own_files_only(answers):
+    kind, got = answers
+    assert got["committed_after_remove"] == [[20]] * RANKS
+    assert got["own_files_left_of_10"] == [[]] * RANKS
+
+
+def test_a_withdrawn_commit_takes_the_version_out_of_the_committed_ones(answers):
+    kind, got = answers
+    assert got["withdraw"] == [[]] * RANKS
