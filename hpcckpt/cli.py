@@ -249,6 +249,7 @@ def _command_evaluate(args) -> int:
     from hpcckpt.ckpt.catalog import resolve_version
     from hpcckpt.ckpt.engine import Checkpointer
     from hpcckpt.cluster.backend import select_backend
+    from hpcckpt.cluster.collectives import on_root
     from hpcckpt.cluster.placement import discover_topology
     from hpcckpt.config import load_config
     from hpcckpt.runlog import RunLog
@@ -263,17 +264,7 @@ def _command_evaluate(args) -> int:
     comm = _world()
     # Rank 0 decides which version (ranks may see different node-local directories); an error
     # there is raised on every rank so the job ends together with one message.
-    resolved = None
-    if comm.Get_rank() == 0:
-        try:
-            resolved = resolve_version(config, args.version)
-        except HpcckptError as exc:
-            resolved = exc
-    resolved = comm.bcast(resolved, root=0)
-    if isinstance(resolved, HpcckptError):
-        resolved.collective = True
-        raise resolved
-    step = resolved
+    step = on_root(comm, "finding the version to evaluate", lambda: resolve_version(config, args.version))
     topology = discover_topology(comm, config.cluster.simulated_nodes)
     log = RunLog(config.run.dir, comm.Get_rank(), comm.Get_size())
     try:

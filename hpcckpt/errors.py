@@ -55,11 +55,6 @@ class CheckpointError(HpcckptError, RuntimeError):
         self.failures_by_rank = dict(failures_by_rank or {})
 
 
-class PeerFailed(CheckpointError):
-    """Another rank of a collective step failed before this one could finish it; that rank's
-    own error says why (engines report it in preference to this one)."""
-
-
 class IncompatibleCheckpointError(CheckpointError):
     """A stored version does not fit the model or job it is being restored into."""
 

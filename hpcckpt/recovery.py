@@ -23,14 +23,12 @@ import numpy as np
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
-from hpcckpt.cluster.collectives import quiet_allgather, wait_all
+from hpcckpt.cluster.collectives import agree, on_root, quiet_allgather, wait_all
 from hpcckpt.errors import (
     CheckpointError,
     ConfigError,
     HpcckptError,
     IncompatibleCheckpointError,
-    PeerFailed,
-    StorageError,
     UnrecoverableError,
 )
 from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
@@ -197,20 +195,8 @@ def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=())
 
 
 def _on_rank0(ckpt, action, what: str = "rank 0's storage work"):
-    """(all ranks) Run `action` on rank 0 only and hand its result, or its error, to every rank
-    (an OSError too, as a StorageError saying `what` failed: the others would wait for ever)."""
-    result = None
-    if ckpt.rank == 0:
-        try:
-            result = action()
-        except HpcckptError as exc:
-            result = exc
-        except OSError as exc:
-            result = StorageError(f"{what} failed: {exc.strerror or exc}; fix the directory and restart")
-    result = ckpt.comm.bcast(result, root=0)
-    if isinstance(result, HpcckptError):
-        raise _collective(result)
-    return result
+    """(all ranks) `action` on rank 0 only, its result or error on every rank (on_root)."""
+    return on_root(ckpt.comm, what, action)
 
 
 def _failed_versions(ckpt, ledger: RestartLedger) -> dict[int, str]:
@@ -314,15 +300,8 @@ def _try_restore(ckpt, step: int, everyone: list[Holdings], repair: bool = True)
     manifest = _shared_manifest(ckpt, step, mine)
     if manifest is None:
         return False
-    try:
-        _check_compatible(ckpt, manifest)
-        error = None
-    except IncompatibleCheckpointError as exc:
-        error = str(exc)
-    errors = quiet_allgather(comm, error)
-    if any(errors):
-        first = next(e for e in errors if e)
-        raise _collective(IncompatibleCheckpointError(first, {r: e for r, e in enumerate(errors) if e}))
+    agree(comm, f"checking version {step} against this job", lambda: _check_compatible(ckpt, manifest),
+          error_type=IncompatibleCheckpointError)
 
     pieces, source = None, None
     if "local" in my_sources:
@@ -468,21 +447,13 @@ def _reprotect(ckpt, manifest: Manifest) -> None:
                        lambda: ckpt.erasure.protect(step, shard, sizes, ckpt.world_size, only_missing=True)))
     stages.append(("commit record", lambda: ckpt.local.commit_path(step).exists() or ckpt.local.commit(manifest)))
     for label, action in stages:
-        error = None
-        try:
-            action()
-        except PeerFailed:
-            error = ""  # the rank that failed says why
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
         # Agreed after every stage: the next one is collective too (the erasure group's
         # transfers), and a rank that skipped it would leave its peers waiting.
-        errors = quiet_allgather(ckpt.comm, error)
-        if any(e is not None for e in errors):
-            failures = {r: e for r, e in enumerate(errors) if e}
+        try:
+            agree(ckpt.comm, label, action, step=step)
+        except CheckpointError as exc:
             if ckpt.rank == 0:
-                _warn(ckpt, f"version {step} is restored but could not be protected again: {label} failed on "
-                            f"rank(s) {sorted(failures)}: {next(iter(failures.values()), 'see the rank logs')}; "
+                _warn(ckpt, f"version {step} is restored but could not be protected again: {exc}; "
                             "the next checkpoint protects the run")
             return
     if ckpt.log:
@@ -621,16 +592,7 @@ def init_from(ckpt, source: str, select) -> Manifest:
     verified; nothing else is taken (step, data position, RNG and the arrays not picked start
     fresh), and nothing is written there. `source`: a run directory (its newest complete L4
     version), a PFS directory, or one version directory in it."""
-    found, outcome = None, None
-    if ckpt.rank == 0:
-        try:
-            found = _init_source(source)
-        except HpcckptError as exc:
-            outcome = exc
-    found, outcome = ckpt.comm.bcast((found, outcome), root=0)
-    if outcome is not None:
-        raise _collective(outcome)
-    root, data = found
+    root, data = on_root(ckpt.comm, f"--init-from {source}: finding the version", lambda: _init_source(source))
     manifest = Manifest.from_bytes(data, f"--init-from {source}")
     names = [tl.name for tl in ckpt.layout.tensors if select(tl.name)]
     stored = {tl.name for tl in manifest.layout.tensors}
@@ -643,17 +605,15 @@ def init_from(ckpt, source: str, select) -> Manifest:
     if problems:
         raise _collective(IncompatibleCheckpointError(
             f"--init-from {source}: version {manifest.step} does not fit this job: " + "; ".join(problems)))
-    error = None
-    try:
-        pieces = _fetch_repartitioned(ckpt, PfsLevel(root, ckpt.rank), replace(manifest, layout=wanted_old),
-                                      wanted_new)
-    except (HpcckptError, OSError) as exc:
-        error = f"{exc}"
-    errors = quiet_allgather(ckpt.comm, error)
-    if any(errors):
-        first = next(e for e in errors if e)
-        raise _collective(CheckpointError(f"--init-from {source}: cannot read version {manifest.step}: {first}",
-                                          {r: e for r, e in enumerate(errors) if e}))
+
+    def read_pieces():
+        try:
+            return _fetch_repartitioned(ckpt, PfsLevel(root, ckpt.rank), replace(manifest, layout=wanted_old),
+                                        wanted_new)
+        except (HpcckptError, OSError) as exc:
+            raise CheckpointError(f"--init-from {source}: cannot read version {manifest.step}: {exc}") from None
+
+    pieces = agree(ckpt.comm, f"--init-from {source}", read_pieces)
     _assemble(ckpt, wanted_new, pieces)
     return manifest
 

@@ -376,7 +376,7 @@ class IoOnly(_WrittenInBackground):
         return os.path.join(self.dir, f"r{self.rank}-v{step}")
 
     def write(self, path):
-        from hpcckpt.format.shardfile import write_bytes_atomically
+        from hpcckpt.io.atomic import write_bytes_atomically
 
         os.makedirs(path, exist_ok=True)
         for index, size in enumerate(self.sizes):

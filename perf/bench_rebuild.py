@@ -58,8 +58,8 @@ unchanged), per rank, seconds inside restart():
   l4_read     recovery._restore_local_copy (rank 1 copies its verified L4 shard back to L1;
               the L4 read itself is part of fetch)
   l1_write    LocalLevel.write_shard_bytes (write + fsync of the rebuilt / L4 shard into L1)
-  adopt       recovery._adopt = l1_write + re-read/verify from L1
-  l3_stage    recovery._erasure_stage (everything L3 does, all ranks)
+  adopt       recovery._adopt: a delivered shard written as the L1 copy (verified after)
+  l3_stage    ErasureLevel.deliver (everything L3 does, all ranks)
   l3_rest     l3_stage minus the probed parts above (rank 1: waiting in an allgather while the
               survivors read their parity; survivors: re-reading their own shard for the rebuild)
   reprotect   recovery._reprotect (re-encode what is still missing + commit record + barrier)
@@ -171,7 +171,7 @@ def _install_probes() -> Probes:
     probes = Probes()
     for owner, attr, key in [
         (recovery, "_discover", "discover"), (recovery, "_fetch", "fetch"), (recovery, "_adopt", "adopt"),
-        (recovery, "_restore_local_copy", "l4_read"), (recovery, "_erasure_stage", "l3_stage"),
+        (recovery, "_restore_local_copy", "l4_read"), (ErasureLevel, "deliver", "l3_stage"),
         (recovery, "_reprotect", "reprotect"), (recovery, "_load", "load"),
         (ErasureLevel, "read_parity", "parity_rd"), (ErasureLevel, "_exchange_by_stripe", "transfer"),
         (ErasureLevel, "_store", "parity_wr"), (ErasureCode, "rebuild", "decode"),
@@ -551,7 +551,7 @@ def main(argv=None) -> None:
             print(f"{v:26s}{label:>7s}" + "".join(f"{p[h]:10.3f}" for h in head)
                   + f"{p['disk_rd']:9.0f}{p['disk_wr']:9.0f}")
     print("  (transfer on rank 1 includes waiting for the survivors' reads; xfer_net: from the last survivor "
-          "entering the exchange to rank 1 leaving it; adopt = l1_write + re-read/verify; l3_rest = l3_stage minus "
+          "entering the exchange to rank 1 leaving it; adopt = the delivered shard written as the L1 copy; l3_rest = l3_stage minus "
           "the probed parts: rank 1 waiting in an allgather for the survivors' parity reads, survivors re-reading "
           "their shard; disk in MiB)")
     print(f"\nthe one save (local+erasure+pfs): blocking {flat['save_blocking_s']:.3f} s, durable "

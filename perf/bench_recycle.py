@@ -4,7 +4,7 @@ a new file and an unlink against an overwrite of the spare, on the same file sys
 same run.
 
 Each way runs a chain of checkpoints like one rank's L1 with checkpoint.keep_local = 2: write
-version i's file (shardfile.write_bytes_atomically: temp name, fsync, rename, directory
+version i's file (io/atomic.write_bytes_atomically: temp name, fsync, rename, directory
 fsync; O_DIRECT where the file system takes it, as storage.direct_io does), then retire
 version i-2 (unlink, or keep it as the spare the next write overwrites). Per checkpoint: CPU
 time of the thread and wall time. The two ways alternate, chain by chain; medians over
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcckpt.io import direct_io  # noqa: E402
-from hpcckpt.format.shardfile import write_bytes_atomically  # noqa: E402
+from hpcckpt.io.atomic import write_bytes_atomically  # noqa: E402
 from hpcckpt.levels.spares import SpareFiles  # noqa: E402
 
 KEEP = 2

@@ -2,7 +2,7 @@
 against O_DIRECT (storage.direct_io, hpcckpt/io/direct_io.py), on the same file system in
 the same run.
 
-Each repeat writes a new file of --mib MiB with shardfile.write_bytes_atomically (temp name,
+Each repeat writes a new file of --mib MiB with io/atomic.write_bytes_atomically (temp name,
 fsync, rename, directory fsync), first one way then the other, in an order that alternates.
 Per write: wall time until durable, CPU time of the writing thread, and CPU time of the whole
 machine (/proc/stat: user + system + irq + softirq of every core, which includes the kernel's
@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcckpt.io import direct_io  # noqa: E402
-from hpcckpt.format.shardfile import write_bytes_atomically  # noqa: E402
+from hpcckpt.io.atomic import write_bytes_atomically  # noqa: E402
 
 
 def _machine_ticks() -> tuple[int, int]:

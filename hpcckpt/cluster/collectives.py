@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from hpcckpt.errors import CheckpointError, HpcckptError, PeerFailed, StorageError
+from hpcckpt.errors import CheckpointError, HpcckptError, StorageError
 
 T = TypeVar("T")
 
@@ -66,8 +66,9 @@ class PeerFailure:
 
 
 def describe_failure(exc: BaseException) -> str | PeerFailure:
-    """What a rank reports for its own failure in an agreement."""
-    if isinstance(exc, PeerFailed):
+    """What a rank reports for its own failure in an agreement: an agreed error that names
+    another rank's failure is a PeerFailure, so that rank's own error is the one told."""
+    if isinstance(exc, CheckpointError) and exc.collective and exc.failures_by_rank:
         return PeerFailure(str(exc))
     if isinstance(exc, HpcckptError):
         return str(exc)
