@@ -2,19 +2,26 @@
 
 discover: every rank lists the versions committed on the levels it can reach.
 agree:    one allgather; the newest version for which every rank has a source wins.
-fetch:    each rank reads only its own shard, from the cheapest level that holds it (own L1,
-          then L4); on a different number of ranks, the byte ranges of the old shards that
-          its new pieces need, from L4.
+fetch:    each rank reads only its own shard, from the cheapest level that holds it: its own
+          L1 file, else what the redundancy levels deliver (levels/base.py: a partner's
+          replica, an erasure rebuild, each collective over its peers), else L4; on a
+          different number of ranks, the byte ranges of the old shards that its new pieces
+          need, from L4.
 verify:   checksums per tensor; a mismatch makes that source missing and the rank falls
           through to the next level; if a rank has no good source left, the whole job drops
           that version and agrees on the next older one.
 load:     pieces are exchanged with allgather so every rank holds the full replicated
-          tensors, written in place into the protected arrays; small state is set last.
+          tensors, written in place into the protected arrays; the RestoreResult carries
+          the registered state, which the engine sets last.
+
+The engine hands over a frozen RestoreContext and gets a frozen RestoreResult back; nothing
+here reads or writes the engine itself.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,11 +42,57 @@ from hpcckpt.format.layout import Layout, copy_strided, place_read, read_request
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.levels.base import DeliveryRequest
-from hpcckpt.levels.naming import list_version_steps, version_dir_name
+from hpcckpt.levels.naming import LEVEL_LABELS, list_version_steps, version_dir_name
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 
 RESTART_MODES = ("auto", "require", "never")
+
+
+@dataclass(frozen=True)
+class RestoreContext:
+    """What a restore reads and fills, handed over by the engine: the job's shape and level
+    stack, the layout, this rank's snapshot buffers (its pieces land there, read and
+    verified) and the protected arrays (written in place, all ranks' pieces assembled)."""
+
+    comm: object
+    rank: int
+    world_size: int
+    node: int
+    topology: object
+    levels: tuple
+    partner_of: tuple
+    groups: tuple
+    parity: int
+    layout: Layout
+    local_array_names: tuple
+    buffers: dict  # name -> this rank's snapshot buffer of the array
+    targets: dict  # name -> the protected array, filled in place
+    run_id: str
+    settings: dict  # the job's settings now, to say what changed since a version was written
+    run_dir: str
+    pfs_dir: str
+    local_dir: str
+    log: object
+    faults: object
+
+    def level(self, name: str):
+        return next((level for level in self.levels if level.name == name), None)
+
+    local = property(lambda self: self.level("local"))
+    partner = property(lambda self: self.level("partner"))
+    erasure = property(lambda self: self.level("erasure"))
+    pfs = property(lambda self: self.level("pfs"))
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore loaded: the engine sets the registered state and its own counters."""
+
+    step: int
+    sources: tuple  # the level each rank's shard came from
+    state: dict  # the version's registered state, by name
+    unconfirmed: object = None  # the restart ledger, until the resumed run proves itself
 
 
 @dataclass(frozen=True)
@@ -63,60 +116,60 @@ class Holdings:
     interrupted: tuple = ()
 
 
-def _node_files(ckpt) -> bool:
-    root = Path(ckpt.local_dir)
+def _node_files(ctx) -> bool:
+    root = Path(ctx.local_dir)
     return bool(list_version_steps(root)) or (root / SPARE_DIR_NAME).is_dir()
 
 
-def _foreign(ckpt, manifest: Manifest, label: str) -> bool:
+def _foreign(ctx, manifest: Manifest, label: str) -> bool:
     """A version another run wrote (a copied directory, a PFS directory two runs were pointed
     at): never loaded, deleted or overwritten; said once per version."""
-    if manifest.run_id == ckpt.run.run_id:
+    if manifest.run_id == ctx.run_id:
         return False
     writer = f"run {manifest.run_id}" if manifest.run_id else "an hpcckpt without run identities"
-    _warn(ckpt, f"{label} version {manifest.step} was written by {writer}, not by this run "
-                f"({ckpt.run.run_id}): left alone")
+    _warn(ctx, f"{label} version {manifest.step} was written by {writer}, not by this run "
+                f"({ctx.run_id}): left alone")
     return True
 
 
-def _discover(ckpt) -> Holdings:
+def _discover(ctx) -> Holdings:
     local, replicas, parity, pfs, local_writings, pfs_writings = {}, {}, [], {}, {}, {}
-    if ckpt.local is not None:
-        for step in ckpt.local.committed_steps():
+    if ctx.local is not None:
+        for step in ctx.local.committed_steps():
             try:
-                manifest = ckpt.local.manifest(step)
+                manifest = ctx.local.manifest(step)
             except (HpcckptError, OSError) as exc:  # an I/O error too: every rank must reach the allgather
-                _warn(ckpt, f"ignoring L1 version {step}: {exc}")
+                _warn(ctx, f"ignoring L1 version {step}: {exc}")
                 continue
-            if _foreign(ckpt, manifest, "L1"):
+            if _foreign(ctx, manifest, "L1"):
                 continue
             local[step] = manifest.world_size
             local_writings[step] = (manifest.identity, manifest.created)
             # Replicas and parity follow the placement that wrote them; only the same one can use them.
-            if manifest.world_size == ckpt.world_size and manifest.node_of_rank == ckpt.topology.node_of_rank:
-                if ckpt.partner is not None and "partner" in manifest.levels:
-                    replicas[step] = tuple(ckpt.partner.held(step))
-                if ckpt.erasure is not None and "erasure" in manifest.levels and ckpt.erasure.has_parity(step):
+            if manifest.world_size == ctx.world_size and manifest.node_of_rank == ctx.topology.node_of_rank:
+                if ctx.partner is not None and "partner" in manifest.levels:
+                    replicas[step] = tuple(ctx.partner.held(step))
+                if ctx.erasure is not None and "erasure" in manifest.levels and ctx.erasure.has_parity(step):
                     parity.append(step)
-    if ckpt.pfs is not None:
-        for step in ckpt.pfs.committed_steps():
+    if ctx.pfs is not None:
+        for step in ctx.pfs.committed_steps():
             try:
-                manifest = ckpt.pfs.manifest(step)
+                manifest = ctx.pfs.manifest(step)
             except (HpcckptError, OSError) as exc:
-                _warn(ckpt, f"ignoring L4 version {step}: {exc}")
+                _warn(ctx, f"ignoring L4 version {step}: {exc}")
                 continue
-            if _foreign(ckpt, manifest, "L4"):
+            if _foreign(ctx, manifest, "L4"):
                 continue
             pfs[step] = manifest.world_size
             pfs_writings[step] = (manifest.identity, manifest.created)
     interrupted = ()
-    if ckpt.local is not None:
-        interrupted = tuple(s for s in ckpt.local.uncommitted_steps() if ckpt.local.shard_path(s).is_file())
-    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ckpt), local_writings, pfs_writings,
+    if ctx.local is not None:
+        interrupted = tuple(s for s in ctx.local.uncommitted_steps() if ctx.local.shard_path(s).is_file())
+    return Holdings(local, replicas, tuple(parity), pfs, _node_files(ctx), local_writings, pfs_writings,
                     interrupted)
 
 
-def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
+def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
     """Where two runs wrote the same step (a job resumed on fewer ranks rewrites steps whose
     older files other ranks' directories still hold), ranks could load different writings,
     and follow different paths into a deadlock. The newest writing of each step counts; the
@@ -130,8 +183,8 @@ def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
     stale = {step for step, (identity, _) in writings if identity != newest[step][0]}
     if not stale:
         return everyone
-    if ckpt.rank == 0:
-        _warn(ckpt, f"step(s) {sorted(stale)} were written by more than one run (a job resumed with another "
+    if ctx.rank == 0:
+        _warn(ctx, f"step(s) {sorted(stale)} were written by more than one run (a job resumed with another "
                     "rank count rewrote them): only the newest writing is used, older copies are ignored")
 
     def keep(h: Holdings) -> Holdings:
@@ -143,46 +196,46 @@ def _one_writing_per_step(ckpt, everyone: list[Holdings]) -> list[Holdings]:
     return [keep(h) for h in everyone]
 
 
-def _erasure_lost(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[int]:
+def _erasure_lost(ctx, everyone: list[Holdings], rank: int, step: int) -> list[int]:
     """Members of rank's group whose pieces of `step` are not all there."""
-    group = set(ckpt.groups[ckpt.topology.group_of(ckpt.groups, rank)])
-    return [m for m in _lacking_node_local_pieces(ckpt, everyone, step) if m in group]
+    group = set(ctx.groups[ctx.topology.group_of(ctx.groups, rank)])
+    return [m for m in _lacking_node_local_pieces(ctx, everyone, step) if m in group]
 
 
-def _sources(ckpt, everyone: list[Holdings], rank: int, step: int) -> list[str]:
+def _sources(ctx, everyone: list[Holdings], rank: int, step: int) -> list[str]:
     """Levels from which `rank` can get its shard of `step`, cheapest first."""
     mine = everyone[rank]
     sources = []
-    if mine.local.get(step) == ckpt.world_size:
+    if mine.local.get(step) == ctx.world_size:
         sources.append("local")
-    if ckpt.partner is not None and rank in everyone[ckpt.partner_of[rank]].replicas.get(step, ()):
+    if ctx.partner is not None and rank in everyone[ctx.partner_of[rank]].replicas.get(step, ()):
         sources.append("partner")
-    if ckpt.erasure is not None and any(step in h.parity for h in everyone):
-        if len(_erasure_lost(ckpt, everyone, rank, step)) <= ckpt.config.resilience.parity:
+    if ctx.erasure is not None and any(step in h.parity for h in everyone):
+        if len(_erasure_lost(ctx, everyone, rank, step)) <= ctx.parity:
             sources.append("erasure")
     if step in mine.pfs:
         sources.append("pfs")
     return sources
 
 
-def _surviving_nodes(ckpt, everyone: list[Holdings]) -> set[int]:
+def _surviving_nodes(ctx, everyone: list[Holdings]) -> set[int]:
     """Nodes whose directory still holds checkpoint files (a lost node's directory is gone)."""
-    return {ckpt.topology.node_of_rank[r] for r, h in enumerate(everyone) if h.node_files}
+    return {ctx.topology.node_of_rank[r] for r, h in enumerate(everyone) if h.node_files}
 
 
-def _never_completed(ckpt, everyone: list[Holdings], step: int) -> bool:
+def _never_completed(ctx, everyone: list[Holdings], step: int) -> bool:
     """Every rank that has no copy of `step` on any level wrote its shard and stopped before
     committing it: the version never was complete, so skipping it loses nothing. A rank
     without even its shard (a lost or replaced node, deleted files) or with an unreadable
     commit record is damage, not this case; nor is a version of another rank count, which
     _missing_message explains."""
-    if any(h.local.get(step, ckpt.world_size) != ckpt.world_size for h in everyone):
+    if any(h.local.get(step, ctx.world_size) != ctx.world_size for h in everyone):
         return False
-    missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
+    missing = [r for r in range(ctx.world_size) if not _sources(ctx, everyone, r, step)]
     return bool(missing) and all(step in everyone[r].interrupted for r in missing)
 
 
-def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
+def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
     steps = set()
     for h in everyone:
         steps.update(h.local)
@@ -191,33 +244,35 @@ def _candidates(ckpt, everyone: list[Holdings], wanted: int | None, excluded=())
         steps &= {wanted}
     steps -= set(excluded)
     return [s for s in sorted(steps, reverse=True)
-            if all(_sources(ckpt, everyone, r, s) for r in range(ckpt.world_size))]
+            if all(_sources(ctx, everyone, r, s) for r in range(ctx.world_size))]
 
 
-def _on_rank0(ckpt, action, what: str = "rank 0's storage work"):
+def _on_rank0(ctx, action, what: str = "rank 0's storage work"):
     """(all ranks) `action` on rank 0 only, its result or error on every rank (on_root)."""
-    return on_root(ckpt.comm, what, action)
+    return on_root(ctx.comm, what, action)
 
 
-def _failed_versions(ckpt, ledger: RestartLedger) -> dict[int, str]:
+def _failed_versions(ctx, ledger: RestartLedger) -> dict[int, str]:
     """(all ranks) Versions that made a restart crash; the previous restart's pending entry,
     if any, is one of them now."""
-    settled, failed = _on_rank0(ckpt, lambda: (ledger.settle_pending(), ledger.failed_steps()))
+    settled, failed = _on_rank0(ctx, lambda: (ledger.settle_pending(), ledger.failed_steps()))
     if settled is not None:
-        _warn(ckpt, f"version {settled[0]} is marked failed: {settled[1]}; falling back to an older version "
+        _warn(ctx, f"version {settled[0]} is marked failed: {settled[1]}; falling back to an older version "
                     f"(the record is in {ledger.path})")
     return failed
 
 
-def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
+def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) -> RestoreResult | None:
+    """(all ranks) The newest version every rank can load, loaded into ctx's arrays: its step,
+    where each rank's shard came from and its registered state; None for a fresh start."""
     if mode not in RESTART_MODES:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
-    comm = ckpt.comm
-    everyone = _one_writing_per_step(ckpt, quiet_allgather(comm, _discover(ckpt)))
+    comm = ctx.comm
+    everyone = _one_writing_per_step(ctx, quiet_allgather(comm, _discover(ctx)))
     stored = {s for h in everyone for s in (*h.local, *h.pfs)}
-    unfinished = sorted(s for s in stored if _never_completed(ckpt, everyone, s))
-    if unfinished and ckpt.rank == 0:
-        _warn(ckpt, f"version(s) {unfinished} were never complete (the job stopped after some ranks wrote "
+    unfinished = sorted(s for s in stored if _never_completed(ctx, everyone, s))
+    if unfinished and ctx.rank == 0:
+        _warn(ctx, f"version(s) {unfinished} were never complete (the job stopped after some ranks wrote "
                     "their shards and before they committed them): skipped, and written again")
     newest_anywhere = max(stored - set(unfinished), default=None)
     if mode == "never":
@@ -225,206 +280,220 @@ def restore(ckpt, mode: str = "auto", wanted: int | None = None) -> int | None:
             raise _collective(ConfigError(
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir"))
-        _clear_unfinished(ckpt, unfinished)
+        _clear_unfinished(ctx, unfinished)
         return None
     # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
     # restart crashed and records the one it tries, so a crash while loading is not repeated.
-    ledger = RestartLedger(ledger_path(ckpt.config.run.dir)) if wanted is None else None
-    failed = _failed_versions(ckpt, ledger) if ledger is not None else {}
-    candidates = _candidates(ckpt, everyone, wanted, excluded=failed)
+    ledger = RestartLedger(ledger_path(ctx.run_dir)) if wanted is None else None
+    failed = _failed_versions(ctx, ledger) if ledger is not None else {}
+    candidates = _candidates(ctx, everyone, wanted, excluded=failed)
     if not candidates:
-        loadable_but_failed = [s for s in _candidates(ckpt, everyone, wanted) if s in failed]
-        if loadable_but_failed:
-            raise _collective(UnrecoverableError(
-                f"every recoverable version ({loadable_but_failed}) is marked failed after crashed restarts "
-                f"(see {ledger.path}); fix the cause (rank logs), then delete a step's entry under \"failed\" "
-                "there to try it again"))
-        if wanted is not None or newest_anywhere is not None:
-            step = wanted if wanted is not None else newest_anywhere
-            raise _collective(UnrecoverableError(_missing_message(ckpt, everyone, step)))
-        if mode == "require":
-            raise _collective(CheckpointError(
-                "--restart require, but no checkpoint version exists under "
-                f"{ckpt.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
-        _clear_unfinished(ckpt, unfinished)
+        _raise_if_nothing_loadable(ctx, everyone, mode, wanted, newest_anywhere, failed, ledger)
+        _clear_unfinished(ctx, unfinished)
         return None
     for step in candidates:
         if ledger is not None:
-            _on_rank0(ckpt, lambda: ledger.begin(step))
-        ckpt.faults.strike(step, "restore")
+            _on_rank0(ctx, lambda: ledger.begin(step))
+        ctx.faults.strike(step, "restore")
         try:
-            loaded = _try_restore(ckpt, step, everyone, repair=wanted is None)
+            loaded = _try_restore(ctx, step, everyone, repair=wanted is None)
         except HpcckptError as exc:
             # A clean error every rank agreed on (e.g. an incompatible model) is not a crash:
             # the version is not to blame. Any other failure ends the job like a crash.
             if ledger is not None and exc.collective:
-                _on_rank0(ckpt, ledger.confirm)
+                _on_rank0(ctx, ledger.confirm)
             raise
-        if loaded:
+        if loaded is not None:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
-                _clear_newer(ckpt, step, failed, ledger)
-                ckpt.restart_unconfirmed = ledger
-            return step
+                _clear_newer(ctx, step, failed, ledger)
+                return replace(loaded, unconfirmed=ledger)
+            return loaded
     if ledger is not None:
-        _on_rank0(ckpt, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
+        _on_rank0(ctx, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
     raise _collective(UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({candidates}) failed verification; "
         "see the rank logs for the pieces that were bad"))
 
 
-def _shared_manifest(ckpt, step: int, mine: Holdings) -> Manifest | None:
+def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted: int | None,
+                               newest_anywhere: int | None, failed: dict, ledger) -> None:
+    """(all ranks) No candidate version: why, unless this is a fresh start (mode auto and
+    nothing stored)."""
+    loadable_but_failed = [s for s in _candidates(ctx, everyone, wanted) if s in failed]
+    if loadable_but_failed:
+        raise _collective(UnrecoverableError(
+            f"every recoverable version ({loadable_but_failed}) is marked failed after crashed restarts "
+            f"(see {ledger.path}); fix the cause (rank logs), then delete a step's entry under \"failed\" "
+            "there to try it again"))
+    if wanted is not None or newest_anywhere is not None:
+        step = wanted if wanted is not None else newest_anywhere
+        raise _collective(UnrecoverableError(_missing_message(ctx, everyone, step)))
+    if mode == "require":
+        raise _collective(CheckpointError(
+            "--restart require, but no checkpoint version exists under "
+            f"{ctx.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
+
+
+def _shared_manifest(ctx, step: int, mine: Holdings) -> Manifest | None:
     """(all ranks) The commit record of `step`: read locally where possible, else sent by a
     rank that has it (a rank on a replacement node has no local copy)."""
     manifest = None
-    for level, holds in ((ckpt.local, step in mine.local), (ckpt.pfs, step in mine.pfs)):
+    for level, holds in ((ctx.local, step in mine.local), (ctx.pfs, step in mine.pfs)):
         if manifest is None and level is not None and holds:
             try:
                 manifest = level.manifest(step)
             except HpcckptError:
                 manifest = None
-    have = quiet_allgather(ckpt.comm, manifest is not None)
+    have = quiet_allgather(ctx.comm, manifest is not None)
     if not any(have):
         return None
     root = have.index(True)
-    data = ckpt.comm.bcast(manifest.to_bytes() if ckpt.rank == root else None, root=root)
+    data = ctx.comm.bcast(manifest.to_bytes() if ctx.rank == root else None, root=root)
     return manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
 
 
-def _try_restore(ckpt, step: int, everyone: list[Holdings], repair: bool = True) -> bool:
+def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) -> RestoreResult | None:
     """(all ranks) Get every rank's shard of `step` from the cheapest source, verify, load.
     With `repair` (a resuming job), copies that were missing or bad on node-local levels are
     put back; reading an explicit version (evaluate) writes nothing."""
-    comm = ckpt.comm
-    mine = everyone[ckpt.rank]
-    my_sources = _sources(ckpt, everyone, ckpt.rank, step)
-    manifest = _shared_manifest(ckpt, step, mine)
+    comm = ctx.comm
+    mine = everyone[ctx.rank]
+    my_sources = _sources(ctx, everyone, ctx.rank, step)
+    manifest = _shared_manifest(ctx, step, mine)
     if manifest is None:
-        return False
-    agree(comm, f"checking version {step} against this job", lambda: _check_compatible(ckpt, manifest),
+        return None
+    agree(comm, f"checking version {step} against this job", lambda: _check_compatible(ctx, manifest),
           error_type=IncompatibleCheckpointError)
 
     pieces, source = None, None
     if "local" in my_sources:
-        pieces = _attempt(ckpt, ckpt.local, manifest)
+        pieces = _attempt(ctx, ctx.local, manifest)
         source = "local" if pieces is not None else None
     needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
     lost_initially = set(needy)
-    # The redundancy levels, cheapest first, each collective over its peers: holders send
-    # replicas, groups rebuild from survivors; what a rank gets becomes its L1 copy again.
-    sizes = tuple(record.size for record in manifest.shards)
-    lacking = frozenset(_lacking_node_local_pieces(ckpt, everyone, step))
-    for level in ckpt.levels:
-        if not (needy and level.collective):
-            continue
-        request = DeliveryRequest(step, ckpt.rank, ckpt.world_size, frozenset(needy), sizes,
-                                  place=lambda data, level=level: _adopt(ckpt, manifest, data, level.label),
-                                  own_shard=lambda: _shard_bytes(ckpt, step), lacking=lacking)
-        path = level.deliver(request)
-        for warning in request.warnings:
-            _warn(ckpt, warning)
-        if path is not None:
-            pieces = _attempt(ckpt, ckpt.local, manifest)
-            if pieces is None:
-                path.unlink(missing_ok=True)  # a bad copy (checksum) counts as missing
-            source = level.name if pieces is not None else None
-        needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
-    if needy and ckpt.rank in needy and "pfs" in my_sources:
-        if ckpt.local is not None and manifest.world_size == ckpt.world_size and manifest.layout == ckpt.layout:
+    pieces, source, needy = _from_redundancy(ctx, manifest, everyone, needy, pieces, source)
+    if needy and ctx.rank in needy and "pfs" in my_sources:
+        if ctx.local is not None and manifest.world_size == ctx.world_size and manifest.layout == ctx.layout:
             # Same layout: read and verify from L4, then put the same file back as this rank's
             # L1 copy (from the page cache; no second verification read).
-            pieces = _attempt(ckpt, ckpt.pfs, manifest)
+            pieces = _attempt(ctx, ctx.pfs, manifest)
             if pieces is not None and repair:
-                _restore_local_copy(ckpt, step)
+                _restore_local_copy(ctx, step)
         else:
-            pieces = _attempt(ckpt, ckpt.pfs, manifest)
+            pieces = _attempt(ctx, ctx.pfs, manifest)
         source = "pfs" if pieces is not None else None
     outcomes = quiet_allgather(comm, source)
     failed = [r for r, s in enumerate(outcomes) if s is None]
     if failed:
-        if ckpt.rank == 0:
-            _warn(ckpt, f"version {step} cannot be loaded on rank(s) {failed}; trying an older one")
-        return False
-    if repair and lost_initially and ckpt.local is not None and manifest.world_size == ckpt.world_size:
-        _reprotect(ckpt, manifest)
-    _load(ckpt, manifest, pieces)
-    ckpt.restored_sources = tuple(outcomes)
-    if ckpt.log:
-        labels = {"local": "L1 local", "partner": "L2 partner", "erasure": "L3 erasure", "pfs": "L4 pfs"}
-        ckpt.log.info(f"restored version {step} from {labels[source]} (rank {ckpt.rank}, node {ckpt.node})")
-        counts: dict[str, int] = {}
-        for s in outcomes:
-            counts[s] = counts.get(s, 0) + 1
-        summary = ", ".join(f"{counts[s]} rank(s) from {labels[s]}" for s in labels if s in counts)
-        ckpt.log.info(f"restored version {step}: {summary}", console=True)
-    _log_changed_settings(ckpt, manifest)
-    return True
+        if ctx.rank == 0:
+            _warn(ctx, f"version {step} cannot be loaded on rank(s) {failed}; trying an older one")
+        return None
+    if repair and lost_initially and ctx.local is not None and manifest.world_size == ctx.world_size:
+        _reprotect(ctx, manifest)
+    _load(ctx, manifest, pieces)
+    _log_restored(ctx, step, source, outcomes)
+    _log_changed_settings(ctx, manifest)
+    return RestoreResult(step, tuple(outcomes), manifest.state)
 
 
-def _log_changed_settings(ckpt, manifest: Manifest) -> None:
+def _from_redundancy(ctx, manifest: Manifest, everyone: list[Holdings], needy: set[int], pieces, source):
+    """(all ranks) The redundancy levels, cheapest first, each collective over its peers:
+    holders send replicas, groups rebuild from survivors; what a needy rank gets becomes its
+    L1 copy again and is verified there. Returns (pieces, source, the ranks still needy)."""
+    step = manifest.step
+    sizes = tuple(record.size for record in manifest.shards)
+    lacking = frozenset(_lacking_node_local_pieces(ctx, everyone, step))
+    for level in ctx.levels:
+        if not (needy and level.collective):
+            continue
+        request = DeliveryRequest(step, ctx.rank, ctx.world_size, frozenset(needy), sizes,
+                                  place=lambda data, level=level: _adopt(ctx, manifest, data, level.label),
+                                  own_shard=lambda: _shard_bytes(ctx, step), lacking=lacking)
+        path = level.deliver(request)
+        for warning in request.warnings:
+            _warn(ctx, warning)
+        if path is not None:
+            pieces = _attempt(ctx, ctx.local, manifest)
+            if pieces is None:
+                path.unlink(missing_ok=True)  # a bad copy (checksum) counts as missing
+            source = level.name if pieces is not None else None
+        needy = {r for r, ok in enumerate(quiet_allgather(ctx.comm, pieces is not None)) if not ok}
+    return pieces, source, needy
+
+
+def _log_restored(ctx, step: int, source: str, outcomes) -> None:
+    if ctx.log:
+        ctx.log.info(f"restored version {step} from {LEVEL_LABELS[source]} (rank {ctx.rank}, node {ctx.node})")
+        counts = Counter(outcomes)
+        summary = ", ".join(f"{counts[s]} rank(s) from {label}" for s, label in LEVEL_LABELS.items() if s in counts)
+        ctx.log.info(f"restored version {step}: {summary}", console=True)
+
+
+def _log_changed_settings(ctx, manifest: Manifest) -> None:
     """(rank 0) What differs from the settings the version was written with, said once."""
-    if ckpt.rank != 0 or ckpt.log is None:
+    if ctx.rank != 0 or ctx.log is None:
         return
-    changes = changed_settings(manifest.settings, ckpt._settings, manifest.world_size, ckpt.world_size)
+    changes = changed_settings(manifest.settings, ctx.settings, manifest.world_size, ctx.world_size)
     if not changes:
         return
-    ckpt.log.info(f"settings changed since version {manifest.step} was written: "
+    ctx.log.info(f"settings changed since version {manifest.step} was written: "
                   + "; ".join(str(c) for c in changes), console=True)
     meaning = [c for c in changes if c.changes_meaning]
     if meaning:
-        ckpt.log.warning(f"these changes alter what the restored state means (model, data, order or batch, "
+        ctx.log.warning(f"these changes alter what the restored state means (model, data, order or batch, "
                          f"seed, rank count): {'; '.join(str(c) for c in meaning)}; the run goes on from version "
                          f"{manifest.step}, but it is no longer the run that was checkpointed (a new run.dir with "
                          "--init-from starts a new one)")
 
 
-def _attempt(ckpt, level, manifest: Manifest):
+def _attempt(ctx, level, manifest: Manifest):
     """Read and verify this rank's pieces from one level; None (logged) when they are bad."""
     try:
-        return _fetch(ckpt, level, manifest)
+        return _fetch(ctx, level, manifest)
     except (HpcckptError, OSError) as exc:
-        _warn(ckpt, f"version {manifest.step} from {level.label} unusable on rank {ckpt.rank}: {exc}; "
+        _warn(ctx, f"version {manifest.step} from {level.label} unusable on rank {ctx.rank}: {exc}; "
                     "trying the next level")
         return None
 
 
-def _restore_local_copy(ckpt, step: int) -> None:
+def _restore_local_copy(ctx, step: int) -> None:
     """Copy this rank's verified L4 shard back to L1; a failure only costs the local copy."""
     try:
-        ckpt.local.shard_path(step).unlink(missing_ok=True)
-        ckpt.local.write_shard_bytes(step, np.fromfile(ckpt.pfs.shard_path(step, ckpt.rank), dtype=np.uint8))
+        ctx.local.shard_path(step).unlink(missing_ok=True)
+        ctx.local.write_shard_bytes(step, np.fromfile(ctx.pfs.shard_path(step, ctx.rank), dtype=np.uint8))
     except (HpcckptError, OSError) as exc:
-        _warn(ckpt, f"version {step}: could not put the L1 copy back from L4: {exc}")
+        _warn(ctx, f"version {step}: could not put the L1 copy back from L4: {exc}")
 
 
-def _adopt(ckpt, manifest: Manifest, data: np.ndarray, what: str) -> Path | None:
+def _adopt(ctx, manifest: Manifest, data: np.ndarray, what: str) -> Path | None:
     """Make shard bytes a level delivered (a replica, a rebuild) this rank's L1 copy again,
     to be read and verified as usual; None when it cannot be stored."""
-    path = ckpt.local.shard_path(manifest.step)
+    path = ctx.local.shard_path(manifest.step)
     try:
         path.unlink(missing_ok=True)  # a corrupt old copy; the delivered bytes replace it
-        ckpt.local.write_shard_bytes(manifest.step, data)
+        ctx.local.write_shard_bytes(manifest.step, data)
     except (HpcckptError, OSError) as exc:
-        _warn(ckpt, f"version {manifest.step}: cannot store the shard from {what}: {exc}")
+        _warn(ctx, f"version {manifest.step}: cannot store the shard from {what}: {exc}")
         return None
     return path
 
 
-def _lacking_node_local_pieces(ckpt, everyone: list[Holdings], step: int) -> list[int]:
+def _lacking_node_local_pieces(ctx, everyone: list[Holdings], step: int) -> list[int]:
     """Ranks whose node-local pieces of `step` (their L1 shard written by this rank count, and
     their parity) are not all there: an erasure group rebuilds those members too."""
-    return [r for r, h in enumerate(everyone) if not (h.local.get(step) == ckpt.world_size and step in h.parity)]
+    return [r for r, h in enumerate(everyone) if not (h.local.get(step) == ctx.world_size and step in h.parity)]
 
 
-def _shard_bytes(ckpt, step: int) -> np.ndarray:
-    return np.fromfile(ckpt.local.shard_path(step), dtype=np.uint8)
+def _shard_bytes(ctx, step: int) -> np.ndarray:
+    return np.fromfile(ctx.local.shard_path(step), dtype=np.uint8)
 
 
 class _LazyShard:
     """This rank's L1 shard bytes, read on first use: re-protection after a loss needs them
     only on ranks that send something, and most send nothing."""
 
-    def __init__(self, ckpt, step: int):
-        self._ckpt, self._step, self._data = ckpt, step, None
+    def __init__(self, ctx, step: int):
+        self._ckpt, self._step, self._data = ctx, step, None
 
     def __call__(self) -> np.ndarray:
         if self._data is None:
@@ -432,78 +501,78 @@ class _LazyShard:
         return self._data
 
 
-def _reprotect(ckpt, manifest: Manifest) -> None:
+def _reprotect(ctx, manifest: Manifest) -> None:
     """(all ranks) After a loss, put back what the lost ranks held: replicas, parity pieces
     and commit records, so the version survives the next failure right away. The version is
     restored either way, so a failure here is a warning: the next checkpoint protects the run."""
     step = manifest.step
-    shard = _LazyShard(ckpt, step)  # read only by ranks that have something to send
+    shard = _LazyShard(ctx, step)  # read only by ranks that have something to send
     sizes = [record.size for record in manifest.shards]
     stages = []
-    if ckpt.partner is not None and "partner" in manifest.levels:
-        stages.append(("L2 partner copy", lambda: ckpt.partner.protect(step, shard, only_missing=True)))
-    if ckpt.erasure is not None and "erasure" in manifest.levels:
+    if ctx.partner is not None and "partner" in manifest.levels:
+        stages.append(("L2 partner copy", lambda: ctx.partner.protect(step, shard, only_missing=True)))
+    if ctx.erasure is not None and "erasure" in manifest.levels:
         stages.append(("L3 erasure coding",
-                       lambda: ckpt.erasure.protect(step, shard, sizes, ckpt.world_size, only_missing=True)))
-    stages.append(("commit record", lambda: ckpt.local.commit_path(step).exists() or ckpt.local.commit(manifest)))
+                       lambda: ctx.erasure.protect(step, shard, sizes, ctx.world_size, only_missing=True)))
+    stages.append(("commit record", lambda: ctx.local.commit_path(step).exists() or ctx.local.commit(manifest)))
     for label, action in stages:
         # Agreed after every stage: the next one is collective too (the erasure group's
         # transfers), and a rank that skipped it would leave its peers waiting.
         try:
-            agree(ckpt.comm, label, action, step=step)
+            agree(ctx.comm, label, action, step=step)
         except CheckpointError as exc:
-            if ckpt.rank == 0:
-                _warn(ckpt, f"version {step} is restored but could not be protected again: {exc}; "
+            if ctx.rank == 0:
+                _warn(ctx, f"version {step} is restored but could not be protected again: {exc}; "
                             "the next checkpoint protects the run")
             return
-    if ckpt.log:
-        ckpt.log.info(f"version {step} protected again on this rank's levels after the loss")
+    if ctx.log:
+        ctx.log.info(f"version {step} protected again on this rank's levels after the loss")
 
 
-def _check_compatible(ckpt, manifest: Manifest) -> None:
-    problems = manifest.layout.same_tensors(ckpt.layout, "checkpoint", "current model")
-    local_now = set(ckpt.local_array_names)
+def _check_compatible(ctx, manifest: Manifest) -> None:
+    problems = manifest.layout.same_tensors(ctx.layout, "checkpoint", "current model")
+    local_now = set(ctx.local_array_names)
     if set(manifest.local_arrays) != local_now:
         problems.append(f"per-rank arrays differ: checkpoint {sorted(manifest.local_arrays)}, now {sorted(local_now)}")
-    if manifest.local_arrays and manifest.world_size != ckpt.world_size:
+    if manifest.local_arrays and manifest.world_size != ctx.world_size:
         problems.append(f"per-rank arrays {list(manifest.local_arrays)} were saved by {manifest.world_size} ranks "
-                        f"and cannot be re-partitioned onto {ckpt.world_size}")
+                        f"and cannot be re-partitioned onto {ctx.world_size}")
     if problems:
         raise IncompatibleCheckpointError(
             f"checkpoint version {manifest.step} is incompatible with this job (it does not match): "
             + "; ".join(problems))
 
 
-def _fetch(ckpt, level, manifest: Manifest) -> dict[str, np.ndarray]:
+def _fetch(ctx, level, manifest: Manifest) -> dict[str, np.ndarray]:
     """This rank's pieces under the CURRENT layout, read and verified."""
-    rank = ckpt.rank
-    layout = ckpt.layout
+    rank = ctx.rank
+    layout = ctx.layout
     pieces = {}
-    if manifest.world_size == ckpt.world_size and manifest.layout == layout:
+    if manifest.world_size == ctx.world_size and manifest.layout == layout:
         path = level.shard_path(manifest.step, rank)
         table = read_shard_table(path)
         _check_table(table, manifest, rank, path)
         with open(path, "rb") as f:
             for tl in layout.rank_pieces(rank):
-                pieces[tl.name] = read_tensor(f, table, tl.name, out=ckpt.arrays.buffers[tl.name])
-            for name in ckpt.local_array_names:
-                pieces[name] = read_tensor(f, table, name, out=ckpt.arrays.buffers[name])
-        _log_reads(ckpt, [path], sum(p.nbytes for p in pieces.values()))
+                pieces[tl.name] = read_tensor(f, table, tl.name, out=ctx.buffers[tl.name])
+            for name in ctx.local_array_names:
+                pieces[name] = read_tensor(f, table, name, out=ctx.buffers[name])
+        _log_reads(ctx, [path], sum(p.nbytes for p in pieces.values()))
         return pieces
     if level.name != "pfs":
         raise CheckpointError(f"version {manifest.step} was written by {manifest.world_size} ranks with another "
                               "layout; re-partitioning reads from L4 only")
-    return _fetch_repartitioned(ckpt, level, manifest, layout)
+    return _fetch_repartitioned(ctx, level, manifest, layout)
 
 
-def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dict[str, np.ndarray]:
+def _fetch_repartitioned(ctx, level, manifest: Manifest, layout: Layout) -> dict[str, np.ndarray]:
     """Build this rank's new pieces from the old pieces they overlap. Every old piece is read
     whole: its checksum covers the whole piece, and a byte range of it read alone could not be
     verified (a flipped bit would be loaded without a word). Where old and new pieces do not
     line up, a rank reads more than it keeps: 2x from 2 to 4 ranks, 1.5x from 4 to 3, 3x from
     2 to 3 at worst."""
-    rank = ckpt.rank
-    pieces = {tl.name: ckpt.arrays.buffers[tl.name] for tl in layout.rank_pieces(rank)}
+    rank = ctx.rank
+    pieces = {tl.name: ctx.buffers[tl.name] for tl in layout.rank_pieces(rank)}
     tables, files = {}, {}
     requests = read_requests(manifest.layout, layout, rank)
     uses: dict[tuple[int, str], int] = {}
@@ -529,16 +598,16 @@ def _fetch_repartitioned(ckpt, level, manifest: Manifest, layout: Layout) -> dic
             uses[key] -= 1
             if not uses[key]:
                 del verified[key]  # one old piece in memory at a time, not all of them
-        _log_reads(ckpt, [level.shard_path(manifest.step, r) for r in sorted(files)], bytes_read)
+        _log_reads(ctx, [level.shard_path(manifest.step, r) for r in sorted(files)], bytes_read)
     finally:
         for f in files.values():
             f.close()
     return pieces
 
 
-def _log_reads(ckpt, paths, payload_bytes: int) -> None:
-    if ckpt.log:
-        ckpt.log.info(f"restore read {payload_bytes} payload bytes from {len(paths)} file(s): "
+def _log_reads(ctx, paths, payload_bytes: int) -> None:
+    if ctx.log:
+        ctx.log.info(f"restore read {payload_bytes} payload bytes from {len(paths)} file(s): "
                       + ", ".join(str(p) for p in paths))
 
 
@@ -552,52 +621,49 @@ def _check_table(table, manifest: Manifest, rank: int, path) -> None:
             raise CheckpointError(f"{path}: tensor {entry.name!r} checksum differs from the commit record")
 
 
-def _load(ckpt, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
-    """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place."""
-    _assemble(ckpt, ckpt.layout, pieces)
-    for name in ckpt.local_array_names:
-        _write_in_place(ckpt.arrays.arrays[name].array, pieces[name])
-    for name, (_, setter) in ckpt.arrays.states.items():
-        if name in manifest.state:
-            setter(manifest.state[name])
-    ckpt._ordinal = int(manifest.state.get("_hpcckpt", {}).get("ordinal", 0))
+def _load(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
+    """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place
+    (the registered state is the engine's to set, from the RestoreResult)."""
+    _assemble(ctx, ctx.layout, pieces)
+    for name in ctx.local_array_names:
+        _write_in_place(ctx.targets[name], pieces[name])
 
 
-def _assemble(ckpt, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
+def _assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
     """(all ranks) Every replicated tensor of `layout` from every rank's pieces, written in place."""
     from mpi4py import MPI
 
     for tl in layout.tensors:
-        counts = [tl.piece_nbytes(r) for r in range(ckpt.world_size)]
+        counts = [tl.piece_nbytes(r) for r in range(ctx.world_size)]
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        target = ckpt.arrays.arrays[tl.name].array
+        target = ctx.targets[tl.name]
         mine = pieces.get(tl.name)
         send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
         if tl.axis == 0 and isinstance(target, np.ndarray) and target.flags.c_contiguous and target.size:
             # Cut along axis 0, the pieces in rank order ARE the array's bytes: receive in place.
-            wait_all([ckpt.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
+            wait_all([ctx.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
                                                    MPI.BYTE])])
             continue
         gathered = np.empty(sum(counts), dtype=np.uint8)
-        wait_all([ckpt.comm.Iallgatherv(send, [gathered, counts, displacements, MPI.BYTE])])
+        wait_all([ctx.comm.Iallgatherv(send, [gathered, counts, displacements, MPI.BYTE])])
         shape = tl.logical_shape
         axis_major = (shape[tl.axis],) + shape[:tl.axis] + shape[tl.axis + 1:]
         full = np.moveaxis(gathered.view(tl.spec.dtype).reshape(axis_major), 0, tl.axis).reshape(tl.spec.shape)
         _write_in_place(target, full)
 
 
-def init_from(ckpt, source: str, select) -> Manifest:
+def init_from(ctx, source: str, select) -> Manifest:
     """(all ranks) Start a new run from another run's state: the arrays `select(name)` picks
     are read from a version on that run's L4 (re-partitioned onto this job's ranks) and
     verified; nothing else is taken (step, data position, RNG and the arrays not picked start
     fresh), and nothing is written there. `source`: a run directory (its newest complete L4
     version), a PFS directory, or one version directory in it."""
-    root, data = on_root(ckpt.comm, f"--init-from {source}: finding the version", lambda: _init_source(source))
+    root, data = on_root(ctx.comm, f"--init-from {source}: finding the version", lambda: _init_source(source))
     manifest = Manifest.from_bytes(data, f"--init-from {source}")
-    names = [tl.name for tl in ckpt.layout.tensors if select(tl.name)]
+    names = [tl.name for tl in ctx.layout.tensors if select(tl.name)]
     stored = {tl.name for tl in manifest.layout.tensors}
     wanted_old = Layout(manifest.world_size, tuple(t for t in manifest.layout.tensors if t.name in names))
-    wanted_new = Layout(ckpt.world_size, tuple(t for t in ckpt.layout.tensors if t.name in names))
+    wanted_new = Layout(ctx.world_size, tuple(t for t in ctx.layout.tensors if t.name in names))
     problems = [f"tensor {n!r} is not in version {manifest.step}" for n in names if n not in stored]
     problems += wanted_old.same_tensors(wanted_new, f"version {manifest.step}", "current model") if not problems else []
     if not names:
@@ -608,13 +674,13 @@ def init_from(ckpt, source: str, select) -> Manifest:
 
     def read_pieces():
         try:
-            return _fetch_repartitioned(ckpt, PfsLevel(root, ckpt.rank), replace(manifest, layout=wanted_old),
+            return _fetch_repartitioned(ctx, PfsLevel(root, ctx.rank), replace(manifest, layout=wanted_old),
                                         wanted_new)
         except (HpcckptError, OSError) as exc:
             raise CheckpointError(f"--init-from {source}: cannot read version {manifest.step}: {exc}") from None
 
-    pieces = agree(ckpt.comm, f"--init-from {source}", read_pieces)
-    _assemble(ckpt, wanted_new, pieces)
+    pieces = agree(ctx.comm, f"--init-from {source}", read_pieces)
+    _assemble(ctx, wanted_new, pieces)
     return manifest
 
 
@@ -656,70 +722,70 @@ def _write_in_place(target, host: np.ndarray) -> None:
         target.set(np.ascontiguousarray(host.reshape(target.shape)))
 
 
-def _clear_newer(ckpt, restored: int, failed: dict[int, str], ledger: RestartLedger | None = None) -> None:
+def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedger | None = None) -> None:
     """Versions newer than the restored one were not loaded (not complete on every rank,
     failed verification, or marked failed after a crashed restart); the resumed run will
     write those steps again, and shard files are never overwritten, so move them out of the
     way: node-local ones are deleted, committed L4 ones are renamed for inspection. A failed
     version's ledger entry goes with its files, or it would keep the new writing of that step
     from ever being loaded."""
-    if ckpt.local is not None:
-        newer = sorted(s for s in _node_local_steps(ckpt) if s > restored)
+    if ctx.local is not None:
+        newer = sorted(s for s in _node_local_steps(ctx) if s > restored)
         if newer:
             # Said, not silent: a version another rank count wrote is gone once this job goes on.
-            _warn(ckpt, f"rank {ckpt.rank}: node-local version(s) {newer} cannot be loaded by this job "
+            _warn(ctx, f"rank {ctx.rank}: node-local version(s) {newer} cannot be loaded by this job "
                         f"(incomplete, unusable, or written by another rank count); deleted, as the resumed "
                         "run writes those steps again")
         for step in newer:
-            _remove_node_local(ckpt, step)
+            _remove_node_local(ctx, step)
 
     def set_aside_on_l4():
-        if ckpt.pfs is not None:
-            for step in ckpt.pfs.uncommitted_steps():
+        if ctx.pfs is not None:
+            for step in ctx.pfs.uncommitted_steps():
                 if step > restored:
-                    ckpt.pfs.remove(step)
-            for step in ckpt.pfs.committed_steps():
+                    ctx.pfs.remove(step)
+            for step in ctx.pfs.committed_steps():
                 if step > restored:
-                    directory = ckpt.pfs.version_dir(step)
+                    directory = ctx.pfs.version_dir(step)
                     aside = _free_name(directory, ".failed" if step in failed else ".unusable")
                     os.replace(directory, aside)
-                    _warn(ckpt, f"L4 version {step} was not loaded; kept aside as {aside.name}")
+                    _warn(ctx, f"L4 version {step} was not loaded; kept aside as {aside.name}")
                     if ledger is not None and step in failed:
                         ledger.set_aside(step, aside.name)
         if ledger is not None:
             for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
                 ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
 
-    _on_rank0(ckpt, set_aside_on_l4, f"moving newer L4 versions out of the way under {ckpt.pfs_dir!r}")
+    _on_rank0(ctx, set_aside_on_l4, f"moving newer L4 versions out of the way under {ctx.pfs_dir!r}")
 
 
-def _clear_unfinished(ckpt, unfinished: list[int]) -> None:
+def _clear_unfinished(ctx, unfinished: list[int]) -> None:
     """(all ranks) A fresh start writes its first steps again, and files are never
     overwritten: what earlier attempts half wrote goes (versions never complete, uncommitted
     leftovers). A committed version is never touched here, an unreadable one included: that
     is damage for the operator to look at, and writing its step again fails naming the file."""
-    if ckpt.local is not None:
-        leftovers = {s for level in ckpt.levels if level.node_local for s in level.uncommitted_steps()}
+    if ctx.local is not None:
+        leftovers = {s for level in ctx.levels if level.node_local for s in level.uncommitted_steps()}
         for step in sorted(set(unfinished) | leftovers):
-            _remove_node_local(ckpt, step)
+            _remove_node_local(ctx, step)
 
     def on_l4():
-        if ckpt.pfs is not None:
-            for step in ckpt.pfs.uncommitted_steps():
-                ckpt.pfs.remove(step)
+        if ctx.pfs is not None:
+            for step in ctx.pfs.uncommitted_steps():
+                ctx.pfs.remove(step)
 
-    _on_rank0(ckpt, on_l4, f"removing unfinished L4 versions under {ckpt.pfs_dir!r}")
+    _on_rank0(ctx, on_l4, f"removing unfinished L4 versions under {ctx.pfs_dir!r}")
 
 
-def _node_local_steps(ckpt) -> set[int]:
+def _node_local_steps(ctx) -> set[int]:
     """Versions this rank has node-local files of, committed or not."""
-    return {s for level in ckpt.levels if level.node_local
+    return {s for level in ctx.levels if level.node_local
             for s in (*level.committed_steps(), *level.uncommitted_steps())}
 
 
-def _remove_node_local(ckpt, step: int) -> None:
+def _remove_node_local(ctx, step: int) -> None:
     """This rank's files of a node-local version, each level its own (L1's commit record first)."""
-    for level in ckpt.levels:
+    for level in ctx.levels:
         if level.node_local:
             level.remove(step)
 
@@ -734,18 +800,18 @@ def _free_name(directory, suffix: str):
     return candidate
 
 
-def _missing_message(ckpt, everyone: list[Holdings], step: int) -> str:
-    missing = [r for r in range(ckpt.world_size) if not _sources(ckpt, everyone, r, step)]
-    writers = {h.local[step] for h in everyone if step in h.local} - {ckpt.world_size}
+def _missing_message(ctx, everyone: list[Holdings], step: int) -> str:
+    missing = [r for r in range(ctx.world_size) if not _sources(ctx, everyone, r, step)]
+    writers = {h.local[step] for h in everyone if step in h.local} - {ctx.world_size}
     if writers:
         return (f"checkpoint version {step} was written by {sorted(writers)[0]} ranks and this job runs "
-                f"{ckpt.world_size}: node-local copies only serve the same number of ranks, and L4 has no copy "
+                f"{ctx.world_size}: node-local copies only serve the same number of ranks, and L4 has no copy "
                 "of it; restart with the same number of ranks, or from a version on L4 (see hpcckpt inspect)")
-    node_of = ckpt.topology.node_of_rank
+    node_of = ctx.topology.node_of_rank
     # A node whose directory still holds checkpoint files survived; a rank there that lacks this
     # version usually was still writing it when the job stopped. Calling that a lost node would
     # send the operator looking for a failure that did not happen.
-    surviving = _surviving_nodes(ckpt, everyone)
+    surviving = _surviving_nodes(ctx, everyone)
     unfinished = [r for r in missing if node_of[r] in surviving]
     lost = [r for r in missing if node_of[r] not in surviving]
     parts = []
@@ -767,6 +833,6 @@ def _collective(exc: HpcckptError) -> HpcckptError:
     return exc
 
 
-def _warn(ckpt, message: str) -> None:
-    if ckpt.log:
-        ckpt.log.warning(message) if ckpt.rank == 0 else ckpt.log.info("warning: " + message)
+def _warn(ctx, message: str) -> None:
+    if ctx.log:
+        ctx.log.warning(message) if ctx.rank == 0 else ctx.log.info("warning: " + message)

@@ -287,9 +287,8 @@ class Checkpointer:
         and verified. The step, data position, RNG and registered state are not taken: the run
         starts at its own step 0, and its versions are its own. Returns the source's step."""
         self._finish_in_flight()
-        self._ensure_layout()
         select = select or (lambda name: True)
-        manifest = recovery.init_from(self, source, select)
+        manifest = recovery.init_from(self._restore_context(), source, select)
         if self.log:
             count = sum(1 for t in self.layout.tensors if select(t.name))
             self.log.info(f"initialized {count} array(s) from version {manifest.step} of run "
@@ -304,8 +303,16 @@ class Checkpointer:
         version instead of the newest.
         """
         self._finish_in_flight()
-        self._ensure_layout()
-        return recovery.restore(self, mode, step)
+        result = recovery.restore(self._restore_context(), mode, step)
+        if result is None:
+            return None
+        for name, (_, setter) in self.arrays.states.items():
+            if name in result.state:
+                setter(result.state[name])
+        self._ordinal = int(result.state.get(ENGINE_STATE_KEY, {}).get("ordinal", 0))
+        self.restored_sources = result.sources
+        self.restart_unconfirmed = result.unconfirmed
+        return result.step
 
     # -- internals -----------------------------------------------------------------------
     def _ensure_layout(self) -> Layout:
@@ -313,6 +320,16 @@ class Checkpointer:
         self.pipeline.shard_bytes = self.arrays.shard_bytes
         self.pipeline.device_snapshot = self.arrays.device_snapshot
         return layout
+
+    def _restore_context(self) -> recovery.RestoreContext:
+        layout = self._ensure_layout()
+        return recovery.RestoreContext(
+            comm=self.comm, rank=self.rank, world_size=self.world_size, node=self.node, topology=self.topology,
+            levels=self.levels, partner_of=self.partner_of, groups=self.groups,
+            parity=self.config.resilience.parity, layout=layout, local_array_names=self.local_array_names,
+            buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
+            run_id=self.run.run_id, settings=self._settings, run_dir=str(self.config.run.dir),
+            pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults)
 
     def _finish_in_flight(self) -> PersistReport | None:
         self._copies = None
