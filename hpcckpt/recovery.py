@@ -42,7 +42,7 @@ from hpcckpt.format.layout import Layout, copy_strided, place_read, read_request
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.levels.base import DeliveryRequest
-from hpcckpt.levels.naming import LEVEL_LABELS, list_version_steps, version_dir_name
+from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, list_version_steps, version_dir_name
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 
@@ -691,7 +691,7 @@ def _init_source(source: str) -> tuple[str, bytes]:
     identity = read_run_identity(path)
     if identity is not None:
         root = Path(identity.pfs_dir) if identity.pfs_dir else path / "pfs"
-    elif path.name.startswith("v") and path.name[1:].isdigit() and (path / "manifest.json").is_file():
+    elif path.name.startswith("v") and path.name[1:].isdigit() and (path / PFS_COMMIT_NAME).is_file():
         root, step = path.parent, int(path.name[1:])
     elif list_version_steps(path):
         root = path

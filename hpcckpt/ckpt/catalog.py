@@ -20,7 +20,16 @@ from hpcckpt.cluster.topology import expand_dir_template, job_id
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, UnrecoverableError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor, verify_shard
-from hpcckpt.levels.naming import list_version_steps, shard_file_name, version_dir_name
+from hpcckpt.levels.naming import (
+    COMMIT_GLOB,
+    COMMIT_NAME,
+    PARITY_GLOB,
+    PFS_COMMIT_NAME,
+    REPLICA_GLOB,
+    list_version_steps,
+    shard_file_name,
+    version_dir_name,
+)
 from hpcckpt.levels.spares import spare_kind
 
 
@@ -69,7 +78,7 @@ def list_versions(config) -> list[VersionEntry]:
     run_id = run_id_of(config)
     for step in list_version_steps(root):
         directory = root / version_dir_name(step)
-        manifest = _try_manifest(directory / "manifest.json")
+        manifest = _try_manifest(directory / PFS_COMMIT_NAME)
         if manifest is not None and run_id is not None and manifest.run_id != run_id:
             continue  # another run's: left alone, as a restart leaves it
         entries.append(VersionEntry("pfs", step, manifest is not None, _dir_size(directory),
@@ -82,12 +91,12 @@ def list_versions(config) -> list[VersionEntry]:
     for step, directories in sorted(by_step.items()):
         manifest = None
         for directory in directories:
-            for commit in sorted(directory.glob("commit-r*.json")):
+            for commit in sorted(directory.glob(COMMIT_GLOB)):
                 manifest = manifest or _try_manifest(commit)
         complete = False
         if manifest is not None:
-            committed_ranks = {int(p.name[len("commit-r"):-len(".json")]) for d in directories
-                               for p in d.glob("commit-r*.json")}
+            committed_ranks = {int(COMMIT_NAME.match(p.name).group(1)) for d in directories
+                               for p in d.glob(COMMIT_GLOB)}
             complete = committed_ranks >= set(range(manifest.world_size))
         entries.append(VersionEntry("local", step, complete, sum(_dir_size(d) for d in directories),
                                     manifest.world_size if manifest else None,
@@ -130,9 +139,9 @@ def version_overview(config) -> list[VersionOverview]:
             levels.append("local")
             directories = [Path(d) for d in complete["local"].location.split(", ")]
             if manifest is not None:
-                if "partner" in manifest.levels and _count(directories, "replica-of-r*.hck") >= manifest.world_size:
+                if "partner" in manifest.levels and _count(directories, REPLICA_GLOB) >= manifest.world_size:
                     levels.append("partner")
-                if "erasure" in manifest.levels and _count(directories, "parity-r*.hck") >= manifest.world_size:
+                if "erasure" in manifest.levels and _count(directories, PARITY_GLOB) >= manifest.world_size:
                     levels.append("erasure")
         if "pfs" in complete:
             levels.append("pfs")
@@ -158,7 +167,7 @@ def version_overview(config) -> list[VersionOverview]:
 def _parity_geometry(directories: list[Path]) -> tuple[int, int] | None:
     """(group size, parity) recorded in the first readable parity file."""
     for directory in directories:
-        for path in sorted(directory.glob("parity-r*.hck")):
+        for path in sorted(directory.glob(PARITY_GLOB)):
             try:
                 extra = read_shard_table(path).extra
             except (HpcckptError, OSError):
@@ -205,9 +214,9 @@ def resolve_version(config, spec: str) -> int:
 
 
 def manifest_of(config, step: int) -> Manifest:
-    candidates = [pfs_root(config) / version_dir_name(step) / "manifest.json"]
+    candidates = [pfs_root(config) / version_dir_name(step) / PFS_COMMIT_NAME]
     for local_root in local_roots(config):
-        candidates.extend(sorted((local_root / version_dir_name(step)).glob("commit-r*.json")))
+        candidates.extend(sorted((local_root / version_dir_name(step)).glob(COMMIT_GLOB)))
     for path in candidates:
         manifest = _try_manifest(path)
         if manifest is not None:
@@ -308,8 +317,8 @@ def _entry_manifest(entry: VersionEntry) -> Manifest:
     """The commit record of one level's copy of a version (not another level's: two runs may
     have written the same step)."""
     for directory in entry.location.split(", "):
-        names = (["manifest.json"] if entry.level == "pfs"
-                 else sorted(p.name for p in Path(directory).glob("commit-r*.json")))
+        names = ([PFS_COMMIT_NAME] if entry.level == "pfs"
+                 else sorted(p.name for p in Path(directory).glob(COMMIT_GLOB)))
         for name in names:
             manifest = _try_manifest(Path(directory) / name)
             if manifest is not None:

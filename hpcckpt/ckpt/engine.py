@@ -84,7 +84,7 @@ class Checkpointer:
             self._pending: _PendingSnapshot | None = None
             self._copies: BackgroundCopies | None = None
             self.pipeline = SavePipeline(self.comm, self.rank, self.world_size, self.storage.levels,
-                                         self._pipeline_settings(config), self._manifest, shard_extra, faults, log,
+                                         PipelineSettings.from_config(config), self._manifest, shard_extra, faults, log,
                                          threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease)
             self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
@@ -93,16 +93,6 @@ class Checkpointer:
         except BaseException:
             self._claim.release()
             raise
-
-    @staticmethod
-    def _pipeline_settings(config) -> PipelineSettings:
-        resilience, storage, checkpoint = config.resilience, config.storage, config.checkpoint
-        return PipelineSettings(
-            every={"partner": resilience.partner_every, "erasure": resilience.erasure_every, "pfs": storage.pfs_every},
-            keep={"node_local": checkpoint.keep_local, "global": checkpoint.keep_pfs},
-            keep_best=checkpoint.keep_best, one_write_at_a_time=bool(storage.local_bandwidth_mb),
-            background_policy=checkpoint.background_policy, persist_nice=checkpoint.persist_nice,
-            direct_io=storage.direct_io)
 
     # -- what the rest of the package reads --------------------------------------------------
     @property

@@ -92,6 +92,16 @@ class PipelineSettings:
     persist_nice: int = 0
     direct_io: bool = False
 
+    @classmethod
+    def from_config(cls, config) -> "PipelineSettings":
+        resilience, storage, checkpoint = config.resilience, config.storage, config.checkpoint
+        return cls(
+            every={"partner": resilience.partner_every, "erasure": resilience.erasure_every, "pfs": storage.pfs_every},
+            keep={"node_local": checkpoint.keep_local, "global": checkpoint.keep_pfs},
+            keep_best=checkpoint.keep_best, one_write_at_a_time=bool(storage.local_bandwidth_mb),
+            background_policy=checkpoint.background_policy, persist_nice=checkpoint.persist_nice,
+            direct_io=storage.direct_io)
+
 
 class BackgroundCopies:
     """Copies of one snapshot queued by capture() and taken by the copier thread while

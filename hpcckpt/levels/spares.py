@@ -32,25 +32,23 @@ training was idle (perf/RESULTS.md).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Callable
 
+from hpcckpt.levels.naming import PARITY_NAME, REPLICA_NAME, SHARD_NAME
+
 SPARE_DIR_NAME = ".spare"
-# The data file names of levels/base.py, with the rank that writes (and so reuses) each.
-_SHARD = re.compile(r"^shard-r(\d+)\.hck$")
-_PARITY = re.compile(r"^parity-r(\d+)\.hck$")
-_REPLICA = re.compile(r"^replica-of-r(\d+)-held-by-r(\d+)\.hck$")
 
 
 def spare_kind(name: str) -> tuple[str, int, int | None] | None:
-    """(kind, rank that writes the file, source rank of a replica) for a data file's name, in
-    a version directory or as a spare; None for a name no level writes."""
-    for kind, pattern in (("shard", _SHARD), ("parity", _PARITY)):
+    """(kind, rank that writes the file, source rank of a replica) for a data file's name
+    (levels/naming.py), in a version directory or as a spare; None for a name no level
+    writes. The writer is the rank that reuses it."""
+    for kind, pattern in (("shard", SHARD_NAME), ("parity", PARITY_NAME)):
         match = pattern.match(name)
         if match:
             return kind, int(match.group(1)), None
-    match = _REPLICA.match(name)
+    match = REPLICA_NAME.match(name)
     if match:
         return "replica", int(match.group(2)), int(match.group(1))
     return None
