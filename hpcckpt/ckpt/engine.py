@@ -31,8 +31,8 @@ from typing import Callable
 
 from hpcckpt import recovery
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
+from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.pipeline import BackgroundCopies, PersistReport, PipelineSettings, SavePipeline, Snapshot
-from hpcckpt.ckpt.settings_record import recorded_settings
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError
@@ -59,15 +59,11 @@ class Checkpointer:
         no pruning of the spare files this job could not reuse (levels/spares.py)."""
         from mpi4py import MPI
 
-        if not hasattr(config, "resilience"):  # a path to a job TOML, for library users
-            from hpcckpt.config import load_config
-
-            config = load_config(config)
-        self.config = config
+        config = self.config = LibraryConfig.of(config)  # also a JobConfig or a job TOML's path
         self.comm = comm.Dup()  # checkpoint traffic apart from the application's collectives
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
-        self.topology = topology or discover_topology(comm, config.cluster.simulated_nodes)
+        self.topology = topology or discover_topology(comm, config.simulated_nodes)
         self.node = self.topology.node_of_rank[self.rank]
         self.log = log
         self.faults = faults
@@ -79,7 +75,6 @@ class Checkpointer:
             shard_extra = {"node": self.node}  # the shard's extra record (the snapshot's layout depends on it)
             self.arrays = ProtectedArrays(self.rank, self.world_size, config.checkpoint.split_threshold_kb * 1024,
                                           config.checkpoint.gpu_snapshot, shard_extra, log)
-            self._settings = recorded_settings(config)  # in every commit record: what changed at restart
             self._ordinal = 0
             self._pending: _PendingSnapshot | None = None
             self._copies: BackgroundCopies | None = None
@@ -318,7 +313,7 @@ class Checkpointer:
             levels=self.levels, partner_of=self.partner_of, groups=self.groups,
             parity=self.config.resilience.parity, layout=layout, local_array_names=self.local_array_names,
             buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
-            run_id=self.run.run_id, settings=self._settings, run_dir=str(self.config.run.dir),
+            run_id=self.run.run_id, settings=self.config.recorded, run_dir=self.config.run_dir,
             pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults)
 
     def _finish_in_flight(self) -> PersistReport | None:
@@ -339,5 +334,5 @@ class Checkpointer:
             levels=tuple(levels),
             created=time.time(),
             run_id=self.run.run_id,
-            settings=self._settings,
+            settings=self.config.recorded,
         )

@@ -42,7 +42,7 @@ class RunClaim:
         self.identity: RunIdentity = self._claim(comm, config, pfs_dir, log, read_only)
 
     def _claim(self, comm, config, pfs_dir: str, log, read_only: bool) -> RunIdentity:
-        run_dir = Path(config.run.dir)
+        run_dir = Path(config.run_dir)
 
         def on_rank0() -> RunIdentity:
             if read_only:
@@ -111,7 +111,7 @@ class JobStorage:
         self.log = log
         self.run = run
         self.enabled = tuple(config.resilience.levels)
-        run_dir = str(config.run.dir)
+        run_dir = config.run_dir
         self.pfs_dir = self.pfs_dir_for(config)
         # Node-local versions live in a directory of this run's own under the configured one,
         # so runs that share a node-local directory never see each other's versions.
@@ -132,7 +132,7 @@ class JobStorage:
 
     @staticmethod
     def pfs_dir_for(config) -> str:
-        return pfs_dir_of(config.storage.pfs_dir, str(config.run.dir))
+        return pfs_dir_of(config.storage.pfs_dir, config.run_dir)
 
     def _level_stack(self) -> tuple:
         """The enabled levels in data-flow order (levels/naming.py's LEVEL_ORDER)."""
@@ -255,7 +255,7 @@ class JobStorage:
             self.log.info(f"node-local directories also hold other runs' versions ({', '.join(others_anywhere[:4])}"
                           f"{', ...' if len(others_anywhere) > 4 else ''}): never loaded, deleted or overwritten "
                           f"by this run ({self.run.local_subdir})", console=True)
-        simulated = bool(self.config.cluster.simulated_nodes)
+        simulated = bool(self.config.simulated_nodes)
         node_of = self.topology.node_of_rank
         where = [f"simulated node {node_of[r]}" if simulated else f"host {hosts[r]}" for r in range(self.world_size)]
         parts = [f"node-local directory {self.local_dir} on {where[self.rank]}"]

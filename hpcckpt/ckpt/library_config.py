@@ -1,0 +1,39 @@
+"""What the checkpointing library reads of a job's configuration.
+
+A JobConfig (hpcckpt/config.py) describes a whole training job: model, data, optimizer and
+evaluation too, which the library never looks at. The Checkpointer works from this smaller
+view, built from a JobConfig (or a job TOML) once; every setting keeps its validation and
+its name (`storage.local_dir`, ...) from the job config, so errors still name what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpcckpt.ckpt.settings_record import recorded_settings
+from hpcckpt.config import CheckpointConfig, ResilienceConfig, StorageConfig
+
+
+@dataclass(frozen=True)
+class LibraryConfig:
+    run_dir: str
+    checkpoint: CheckpointConfig
+    storage: StorageConfig
+    resilience: ResilienceConfig
+    simulated_nodes: int = 0  # >0: ranks spread over that many simulated nodes on one host
+    # The whole job's settings, recorded in every commit record, so a restart can say what
+    # changed since a version was written (ckpt/settings_record.py).
+    recorded: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config) -> "LibraryConfig":
+        """From a LibraryConfig, a JobConfig, or the path of a job TOML (library users)."""
+        if isinstance(config, LibraryConfig):
+            return config
+        if not hasattr(config, "resilience"):
+            from hpcckpt.config import load_config
+
+            config = load_config(config)
+        return cls(run_dir=str(config.run.dir), checkpoint=config.checkpoint, storage=config.storage,
+                   resilience=config.resilience, simulated_nodes=config.cluster.simulated_nodes,
+                   recorded=recorded_settings(config))
