@@ -55,6 +55,11 @@ class CheckpointError(HpcckptError, RuntimeError):
         self.failures_by_rank = dict(failures_by_rank or {})
 
 
+class PeerFailed(CheckpointError):
+    """This rank's part of a collective step stopped because another rank's failed (that
+    rank's own error says why); agreements report it as a PeerFailure, not as a cause."""
+
+
 class IncompatibleCheckpointError(CheckpointError):
     """A stored version does not fit the model or job it is being restored into."""
 

@@ -31,13 +31,7 @@ from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
 from hpcckpt.cluster.collectives import agree, on_root, quiet_allgather, wait_all
-from hpcckpt.errors import (
-    CheckpointError,
-    ConfigError,
-    HpcckptError,
-    IncompatibleCheckpointError,
-    UnrecoverableError,
-)
+from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
 from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
@@ -75,6 +69,9 @@ class RestoreContext:
     local_dir: str
     log: object
     faults: object
+    # Sets the registered state of the version being loaded: the engine's, called after the
+    # arrays are filled and before anything newer is moved out of the way.
+    apply_state: object = None
 
     def level(self, name: str):
         return next((level for level in self.levels if level.name == name), None)
@@ -91,7 +88,7 @@ class RestoreResult:
 
     step: int
     sources: tuple  # the level each rank's shard came from
-    state: dict  # the version's registered state, by name
+    state: dict  # the version's registered state, by name (already set through ctx.apply_state)
     unconfirmed: object = None  # the restart ledger, until the resumed run proves itself
 
 
@@ -622,11 +619,13 @@ def _check_table(table, manifest: Manifest, rank: int, path) -> None:
 
 
 def _load(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
-    """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place
-    (the registered state is the engine's to set, from the RestoreResult)."""
+    """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place;
+    then the engine sets the registered state (ctx.apply_state)."""
     _assemble(ctx, ctx.layout, pieces)
     for name in ctx.local_array_names:
         _write_in_place(ctx.targets[name], pieces[name])
+    if ctx.apply_state is not None:
+        ctx.apply_state(manifest.state)
 
 
 def _assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
@@ -676,10 +675,10 @@ def init_from(ctx, source: str, select) -> Manifest:
         try:
             return _fetch_repartitioned(ctx, PfsLevel(root, ctx.rank), replace(manifest, layout=wanted_old),
                                         wanted_new)
-        except (HpcckptError, OSError) as exc:
-            raise CheckpointError(f"--init-from {source}: cannot read version {manifest.step}: {exc}") from None
+        except OSError as exc:
+            raise CheckpointError(str(exc)) from None
 
-    pieces = agree(ctx.comm, f"--init-from {source}", read_pieces)
+    pieces = agree(ctx.comm, f"--init-from {source}: reading", read_pieces, step=manifest.step)
     _assemble(ctx, wanted_new, pieces)
     return manifest
 
@@ -766,6 +765,7 @@ def _clear_unfinished(ctx, unfinished: list[int]) -> None:
     is damage for the operator to look at, and writing its step again fails naming the file."""
     if ctx.local is not None:
         leftovers = {s for level in ctx.levels if level.node_local for s in level.uncommitted_steps()}
+        leftovers.update(ctx.local.stray_steps())
         for step in sorted(set(unfinished) | leftovers):
             _remove_node_local(ctx, step)
 
@@ -779,8 +779,9 @@ def _clear_unfinished(ctx, unfinished: list[int]) -> None:
 
 def _node_local_steps(ctx) -> set[int]:
     """Versions this rank has node-local files of, committed or not."""
-    return {s for level in ctx.levels if level.node_local
-            for s in (*level.committed_steps(), *level.uncommitted_steps())}
+    steps = {s for level in ctx.levels if level.node_local
+             for s in (*level.committed_steps(), *level.uncommitted_steps())}
+    return steps | set(ctx.local.stray_steps())
 
 
 def _remove_node_local(ctx, step: int) -> None:
@@ -788,6 +789,7 @@ def _remove_node_local(ctx, step: int) -> None:
     for level in ctx.levels:
         if level.node_local:
             level.remove(step)
+    ctx.local.remove_strays(step)  # files of levels this job does not run
 
 
 def _free_name(directory, suffix: str):

@@ -317,11 +317,15 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
     assert (node_local(tmp_path / "run", 0) / "v000000000001" / "commit-r00000.json").exists()
 
 
-def test_a_rank_failing_before_its_transfers_fails_the_checkpoint_on_every_rank_without_a_hang(tmp_path):
+@pytest.mark.parametrize("group_size,parity", [(4, 2), (2, 1)], ids=["one-group", "two-groups"])
+def test_a_rank_failing_before_its_transfers_fails_the_checkpoint_on_every_rank_without_a_hang(
+        tmp_path, group_size, parity):
+    """With two erasure groups, the group without the failing rank must not be left waiting
+    for the others, and the failure names the job's rank, not its place in the group."""
     from conftest import REPO, run_script, script_results
 
-    proc = run_script(4, REPO / "tests" / "scripts" / "fails_before_exchange.py", [str(tmp_path / "run")],
-                      cwd=tmp_path, timeout=180)
+    proc = run_script(4, REPO / "tests" / "scripts" / "fails_before_exchange.py",
+                      [str(tmp_path / "run"), str(group_size), str(parity)], cwd=tmp_path, timeout=180)
     assert "HANG" not in proc.stdout, proc.stdout[-3000:]
     assert_ok(proc)
     records = script_results(proc)

@@ -139,3 +139,24 @@ def test_pfs_flush_respects_bandwidth_cap(tmp_path):
     started = time.perf_counter()
     level.write_shard(1, 1, [("w", np.zeros(250_000, np.uint8))], {})
     assert time.perf_counter() - started >= 0.12  # 0.25 MB at 2 MB/s
+
+
+def test_files_of_a_level_the_job_no_longer_runs_are_swept_with_their_version(tmp_path):
+    """A run resumed with erasure (or partner) turned off: the parity and replicas its versions
+    still hold belong to no level of the stack, yet must go with the version, or they keep
+    their space and their directory for good."""
+    from hpcckpt.levels.naming import parity_file_name, replica_file_name
+
+    local = LocalLevel(tmp_path, 0)
+    local.prepare()
+    write_version([local], 4)
+    (local.version_dir(4) / parity_file_name(0)).write_bytes(b"parity of an earlier job")
+    local.version_dir(6).mkdir()
+    (local.version_dir(6) / replica_file_name(3, 0)).write_bytes(b"replica for a former partner")
+    assert local.stray_steps() == [6] and local.uncommitted_steps() == []
+    local.remove(4)
+    assert (local.version_dir(4) / parity_file_name(0)).exists()  # L1 deletes its own files only
+    local.remove_strays(4)
+    local.remove_strays(6)
+    assert not local.version_dir(4).exists() and not local.version_dir(6).exists()
+    assert local.stray_steps() == []

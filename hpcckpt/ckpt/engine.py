@@ -291,13 +291,16 @@ class Checkpointer:
         result = recovery.restore(self._restore_context(), mode, step)
         if result is None:
             return None
-        for name, (_, setter) in self.arrays.states.items():
-            if name in result.state:
-                setter(result.state[name])
-        self._ordinal = int(result.state.get(ENGINE_STATE_KEY, {}).get("ordinal", 0))
         self.restored_sources = result.sources
-        self.restart_unconfirmed = result.unconfirmed
+        if step is None:  # a resuming job; evaluating a chosen version confirms nothing
+            self.restart_unconfirmed = result.unconfirmed
         return result.step
+
+    def _apply_restored_state(self, state: dict) -> None:
+        for name, (_, setter) in self.arrays.states.items():
+            if name in state:
+                setter(state[name])
+        self._ordinal = int(state.get(ENGINE_STATE_KEY, {}).get("ordinal", 0))
 
     # -- internals -----------------------------------------------------------------------
     def _ensure_layout(self) -> Layout:
@@ -314,7 +317,8 @@ class Checkpointer:
             parity=self.config.resilience.parity, layout=layout, local_array_names=self.local_array_names,
             buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
             run_id=self.run.run_id, settings=self.config.recorded, run_dir=self.config.run_dir,
-            pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults)
+            pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults,
+            apply_state=self._apply_restored_state)
 
     def _finish_in_flight(self) -> PersistReport | None:
         self._copies = None

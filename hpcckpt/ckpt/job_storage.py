@@ -45,13 +45,13 @@ class RunClaim:
         run_dir = Path(config.run_dir)
 
         def on_rank0() -> RunIdentity:
-            if read_only:
-                identity = read_run_identity(run_dir)
-                if identity is None:
-                    raise ConfigError(f"run.dir {str(run_dir)!r} holds no run ({RUN_FILE} is missing): point "
-                                      "run.dir (-c, --set run.dir=...) at the directory of the run to read")
-                return identity
             try:
+                if read_only:
+                    identity = read_run_identity(run_dir)
+                    if identity is None:
+                        raise ConfigError(f"run.dir {str(run_dir)!r} holds no run ({RUN_FILE} is missing): point "
+                                          "run.dir (-c, --set run.dir=...) at the directory of the run to read")
+                    return identity
                 dir_safety.check_path(run_dir, "run.dir")
                 run_dir.mkdir(parents=True, exist_ok=True)
                 self.lease = RunLease(run_dir, job_id(os.environ), user_name(), log).acquire()

@@ -432,18 +432,22 @@ class SavePipeline:
         node-local levels share version directories, so they keep and drop versions together,
         decided by the first (L1's commit records); each deletes its own files."""
         if self.node_local:
-            steps = self._deletable(self.node_local[0], self.settings.keep["node_local"], newest,
-                                    extra_leftovers=self.node_local[1:], pin_redundant=True)
+            first = self.node_local[0]
+            leftovers = {s for level in self.node_local for s in level.uncommitted_steps()}
+            steps = self._deletable(first, self.settings.keep["node_local"], newest,
+                                    leftovers | set(first.stray_steps()), pin_redundant=True)
             for step in steps:
                 for level in self.node_local:
                     level.remove(step)
+                first.remove_strays(step)
         for level in self.global_levels:
             if not level.prunes_here:
                 continue
             for step in self._deletable(level, self.settings.keep["global"], newest):
                 level.remove(step)
 
-    def _deletable(self, level, keep: int, newest: int, extra_leftovers=(), pin_redundant=False) -> list[int]:
+    def _deletable(self, level, keep: int, newest: int, leftovers: set[int] | None = None,
+                   pin_redundant: bool = False) -> list[int]:
         committed = level.committed_steps()
         manifests: dict[int, Manifest | None] = {}
 
@@ -467,9 +471,8 @@ class SavePipeline:
                 if redundant <= {name for names in levels_by_step.values() for name in names}:
                     break
             pinned = newest_redundant_versions(levels_by_step, redundant)
-        leftovers = set(level.uncommitted_steps())
-        for other in extra_leftovers:
-            leftovers.update(other.uncommitted_steps())
+        if leftovers is None:
+            leftovers = set(level.uncommitted_steps())
         return versions_to_delete(committed, sorted(leftovers), newest, keep, metrics, self.settings.keep_best, pinned)
 
     # -- drain ----------------------------------------------------------------------------
@@ -497,7 +500,8 @@ class SavePipeline:
                 target.store(VersionImage(step, self.rank, self.world_size, (), lambda: data))
                 problems = verify_shard(target.shard_path(step))
                 if problems:
-                    raise CheckpointError(f"{target.label} copy of {source.shard_path(step)}: {problems[0]}")
+                    raise CheckpointError(f"{target.label.split()[0]} copy of {source.shard_path(step)}: "
+                                          f"{problems[0]}")
             self._stage(step, f"drain to {target.label.split()[0]}", copy_shard, phase=target.name)
             manifest = dataclasses.replace(manifests[step], levels=manifests[step].levels + (target.name,))
             self._stage(step, f"{target.label.split()[0]} commit", lambda: target.commit(manifest), phase="commit")

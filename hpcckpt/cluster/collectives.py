@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from hpcckpt.errors import CheckpointError, HpcckptError, StorageError
+from hpcckpt.errors import CheckpointError, HpcckptError, PeerFailed, StorageError
 
 T = TypeVar("T")
 
@@ -66,9 +66,9 @@ class PeerFailure:
 
 
 def describe_failure(exc: BaseException) -> str | PeerFailure:
-    """What a rank reports for its own failure in an agreement: an agreed error that names
-    another rank's failure is a PeerFailure, so that rank's own error is the one told."""
-    if isinstance(exc, CheckpointError) and exc.collective and exc.failures_by_rank:
+    """What a rank reports for its own failure in an agreement: one that only says another
+    rank failed is a PeerFailure, so that rank's own error is the one told."""
+    if isinstance(exc, PeerFailed):
         return PeerFailure(str(exc))
     if isinstance(exc, HpcckptError):
         return str(exc)
@@ -95,18 +95,20 @@ def raise_if_any_failed(comm, label: str, failure: str | PeerFailure | None, *, 
         message = first_error  # every rank says the same thing: say it once
     exc = error_type(message, failures) if issubclass(error_type, CheckpointError) else error_type(message)
     exc.collective = True
+    exc.agreed_on = comm  # agree() on the same communicator passes it through as it is
     raise exc
 
 
 def agree(comm, label: str, fn: Callable[[], T], *, step: int | None = None,
           error_type: type = CheckpointError) -> T:
     """(all ranks of comm) Run fn here; its result, or the same error on every rank. An error
-    that every rank already agreed on (a collective one fn raised) passes through as it is."""
+    that every rank of this same communicator already agreed on inside fn passes through as
+    it is (one agreed on a smaller one, an erasure group's, is agreed again here)."""
     failure, result = None, None
     try:
         result = fn()
     except HpcckptError as exc:
-        if exc.collective and isinstance(exc, CheckpointError):
+        if getattr(exc, "agreed_on", None) is comm:
             raise
         failure = describe_failure(exc)
     except Exception as exc:
@@ -115,13 +117,18 @@ def agree(comm, label: str, fn: Callable[[], T], *, step: int | None = None,
     return result
 
 
-def agree_before_exchange(comm, failure: BaseException | None, label: str, step: int | None = None) -> None:
+def agree_before_exchange(comm, failure: BaseException | None, label: str) -> None:
     """(all ranks of comm) A rank that failed while preparing a point-to-point exchange
     (allocating its buffers, reading its shard, encoding) would never post its sends and
     receives, and the others would wait for them for ever. So every rank says whether it is
-    ready first: if any is not, every rank raises the same CheckpointError instead of
-    exchanging."""
-    raise_if_any_failed(comm, label, None if failure is None else describe_failure(failure), step=step)
+    ready first: if any is not, every rank raises instead of exchanging, the failed one its
+    own error, the others PeerFailed. One allreduce round. `comm` may be a part of the job
+    (an erasure group): the caller's agreement over the whole job then names the rank."""
+    if not quiet_any(comm, failure is not None):
+        return
+    if failure is not None:
+        raise failure
+    raise PeerFailed(f"{label}: another rank failed before the exchange (its error says why)")
 
 
 def on_root(comm, label: str, fn: Callable[[], T], root: int = 0) -> T:

@@ -39,6 +39,8 @@ from hpcckpt.levels.naming import (
     STAGE_LABELS,
     commit_file_name,
     list_version_steps,
+    parity_file_name,
+    replicas_held_glob,
     shard_file_name,
     version_dir_name,
 )
@@ -186,8 +188,9 @@ class NodeLocalFiles:
         return any(p.is_file() for p in self.own_files(step))
 
     def commit(self, manifest: Manifest) -> None:
-        """Write this rank's commit record, unless another node-local level of this version
-        already has (one record per rank and version covers L1-L3)."""
+        """Write this rank's commit record, unless the node-local level that commits first
+        (L1, which refuses to overwrite one) already has: one record per rank and version
+        covers L1-L3."""
         path = self.commit_path(manifest.step)
         if not path.is_file():
             manifest.write(path, self.file_mode)
@@ -219,6 +222,35 @@ class NodeLocalFiles:
             else:
                 path.unlink(missing_ok=True)
         remove_dir_if_empty(directory)
+
+    def rank_files(self, step: int) -> list[Path]:
+        """Every file this rank may have in a node-local version, whichever levels wrote it:
+        commit record first, then shard, parity and the replicas it holds (levels/naming.py)."""
+        directory = self.version_dir(step)
+        paths = [directory / commit_file_name(self.rank), directory / shard_file_name(self.rank),
+                 directory / parity_file_name(self.rank)]
+        try:
+            paths += sorted(directory.glob(replicas_held_glob(self.rank)))
+        except OSError:
+            pass
+        return with_temporaries(paths)
+
+    def stray_steps(self) -> list[int]:
+        """Versions with files of this rank and no commit record, whichever level wrote them
+        (one this job no longer runs, or another partner placement): leftovers to delete."""
+        return [s for s in list_version_steps(self.root)
+                if not self.commit_path(s).is_file() and any(p.exists() for p in self.rank_files(s))]
+
+    def remove_strays(self, step: int) -> None:
+        """After each level of the stack removed its own files of a version: what of this rank
+        is left there (a level turned off since, a replica for a former partner) goes too,
+        or it would hold its space and its directory for good."""
+        for path in self.rank_files(step):
+            if path.suffix == ".hck":
+                self.spares.retire(path)
+            else:
+                path.unlink(missing_ok=True)
+        remove_dir_if_empty(self.version_dir(step))
 
     def _publish(self, path: Path, data) -> None:
         """A whole file this level received or rebuilt, published atomically."""
@@ -252,19 +284,20 @@ class ShardFileLevel:
         return info
 
     def write_shard_bytes(self, step: int, data) -> None:
-        """A whole shard file copied from another level (its bytes are the original file's)."""
-        started = time.perf_counter()
+        """A whole shard file copied from another level (its bytes are the original file's);
+        a restore putting a copy back is not held to the checkpoints' bandwidth cap."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
         write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
                                mode=self.file_mode)
-        hold_to_bandwidth(len(memoryview(data).cast("B")), self.bandwidth_bytes, started)
 
     def store(self, version: VersionImage) -> int:
         if version.image is not None:
             return self.write_image(version.step, version.image).size
+        started = time.perf_counter()
         data = version.file_bytes()
         self.write_shard_bytes(version.step, data)
+        hold_to_bandwidth(int(data.size), self.bandwidth_bytes, started)
         return int(data.size)
 
     def deliver(self, request: DeliveryRequest) -> Path | None:

@@ -150,7 +150,7 @@ class ErasureLevel(NodeLocalFiles):
                     mine[_piece_name(stripe.index, block)] = buffer
         except Exception as exc:
             failure = exc
-        agree_before_exchange(self.comm, failure, self.stage_label, step)
+        agree_before_exchange(self.comm, failure, self.stage_label)
         exchange(self.comm, gather_sends, gathered, TAG_GATHER)
         # Phase 2: the gatherer encodes and forwards parity block h to holder h.
         sends = []
@@ -161,7 +161,7 @@ class ErasureLevel(NodeLocalFiles):
                 sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
         except Exception as exc:
             failure = exc
-        agree_before_exchange(self.comm, failure, self.stage_label, step)
+        agree_before_exchange(self.comm, failure, self.stage_label)
         exchange(self.comm, sends, parity_receives, TAG_PARITY)
         if not needs[self.me]:
             return 0

@@ -27,6 +27,11 @@ class LocalLevel(ShardFileLevel, NodeLocalFiles):
         super().__init__(root, rank, spares, file_mode, bandwidth_mb)
         self.direct_io = direct_io  # write shard files with O_DIRECT (io/direct_io.py)
 
+    def commit(self, manifest) -> None:
+        """This rank's commit record of the version; an existing one (a stale record of a
+        step written again) is refused, never silently kept (invariant 3)."""
+        manifest.write(self.commit_path(manifest.step), self.file_mode)
+
     def own_files(self, step: int) -> list[Path]:
         # The commit record first, so a half-deleted version never looks complete.
         return [self.commit_path(step), self.shard_path(step)]

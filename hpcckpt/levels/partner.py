@@ -93,7 +93,7 @@ class PartnerLevel(NodeLocalFiles):
             receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
         except Exception as exc:
             failure = failure or exc
-        agree_before_exchange(self.comm, failure, self.stage_label, step)
+        agree_before_exchange(self.comm, failure, self.stage_label)
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
         exchange(self.comm, sends, receives, TAG_PROTECT)
         for source, data in receives:

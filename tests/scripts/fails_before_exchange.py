@@ -1,5 +1,6 @@
 """One rank fails inside L2 or L3 before or between its transfers (an allocation, the
-encoding), or in the commit: every rank must get the same CheckpointError naming that rank,
+encoding), or in the commit, with one erasure group or several (argv: run dir, group size,
+parity): every rank must get the same CheckpointError naming that rank,
 instead of the others waiting for its messages for ever, no rank may keep a commit record of the
 failed version, and the next checkpoint must work."""
 
@@ -30,9 +31,10 @@ def fail_once(obj, name, exc):
 
 def main():
     run_dir = Path(sys.argv[1])
+    group_size, parity = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("4", "2")
     comm = MPI.COMM_WORLD
-    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=4", "resilience.group_size=4",
-                                "resilience.parity=2", 'resilience.levels=["local","partner","erasure"]'],
+    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=4", f"resilience.group_size={group_size}",
+                                f"resilience.parity={parity}", 'resilience.levels=["local","partner","erasure"]'],
                          environ={})
     weights = np.arange(1 << 16, dtype=np.float64)
     ckpt = Checkpointer(comm, config)
