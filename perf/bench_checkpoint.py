@@ -97,6 +97,9 @@ import time
 from pathlib import Path
 
 from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
+from harness import median as _median
+from harness import paper_overhead as _paper_overhead
+from harness import quiet_barrier as _quiet_barrier
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -120,22 +123,11 @@ EXTRA_APPROACHES = ("io_only",)
 # ------------------------------------------------------------------------------------------
 # worker side (runs under mpiexec)
 
-def _median(values):
-    values = [v for v in values if v is not None and v == v]
-    return float(statistics.median(values)) if values else None
-
-
 def _rss_kib() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def _quiet_barrier(comm):
-    from hpcckpt.cluster.collectives import quiet_barrier
-
-    quiet_barrier(comm)
 
 
 def _fsync_dir(path):
@@ -550,22 +542,6 @@ def _run_segment(ctx, approach, steps, every, nckpt):
         times.append(time.perf_counter() - started)
         flags.append(bool(due))
     return times, flags
-
-
-def _paper_overhead(times, flags):
-    """Mean of checkpointed steps and the steps right after them vs the mean of the others."""
-    hit = set()
-    for i, f in enumerate(flags):
-        if f:
-            hit.add(i)
-            if i + 1 < len(flags):
-                hit.add(i + 1)
-    with_ckpt = [t for i, t in enumerate(times) if i in hit]
-    clean = [t for i, t in enumerate(times) if i not in hit]
-    if not with_ckpt or not clean:
-        return None, (statistics.fmean(clean) if clean else None)
-    base = statistics.fmean(clean)
-    return 100.0 * (statistics.fmean(with_ckpt) - base) / base, base
 
 
 def _cpu_floor(cpus, base_s_per_step, every, ranks):

@@ -26,21 +26,14 @@ import argparse
 import json
 import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench_checkpoint import write_durably  # perf/ is on sys.path: the scripts run from it
+from harness import REPO, median, run_worker
 
-REPO = Path(__file__).resolve().parent.parent
 ARRAYS = 8
-
-
-def _median(values):
-    return float(statistics.median(values)) if values else None
 
 
 def worker(args) -> None:
@@ -110,37 +103,25 @@ def worker(args) -> None:
     if rank == 0:
         result = {"ranks": size, "state_bytes": args.mib * 2 ** 20, "shard_bytes": shard, "parity_bytes": parity,
                   "levels": levels, "group": args.group, "parity": args.parity, "repeats": args.repeats,
-                  "disk_state_s": _median(samples["disk_state"]), "disk_written_s": _median(samples["disk_written"]),
+                  "disk_state_s": median(samples["disk_state"]), "disk_written_s": median(samples["disk_written"]),
                   "disk_state_all": samples["disk_state"], "disk_written_all": samples["disk_written"],
-                  "durable_s": {level: _median([c[level] for c in samples["checkpoint"]])
+                  "durable_s": {level: median([c[level] for c in samples["checkpoint"]])
                                 for level in samples["checkpoint"][0]},
                   "checkpoints": samples["checkpoint"]}
         Path(args.out).write_text(json.dumps(result))
 
 
 def parent(args) -> dict:
-    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
-
-    mpiexec = find_mpiexec(args.mpiexec)
-    flags, _ = mpiexec_flags(mpiexec)
-    fd, out = tempfile.mkstemp(prefix="bench_durability_", suffix=".json")
-    os.close(fd)
     run_root = tempfile.mkdtemp(prefix="bench_durability_", dir=args.tmp)
-    command = [mpiexec, "-n", str(args.ranks), *flags, sys.executable, str(Path(__file__).resolve()), "--worker",
-               "--out", out, "--run-root", run_root, "--mib", str(args.mib), "--repeats", str(args.repeats),
-               "--levels", args.levels, "--group", str(args.group), "--parity", str(args.parity)]
+    worker_args = ["--run-root", run_root, "--mib", str(args.mib), "--repeats", str(args.repeats),
+                   "--levels", args.levels, "--group", str(args.group), "--parity", str(args.parity)]
     for setting in args.set or []:
-        command += ["--set", setting]
+        worker_args += ["--set", setting]
     impl = str(Path(args.impl).resolve()) if args.impl else str(REPO)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCCKPT_")}
-    env["PYTHONPATH"] = os.pathsep.join([impl, str(REPO)])
     try:
-        proc = subprocess.run(command, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"bench_durability: the {args.ranks}-rank job failed (exit {proc.returncode})")
-        result = json.loads(Path(out).read_text())
+        result, _ = run_worker(__file__, args.ranks, worker_args, f"{args.ranks}-rank job", mpiexec=args.mpiexec,
+                               pythonpath_first=impl, quiet=False)
     finally:
-        os.unlink(out)
         shutil.rmtree(run_root, ignore_errors=True)
     result["impl"] = impl
     durable, state_s, written_s = result["durable_s"], result["disk_state_s"], result["disk_written_s"]

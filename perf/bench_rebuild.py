@@ -84,7 +84,6 @@ import json
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +95,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from harness import mpiexec_command, run_worker
 from restore_fixtures import (MiB, cold_method_works, digests, evict, fill, machine, proc_io, quiet_barrier,
                               state_shapes)
 
@@ -262,30 +262,11 @@ def worker_restore(args) -> None:
 # parent side
 
 
-def _mpiexec(args) -> tuple[list[str], str]:
-    from hpcckpt.cluster.launcher import mpiexec_command
-
-    return mpiexec_command(RANKS, args.mpiexec)
-
-
 def _launch(args, extra: list[str], what: str) -> dict:
-    fd, out = tempfile.mkstemp(prefix="bench_rebuild_", suffix=".json")
-    os.close(fd)
-    command, _ = _mpiexec(args)
-    command += [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
-                "--run-dir", str(args.run_dir), "--size-mib", str(args.size_mib), "--tensors", str(args.tensors),
-                "--cold-method", args.cold_method, *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env = {k: v for k, v in env.items() if not k.startswith("HPCCKPT_")}
-    try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-6000:])
-            raise SystemExit(f"bench_rebuild: the {what} job failed (exit {proc.returncode})")
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+    worker_args = ["--run-dir", str(args.run_dir), "--size-mib", str(args.size_mib), "--tensors", str(args.tensors),
+                   "--cold-method", args.cold_method, *extra]
+    result, _ = run_worker(__file__, RANKS, worker_args, f"{what} job", mpiexec=args.mpiexec)
+    return result
 
 
 def _listing(root: Path) -> dict[str, int]:
@@ -339,9 +320,10 @@ def _check_logs(log_dir: Path, variant: str) -> dict:
     return {"sources": sources, "summary": summary}
 
 
-def _check_files(run_dir: Path, pristine: Path, variant: str) -> dict:
-    """Node 1's shard (and parity) after the restore against the original bytes."""
-    vdir = Path("local") / f"node{LOST_NODE}" / f"v{STEP:012d}"
+def _check_files(run_dir: Path, pristine: Path, variant: str, version_dir: str) -> dict:
+    """Node 1's shard (and parity) after the restore against the original bytes; `version_dir`:
+    the version's directory in the run's own node-local directory (ckpt/run_identity.py)."""
+    vdir = Path(version_dir)
     shard = vdir / f"shard-r{LOST_RANK:05d}.hck"
     parity = vdir / f"parity-r{LOST_RANK:05d}.hck"
     out = {}
@@ -390,7 +372,7 @@ def _sample(result: dict) -> dict:
 
 
 def _machine(args) -> dict:
-    return machine(_mpiexec(args)[1])
+    return machine(mpiexec_command(RANKS, args.mpiexec)[1])
 
 
 def main(argv=None) -> None:
@@ -461,7 +443,7 @@ def main(argv=None) -> None:
                                  f"{variant} (repeat {repeat + 1})")
                 info = _check_logs(log_dir, variant)
                 if VARIANTS[variant][1]:
-                    info.update(_check_files(args.run_dir, pristine, variant))
+                    info.update(_check_files(args.run_dir, pristine, variant, version_dir))
                 samples[variant].append(_sample(result))
                 checks[variant].append(info)
                 print(f"repeat {repeat + 1}/{args.repeats} {variant:11s} {samples[variant][-1]['seconds']:7.3f} s  "

@@ -70,7 +70,6 @@ import json
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,6 +81,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from harness import mpiexec_command, run_worker
 from restore_fixtures import MiB, cold_method_works, digests, evict, fill, machine, proc_io, quiet_barrier, state_shapes
 
 STEP = 1
@@ -375,12 +375,6 @@ def worker_main(args) -> None:
 # parent side
 
 
-def _mpiexec_command(args, ranks):
-    from hpcckpt.cluster.launcher import mpiexec_command
-
-    return mpiexec_command(ranks, args.mpiexec)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -388,27 +382,13 @@ def _free_port() -> int:
 
 
 def _launch(args, ranks: int, phase: str, run_dir: Path) -> dict:
-    fd, out = tempfile.mkstemp(prefix="bench_restart_", suffix=".json")
-    os.close(fd)
-    command, _ = _mpiexec_command(args, ranks)
-    command += [sys.executable, str(Path(__file__).resolve()), "--worker", "--phase", phase,
-                "--out", out, "--run-dir", str(run_dir), "--size-mib", str(args.size_mib),
-                "--tensors", str(args.tensors), "--repeats", str(args.repeats),
-                "--cold-method", args.cold_method, "--port", str(_free_port()),
-                "--from-ranks", str(args.ranks), "--layout", args.layout]
+    worker_args = ["--phase", phase, "--run-dir", str(run_dir), "--size-mib", str(args.size_mib),
+                   "--tensors", str(args.tensors), "--repeats", str(args.repeats), "--cold-method", args.cold_method,
+                   "--port", str(_free_port()), "--from-ranks", str(args.ranks), "--layout", args.layout]
     if args.no_dcp:
-        command.append("--no-dcp")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env = {k: v for k, v in env.items() if not k.startswith("HPCCKPT_")}
-    try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-6000:])
-            raise SystemExit(f"bench_restart: the {phase} job on {ranks} ranks failed (exit {proc.returncode})")
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+        worker_args.append("--no-dcp")
+    result, _ = run_worker(__file__, ranks, worker_args, f"{phase} job on {ranks} ranks", mpiexec=args.mpiexec)
+    return result
 
 
 def _summarise(samples: dict) -> dict:
@@ -431,7 +411,7 @@ def _machine(args) -> dict:
         torch_version = torch.__version__
     except ImportError:
         torch_version = None
-    _, mpi_version = _mpiexec_command(args, 1)
+    _, mpi_version = mpiexec_command(1, args.mpiexec)
     return machine(mpi_version, h5py=h5py.__version__, torch=torch_version)
 
 

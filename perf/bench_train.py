@@ -43,13 +43,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
+from harness import median, mpiexec_command, run_worker
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -75,8 +75,8 @@ PHASES = ("compute", "allreduce_stage", "allreduce_wait", "optimizer", "other")
 # worker side (runs under mpiexec)
 
 
-def _median(values):
-    return float(statistics.median(values)) if values else float("nan")
+def _median_or_nan(values):
+    return median(values, empty=float("nan"))
 
 
 class _Probes:
@@ -198,7 +198,7 @@ def _time_matmuls(recorded, backend, passes):
             for a, b in recorded:
                 np.matmul(a, b)
             times.append(time.perf_counter() - started)
-        return _median(times)
+        return _median_or_nan(times)
     import cupy
 
     def device_like(array):
@@ -218,7 +218,7 @@ def _time_matmuls(recorded, backend, passes):
         end.record()
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / 1000.0)
-    return _median(times)
+    return _median_or_nan(times)
 
 
 def _step_times(trainer, comm, steps):
@@ -254,7 +254,7 @@ def _bench_model(model_name, args, comm, run_dir):
         for _ in range(args.repeats):
             slowest, _ = _step_times(trainer, comm, args.steps)
             if rank == 0:
-                repeat_ms.append(1000.0 * _median(slowest))
+                repeat_ms.append(1000.0 * _median_or_nan(slowest))
 
         # 2. breakdown with probes
         probes = _Probes(trainer, backend.synchronize)
@@ -270,7 +270,7 @@ def _bench_model(model_name, args, comm, run_dir):
             local["other"] = 1.0 - sum(local.values())
             gathered = comm.gather(local, root=0)
             if rank == 0:
-                instrumented_ms.append(1000.0 * _median(slowest))
+                instrumented_ms.append(1000.0 * _median_or_nan(slowest))
                 for phase in PHASES:
                     shares[phase].append(statistics.fmean(g[phase] for g in gathered))
         probes.remove()
@@ -288,13 +288,13 @@ def _bench_model(model_name, args, comm, run_dir):
 
     if rank != 0:
         return None
-    ms = _median(repeat_ms)
+    ms = _median_or_nan(repeat_ms)
     matmul_ms = 1000.0 * statistics.fmean(matmul_all)
     result = {
         "samples_per_s": config.data.batch_size / (ms / 1000.0),
         "ms_per_step": ms,
         "repeat_ms_per_step": repeat_ms,
-        "instrumented_ms_per_step": _median(instrumented_ms),
+        "instrumented_ms_per_step": _median_or_nan(instrumented_ms),
         "matmul_ms": matmul_ms,
         "matmul_share": matmul_ms / ms,
         "matmuls_per_step": len(recorded),
@@ -303,7 +303,7 @@ def _bench_model(model_name, args, comm, run_dir):
         "global_batch": config.data.batch_size,
     }
     for phase in PHASES:
-        result[f"{phase}_share"] = _median(shares[phase])
+        result[f"{phase}_share"] = _median_or_nan(shares[phase])
     return result
 
 
@@ -329,33 +329,11 @@ def worker(args):
 # parent side
 
 
-def _mpiexec_command(args, ranks):
-    from hpcckpt.cluster.launcher import mpiexec_command
-
-    return mpiexec_command(ranks, args.mpiexec)
-
-
 def _run_job(args, device, ranks):
-    fd, out = tempfile.mkstemp(prefix="bench_train_", suffix=".json")
-    os.close(fd)
-    command, _ = _mpiexec_command(args, ranks)
-    command += [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
-                "--device", device, "--models", args.models, "--steps", str(args.steps),
-                "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-                "--matmul-passes", str(args.matmul_passes), "--batch-size", str(args.batch_size)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env = {k: v for k, v in env.items() if not k.startswith("HPCCKPT_")}
-    started = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
-    try:
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout + proc.stderr)
-            raise SystemExit(f"bench_train: {device} job with {ranks} ranks failed (exit {proc.returncode})")
-        return json.loads(Path(out).read_text()), elapsed
-    finally:
-        os.unlink(out)
+    worker_args = ["--device", device, "--models", args.models, "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+                   "--matmul-passes", str(args.matmul_passes), "--batch-size", str(args.batch_size)]
+    return run_worker(__file__, ranks, worker_args, f"{device} job with {ranks} ranks", mpiexec=args.mpiexec)
 
 
 def _print_table(rows):
@@ -382,7 +360,7 @@ def parent(args):
         if gpu_available():
             devices.append("gpu")
     ranks_list = [int(r) for r in args.ranks.split(",")]
-    _, mpi_version = _mpiexec_command(args, 1)
+    _, mpi_version = mpiexec_command(1, args.mpiexec)
     print(f"bench_train: devices {devices}, ranks {ranks_list}, models {args.models}, "
           f"{args.warmup} warm-up + {args.steps} steps x {args.repeats} repeats, "
           f"{os.cpu_count()} CPUs, {mpi_version}", flush=True)
