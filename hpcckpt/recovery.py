@@ -35,12 +35,13 @@ from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, Incompati
 from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
-from hpcckpt.levels.base import DeliveryRequest
+from hpcckpt.levels.base import DeliveryRequest, LevelStack
 from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, list_version_steps, version_dir_name
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 
 RESTART_MODES = ("auto", "require", "never")
+_RANK0_WORK = "rank 0's storage work"  # what an OSError in the ledger's upkeep on rank 0 is called
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class RestoreContext:
     world_size: int
     node: int
     topology: object
-    levels: tuple
+    levels: LevelStack
     partner_of: tuple
     groups: tuple
     parity: int
@@ -73,13 +74,10 @@ class RestoreContext:
     # arrays are filled and before anything newer is moved out of the way.
     apply_state: object = None
 
-    def level(self, name: str):
-        return next((level for level in self.levels if level.name == name), None)
-
-    local = property(lambda self: self.level("local"))
-    partner = property(lambda self: self.level("partner"))
-    erasure = property(lambda self: self.level("erasure"))
-    pfs = property(lambda self: self.level("pfs"))
+    local = property(lambda self: self.levels.local)
+    partner = property(lambda self: self.levels.partner)
+    erasure = property(lambda self: self.levels.erasure)
+    pfs = property(lambda self: self.levels.pfs)
 
 
 @dataclass(frozen=True)
@@ -244,15 +242,10 @@ def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) 
             if all(_sources(ctx, everyone, r, s) for r in range(ctx.world_size))]
 
 
-def _on_rank0(ctx, action, what: str = "rank 0's storage work"):
-    """(all ranks) `action` on rank 0 only, its result or error on every rank (on_root)."""
-    return on_root(ctx.comm, what, action)
-
-
 def _failed_versions(ctx, ledger: RestartLedger) -> dict[int, str]:
     """(all ranks) Versions that made a restart crash; the previous restart's pending entry,
     if any, is one of them now."""
-    settled, failed = _on_rank0(ctx, lambda: (ledger.settle_pending(), ledger.failed_steps()))
+    settled, failed = on_root(ctx.comm, _RANK0_WORK, lambda: (ledger.settle_pending(), ledger.failed_steps()))
     if settled is not None:
         _warn(ctx, f"version {settled[0]} is marked failed: {settled[1]}; falling back to an older version "
                     f"(the record is in {ledger.path})")
@@ -290,7 +283,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
         return None
     for step in candidates:
         if ledger is not None:
-            _on_rank0(ctx, lambda: ledger.begin(step))
+            on_root(ctx.comm, _RANK0_WORK, lambda: ledger.begin(step))
         ctx.faults.strike(step, "restore")
         try:
             loaded = _try_restore(ctx, step, everyone, repair=wanted is None)
@@ -298,7 +291,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
             # A clean error every rank agreed on (e.g. an incompatible model) is not a crash:
             # the version is not to blame. Any other failure ends the job like a crash.
             if ledger is not None and exc.collective:
-                _on_rank0(ctx, ledger.confirm)
+                on_root(ctx.comm, _RANK0_WORK, ledger.confirm)
             raise
         if loaded is not None:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
@@ -306,7 +299,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
                 return replace(loaded, unconfirmed=ledger)
             return loaded
     if ledger is not None:
-        _on_rank0(ctx, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
+        on_root(ctx.comm, _RANK0_WORK, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
     raise _collective(UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({candidates}) failed verification; "
         "see the rank logs for the pieces that were bad"))
@@ -403,7 +396,7 @@ def _from_redundancy(ctx, manifest: Manifest, everyone: list[Holdings], needy: s
     for level in ctx.levels:
         if not (needy and level.collective):
             continue
-        request = DeliveryRequest(step, ctx.rank, ctx.world_size, frozenset(needy), sizes,
+        request = DeliveryRequest(step, ctx.world_size, frozenset(needy), sizes,
                                   place=lambda data, level=level: _adopt(ctx, manifest, data, level.label),
                                   own_shard=lambda: _shard_bytes(ctx, step), lacking=lacking)
         path = level.deliver(request)
@@ -755,7 +748,7 @@ def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedg
             for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
                 ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
 
-    _on_rank0(ctx, set_aside_on_l4, f"moving newer L4 versions out of the way under {ctx.pfs_dir!r}")
+    on_root(ctx.comm, f"moving newer L4 versions out of the way under {ctx.pfs_dir!r}", set_aside_on_l4)
 
 
 def _clear_unfinished(ctx, unfinished: list[int]) -> None:
@@ -764,8 +757,7 @@ def _clear_unfinished(ctx, unfinished: list[int]) -> None:
     leftovers). A committed version is never touched here, an unreadable one included: that
     is damage for the operator to look at, and writing its step again fails naming the file."""
     if ctx.local is not None:
-        leftovers = {s for level in ctx.levels if level.node_local for s in level.uncommitted_steps()}
-        leftovers.update(ctx.local.stray_steps())
+        leftovers = set(ctx.local.stray_steps())  # every node-local level's, in one scan
         for step in sorted(set(unfinished) | leftovers):
             _remove_node_local(ctx, step)
 
@@ -774,14 +766,12 @@ def _clear_unfinished(ctx, unfinished: list[int]) -> None:
             for step in ctx.pfs.uncommitted_steps():
                 ctx.pfs.remove(step)
 
-    _on_rank0(ctx, on_l4, f"removing unfinished L4 versions under {ctx.pfs_dir!r}")
+    on_root(ctx.comm, f"removing unfinished L4 versions under {ctx.pfs_dir!r}", on_l4)
 
 
 def _node_local_steps(ctx) -> set[int]:
     """Versions this rank has node-local files of, committed or not."""
-    steps = {s for level in ctx.levels if level.node_local
-             for s in (*level.committed_steps(), *level.uncommitted_steps())}
-    return steps | set(ctx.local.stray_steps())
+    return set(ctx.local.rank_steps())
 
 
 def _remove_node_local(ctx, step: int) -> None:

@@ -67,7 +67,6 @@ class Checkpointer:
         self.node = self.topology.node_of_rank[self.rank]
         self.log = log
         self.faults = faults
-        self.levels_enabled = tuple(config.resilience.levels)
         self._claim = RunClaim(self.comm, config, JobStorage.pfs_dir_for(config), log, read_only)
         self.run = self._claim.identity
         try:
@@ -79,7 +78,7 @@ class Checkpointer:
             self._pending: _PendingSnapshot | None = None
             self._copies: BackgroundCopies | None = None
             self.pipeline = SavePipeline(self.comm, self.rank, self.world_size, self.storage.levels,
-                                         PipelineSettings.from_config(config), self._manifest, shard_extra, faults, log,
+                                         PipelineSettings.from_config(config), self._manifest, self.arrays, faults, log,
                                          threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease)
             self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
@@ -95,10 +94,11 @@ class Checkpointer:
         """The level stack, in data-flow order."""
         return self.storage.levels
 
-    local = property(lambda self: self.storage.level("local"))
-    partner = property(lambda self: self.storage.level("partner"))
-    erasure = property(lambda self: self.storage.level("erasure"))
-    pfs = property(lambda self: self.storage.level("pfs"))
+    local = property(lambda self: self.levels.local)
+    partner = property(lambda self: self.levels.partner)
+    erasure = property(lambda self: self.levels.erasure)
+    pfs = property(lambda self: self.levels.pfs)
+    levels_enabled = property(lambda self: tuple(level.name for level in self.levels))
     pfs_dir = property(lambda self: self.storage.pfs_dir)
     local_dir = property(lambda self: self.storage.local_dir)
     partner_of = property(lambda self: self.storage.partner_of)
@@ -304,10 +304,7 @@ class Checkpointer:
 
     # -- internals -----------------------------------------------------------------------
     def _ensure_layout(self) -> Layout:
-        layout = self.arrays.ensure_layout()
-        self.pipeline.shard_bytes = self.arrays.shard_bytes
-        self.pipeline.device_snapshot = self.arrays.device_snapshot
-        return layout
+        return self.arrays.ensure_layout()
 
     def _restore_context(self) -> recovery.RestoreContext:
         layout = self._ensure_layout()

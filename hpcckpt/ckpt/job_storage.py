@@ -23,6 +23,7 @@ from hpcckpt.cluster.placement import local_dir_of, pfs_dir_of, user_name
 from hpcckpt.cluster.topology import job_id
 from hpcckpt.errors import ConfigError, HpcckptError, StorageError
 from hpcckpt.levels import dir_safety
+from hpcckpt.levels.base import LevelStack
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
 from hpcckpt.levels.naming import NODE_LOCAL_LEVELS
@@ -134,7 +135,7 @@ class JobStorage:
     def pfs_dir_for(config) -> str:
         return pfs_dir_of(config.storage.pfs_dir, config.run_dir)
 
-    def _level_stack(self) -> tuple:
+    def _level_stack(self) -> LevelStack:
         """The enabled levels in data-flow order (levels/naming.py's LEVEL_ORDER)."""
         storage, resilience = self.config.storage, self.config.resilience
         node_local = dict(direct_io=storage.direct_io, spares=self.node_spares, file_mode=self.file_mode,
@@ -157,13 +158,10 @@ class JobStorage:
             pfs_spares = SpareFiles(self.pfs_dir, storage.pfs_recycle_files,
                                     lambda kind, writer, _: kind == "shard" and writer < self.world_size)
             stack.append(PfsLevel(self.pfs_dir, self.rank, storage.pfs_bandwidth_mb, storage.direct_io, pfs_spares))
-        return tuple(stack)
-
-    def level(self, name: str):
-        return next((level for level in self.levels if level.name == name), None)
+        return LevelStack(stack)
 
     def close(self) -> None:
-        erasure = self.level("erasure")
+        erasure = self.levels.erasure
         if erasure is not None and erasure.comm is not None:
             erasure.comm.Free()
             erasure.comm = None
@@ -223,7 +221,7 @@ class JobStorage:
         prunes = []
         if self.rank == min(self.dir_sharers) and set(self.enabled) & set(NODE_LOCAL_LEVELS):
             prunes.append(self.node_spares)
-        pfs = self.level("pfs")
+        pfs = self.levels.pfs
         if pfs is not None and pfs.prunes_here:
             prunes.append(pfs.spares)
         for spares in prunes:

@@ -166,26 +166,27 @@ class _BackgroundWrite:
 
 
 class SavePipeline:
-    """(all ranks) Runs snapshots through the level stack. `make_manifest(snapshot,
-    shard_infos, levels)` builds the commit record; `faults` injects failures by stage."""
+    """(all ranks) Runs snapshots through the level stack (levels/base.py's LevelStack).
+    `make_manifest(snapshot, shard_infos, levels)` builds the commit record; `arrays` are the
+    protected arrays (ckpt/snapshot.py), whose buffers the snapshot's pieces live in: its
+    shard-shaped host buffer, its GPU copies and the shard's extra record; `faults` injects
+    failures by stage."""
 
-    def __init__(self, comm, rank: int, world_size: int, levels: tuple, settings: PipelineSettings,
-                 make_manifest: Callable, shard_extra: dict, faults, log, threaded: bool, lease=None):
+    def __init__(self, comm, rank: int, world_size: int, levels, settings: PipelineSettings,
+                 make_manifest: Callable, arrays, faults, log, threaded: bool, lease=None):
         self.comm = comm
         self.rank = rank
         self.world_size = world_size
         self.levels = levels
-        self.node_local = tuple(level for level in levels if level.node_local)
-        self.global_levels = tuple(level for level in levels if not level.node_local)
+        self.node_local = levels.node_local
+        self.global_levels = levels.global_levels
         self.settings = settings
         self.make_manifest = make_manifest
         self.faults = faults
         self.log = log
         self.threaded = threaded
         self.lease = lease
-        self.shard_extra = shard_extra  # the shard's extra record (the snapshot's layout depends on it)
-        self.device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), once laid out
-        self.shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
+        self.arrays = arrays
         self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self.last_report: PersistReport | None = None
         self.worker_error: BaseException | None = None
@@ -294,10 +295,11 @@ class SavePipeline:
             error = copies.error if copies is not None else None
             if error is None and self.lease is not None and self.lease.lost_to is not None:
                 error = str(self.lease.lost_error())
-            if error is None and self.device_snapshot is not None:
+            device_snapshot = self.arrays.device_snapshot
+            if error is None and device_snapshot is not None:
                 device_started = time.perf_counter()
                 try:
-                    report.device_copy_s = self.device_snapshot.to_host()
+                    report.device_copy_s = device_snapshot.to_host()
                 except Exception as exc:  # a CUDA error of an asynchronous copy lands here
                     error = f"copying GPU arrays into the snapshot: {type(exc).__name__}: {exc}"
                 report.device_to_host_s = time.perf_counter() - device_started
@@ -326,11 +328,11 @@ class SavePipeline:
             return
         where = due[0]
         image = self._stage(step, "shard layout", lambda: plan_shard(
-            step, self.rank, self.world_size, snapshot.pieces, self.shard_extra,
+            step, self.rank, self.world_size, snapshot.pieces, self.arrays.shard_extra,
             str(where.shard_path(step))), phase="layout")
         shard_infos = quiet_allgather(self.comm, (image.size, image.checksums))
-        version = VersionImage(step, self.rank, self.world_size, tuple(size for size, _ in shard_infos),
-                               functools.cache(lambda: image.copy_into(self.shard_bytes)), image, image.size)
+        version = VersionImage(step, self.world_size, tuple(size for size, _ in shard_infos),
+                               functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image)
         names = tuple(level.name for level in due)
         node_local = [level for level in due if level.node_local]
         if node_local:
@@ -433,9 +435,10 @@ class SavePipeline:
         decided by the first (L1's commit records); each deletes its own files."""
         if self.node_local:
             first = self.node_local[0]
-            leftovers = {s for level in self.node_local for s in level.uncommitted_steps()}
-            steps = self._deletable(first, self.settings.keep["node_local"], newest,
-                                    leftovers | set(first.stray_steps()), pin_redundant=True)
+            # Every node-local level's uncommitted files, and those of levels this job does not
+            # run, in one scan of the directory.
+            steps = self._deletable(first, self.settings.keep["node_local"], newest, set(first.stray_steps()),
+                                    pin_redundant=True)
             for step in steps:
                 for level in self.node_local:
                     level.remove(step)
@@ -497,7 +500,7 @@ class SavePipeline:
         for step in copied:
             def copy_shard(step=step):
                 data = np.fromfile(source.shard_path(step), dtype=np.uint8)
-                target.store(VersionImage(step, self.rank, self.world_size, (), lambda: data))
+                target.store(VersionImage(step, self.world_size, (), lambda: data))
                 problems = verify_shard(target.shard_path(step))
                 if problems:
                     raise CheckpointError(f"{target.label.split()[0]} copy of {source.shard_path(step)}: "

@@ -55,12 +55,10 @@ class VersionImage:
     `shard_sizes` every rank's file size, agreed before any level stores."""
 
     step: int
-    rank: int
     world_size: int
     shard_sizes: tuple[int, ...]
     file_bytes: Callable[[], np.ndarray]
     image: ShardImage | None = None  # None: the bytes of an existing file (drain copies L1's)
-    size: int = 0
 
 
 @dataclass
@@ -72,7 +70,6 @@ class DeliveryRequest:
     the restore reads them (this rank's L1 copy) and returns that file."""
 
     step: int
-    rank: int
     world_size: int
     needy: frozenset[int]
     shard_sizes: tuple[int, ...]
@@ -100,6 +97,26 @@ class Level(Protocol):
     def holdings(self) -> dict[int, frozenset[int]]: ...
     def deliver(self, request: DeliveryRequest) -> Path | None: ...
     def remove(self, step: int) -> None: ...
+
+
+class LevelStack(tuple):
+    """The enabled levels in data-flow order (cheapest to restore first), found by name."""
+
+    def level(self, name: str):
+        return next((level for level in self if level.name == name), None)
+
+    local = property(lambda self: self.level("local"))
+    partner = property(lambda self: self.level("partner"))
+    erasure = property(lambda self: self.level("erasure"))
+    pfs = property(lambda self: self.level("pfs"))
+
+    @property
+    def node_local(self) -> tuple:
+        return tuple(level for level in self if level.node_local)
+
+    @property
+    def global_levels(self) -> tuple:
+        return tuple(level for level in self if not level.node_local)
 
 
 def hold_to_bandwidth(nbytes: int, bytes_per_s: float, started: float) -> None:
@@ -225,21 +242,28 @@ class NodeLocalFiles:
 
     def rank_files(self, step: int) -> list[Path]:
         """Every file this rank may have in a node-local version, whichever levels wrote it:
-        commit record first, then shard, parity and the replicas it holds (levels/naming.py)."""
+        commit record first, then shard, parity and the replicas it holds (levels/naming.py),
+        temporaries included."""
         directory = self.version_dir(step)
-        paths = [directory / commit_file_name(self.rank), directory / shard_file_name(self.rank),
-                 directory / parity_file_name(self.rank)]
+        paths = with_temporaries([directory / commit_file_name(self.rank), directory / shard_file_name(self.rank),
+                                  directory / parity_file_name(self.rank)])
         try:
-            paths += sorted(directory.glob(replicas_held_glob(self.rank)))
+            held = replicas_held_glob(self.rank)
+            paths += sorted(directory.glob(held)) + sorted(directory.glob(held + ".tmp"))
         except OSError:
             pass
-        return with_temporaries(paths)
+        return paths
+
+    def rank_steps(self) -> list[int]:
+        """Versions this rank has any node-local file of, committed or not: one scan of the
+        directory for all node-local levels."""
+        return [s for s in list_version_steps(self.root) if any(p.exists() for p in self.rank_files(s))]
 
     def stray_steps(self) -> list[int]:
         """Versions with files of this rank and no commit record, whichever level wrote them
-        (one this job no longer runs, or another partner placement): leftovers to delete."""
-        return [s for s in list_version_steps(self.root)
-                if not self.commit_path(s).is_file() and any(p.exists() for p in self.rank_files(s))]
+        (any level of the stack, one this job no longer runs, a former partner's replica):
+        the leftovers retention and a fresh start delete."""
+        return [s for s in self.rank_steps() if not self.commit_path(s).is_file()]
 
     def remove_strays(self, step: int) -> None:
         """After each level of the stack removed its own files of a version: what of this rank

@@ -12,6 +12,7 @@ over the group.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,8 +71,6 @@ class ErasureLevel(NodeLocalFiles):
 
     def store(self, version: VersionImage) -> int:
         """(group) This version's parity pieces."""
-        import time
-
         started = time.perf_counter()
         stored = self.protect(version.step, version.file_bytes, version.shard_sizes, version.world_size)
         hold_to_bandwidth(stored, self.bandwidth_bytes, started)

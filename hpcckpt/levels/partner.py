@@ -10,6 +10,7 @@ together. store, deliver and protect are collective over the checkpoint communic
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +55,6 @@ class PartnerLevel(NodeLocalFiles):
 
     def store(self, version: VersionImage) -> int:
         """(all ranks) This version's replicas: every rank's bytes travel to its partner."""
-        import time
-
         started = time.perf_counter()
         stored = self.protect(version.step, version.file_bytes, shard_sizes=version.shard_sizes)
         hold_to_bandwidth(stored, self.bandwidth_bytes, started)

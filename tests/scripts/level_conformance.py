@@ -54,8 +54,7 @@ def version_of(step):
     image = plan_shard(step, rank, size, [("w", piece)], {"node": topology.node_of_rank[rank]})
     infos = comm.allgather((image.size, image.checksums))
     buffer = np.empty(image.size, np.uint8)
-    version = VersionImage(step, rank, size, tuple(s for s, _ in infos), lambda: image.copy_into(buffer), image,
-                           image.size)
+    version = VersionImage(step, size, tuple(s for s, _ in infos), lambda: image.copy_into(buffer), image)
     manifest = Manifest(step, size, layout, tuple(ShardRecord(r, s, c) for r, (s, c) in enumerate(infos)),
                         state={}, metrics={}, node_of_rank=topology.node_of_rank, levels=(kind,))
     return version, manifest
@@ -97,7 +96,7 @@ def deliver(step, needy, lacking=()):
         return placed
 
     sizes = tuple(comm.allgather(len(originals[step])))
-    request = DeliveryRequest(step, rank, size, frozenset(needy), sizes, place,
+    request = DeliveryRequest(step, size, frozenset(needy), sizes, place,
                               own_shard=lambda: np.frombuffer(originals[step], np.uint8), lacking=frozenset(lacking))
     path = level.deliver(request) if level.collective or rank in needy else None
     if path is None:
