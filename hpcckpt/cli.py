@@ -205,12 +205,15 @@ def _command_inspect(args) -> int:
         print(f"no checkpoint versions under {config.run.dir!r}")
         return 0
     labels = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
-    print(f"{'step':>8} {'levels':12} {'ranks':>5} {'size':>12}  {'survives':18} metrics")
+    print(f"{'step':>8} {'levels':12} {'ranks':>5} {'size':>12}  {'survives':18} {'restart onto':12} metrics")
     for v in versions:
-        levels = " ".join(labels[level] for level in v.levels) or "incomplete"
+        levels = " ".join(labels[level] for level in v.levels) or ("rebuildable" if v.assembled_from else "incomplete")
         survives = "any node losses" if v.survives is None else f"{v.survives} node loss(es)"
+        onto = {"any": "any ranks", "": "-"}.get(v.restart_ranks, f"{v.restart_ranks} ranks")
         metrics = " ".join(f"{k}={x:.4g}" for k, x in v.metrics.items() if isinstance(x, (int, float)) and k != "step")
-        print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:18} {metrics}")
+        print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:18} {onto:12} {metrics}")
+        if not v.levels and v.assembled_from:
+            print(f"{'':8} a node's copies are gone; a restart assembles it: old shards {v.assembled_from}")
     return 0
 
 
@@ -302,9 +305,9 @@ def _command_verify(args) -> int:
     from hpcckpt.config import load_config
 
     config = load_config(args.config, args.overrides)
-    checked, problems = verify_all(config)
-    for problem in problems:
-        print(problem)
+    checked, problems, notes = verify_all(config)
+    for line in notes + problems:
+        print(line)
     print(f"verified {checked} checkpoint file(s): {'all good' if not problems else f'{len(problems)} problem(s)'}")
     return 0 if not problems else 1
 

@@ -30,15 +30,18 @@ import numpy as np
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
-from hpcckpt.cluster.collectives import agree, on_root, quiet_allgather, wait_all
+from hpcckpt.cluster.collectives import agree, on_root, quiet_allgather, quiet_barrier, wait_all
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
 from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
-from hpcckpt.levels.base import DeliveryRequest, LevelStack
-from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, list_version_steps, version_dir_name
+from hpcckpt.levels.base import DeliveryRequest, LevelStack, remove_tree
+from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, commit_file_name, list_version_steps, version_dir_name
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
+from hpcckpt.levels.survey import NodeLocalView, Writing, survey
+from hpcckpt.repartition.exchange import RepartitionJob
+from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
 
 RESTART_MODES = ("auto", "require", "never")
 _RANK0_WORK = "rank 0's storage work"  # what an OSError in the ledger's upkeep on rank 0 is called
@@ -85,9 +88,15 @@ class RestoreResult:
     """What a restore loaded: the engine sets the registered state and its own counters."""
 
     step: int
-    sources: tuple  # the level each rank's shard came from
+    sources: tuple  # the level each rank's shard came from (each OLD rank's, when repartitioned)
     state: dict  # the version's registered state, by name (already set through ctx.apply_state)
     unconfirmed: object = None  # the restart ledger, until the resumed run proves itself
+    # A version loaded over another job's shards: the levels to write it to again at once,
+    # under this job's geometry (the engine does, after the old geometry's files are gone).
+    protect_again: tuple = ()
+    geometry_changed: bool = False  # written by another rank count or placement: older node-local versions go too
+    metrics: dict = field(default_factory=dict)  # the version's metrics, written again with it
+    traffic: tuple = ()  # repartitioned: (shard bytes this rank read from files, bytes it received)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,10 @@ class Holdings:
     # write and the commit (the only way a rank lacks a record of a version others committed
     # without anything being lost, since the commit follows every rank's agreed L1 write).
     interrupted: tuple = ()
+    # step -> what this rank's node-local directory holds of every old rank (levels/survey.py),
+    # for a restart onto another rank count or other nodes; L4's writings by step.
+    views: dict = field(default_factory=dict)
+    pfs_geometry: dict = field(default_factory=dict)
 
 
 def _node_files(ctx) -> bool:
@@ -128,7 +141,7 @@ def _foreign(ctx, manifest: Manifest, label: str) -> bool:
 
 
 def _discover(ctx) -> Holdings:
-    local, replicas, parity, pfs, local_writings, pfs_writings = {}, {}, [], {}, {}, {}
+    local, replicas, parity, pfs, local_writings, pfs_writings, pfs_geometry = {}, {}, [], {}, {}, {}, {}
     if ctx.local is not None:
         for step in ctx.local.committed_steps():
             try:
@@ -157,11 +170,20 @@ def _discover(ctx) -> Holdings:
                 continue
             pfs[step] = manifest.world_size
             pfs_writings[step] = (manifest.identity, manifest.created)
+            pfs_geometry[step] = Writing.of(manifest)
     interrupted = ()
     if ctx.local is not None:
         interrupted = tuple(s for s in ctx.local.uncommitted_steps() if ctx.local.shard_path(s).is_file())
     return Holdings(local, replicas, tuple(parity), pfs, _node_files(ctx), local_writings, pfs_writings,
-                    interrupted)
+                    interrupted, _survey(ctx), pfs_geometry)
+
+
+def _survey(ctx) -> dict[int, NodeLocalView]:
+    """Every old rank's node-local files this rank can read, by step; another run's are left alone."""
+    if not ctx.levels.node_local or not Path(ctx.local_dir).is_dir():
+        return {}
+    views = survey(ctx.local_dir, warn=lambda message: _warn(ctx, message))
+    return {step: view for step, view in views.items() if view.writing is None or view.writing.run_id == ctx.run_id}
 
 
 def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
@@ -171,6 +193,8 @@ def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
     holdings of any other are dropped, with their replicas and parity."""
     writings = [(step, writing) for h in everyone for held in (h.local_writings, h.pfs_writings)
                 for step, writing in held.items()]
+    writings += [(step, (view.writing.identity, view.writing.created)) for h in everyone
+                 for step, view in h.views.items() if view.writing is not None]
     newest = {}
     for step, (identity, created) in writings:
         if step not in newest or created > newest[step][1]:
@@ -187,7 +211,9 @@ def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
         return replace(h, local=local,
                        replicas={s: r for s, r in h.replicas.items() if s in local},
                        parity=tuple(s for s in h.parity if s in local),
-                       pfs={s: w for s, w in h.pfs.items() if h.pfs_writings[s][0] == newest[s][0]})
+                       pfs={s: w for s, w in h.pfs.items() if h.pfs_writings[s][0] == newest[s][0]},
+                       views={s: v for s, v in h.views.items()
+                              if v.writing is None or v.writing.identity == newest[s][0]})
     return [keep(h) for h in everyone]
 
 
@@ -235,11 +261,45 @@ def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) 
     for h in everyone:
         steps.update(h.local)
         steps.update(h.pfs)
+        steps.update(h.views)
     if wanted is not None:
         steps &= {wanted}
     steps -= set(excluded)
-    return [s for s in sorted(steps, reverse=True)
-            if all(_sources(ctx, everyone, r, s) for r in range(ctx.world_size))]
+    return [s for s in sorted(steps, reverse=True) if _route(ctx, everyone, s)]
+
+
+def _writing(everyone: list[Holdings], step: int) -> Writing | None:
+    """The writing of `step` that counts (one per step: _one_writing_per_step), as any rank's
+    node-local commit record or L4's tells it."""
+    for h in everyone:
+        view = h.views.get(step)
+        if view is not None and view.writing is not None:
+            return view.writing
+    return next((h.pfs_geometry[step] for h in everyone if step in h.pfs), None)
+
+
+def _repartition_plan(ctx, everyone: list[Holdings], step: int) -> RepartitionPlan | None:
+    """Where every old rank's shard of `step` comes from, for a restart onto another rank
+    count or other nodes (repartition/plan.py)."""
+    writing = _writing(everyone, step)
+    if writing is None:
+        return None
+    return plan_repartition(step, writing, [h.views.get(step) for h in everyone],
+                            all(step in h.pfs for h in everyone))
+
+
+def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
+    """How `step` can be loaded: "same" (each rank its own shard, from its own copy or its
+    redundancy, as the job that wrote it ran), "repartition" (over the old job's shards,
+    wherever they survived), or None."""
+    writing = _writing(everyone, step)
+    if writing is None or writing.world_size == ctx.world_size:
+        if all(_sources(ctx, everyone, r, step) for r in range(ctx.world_size)):
+            return "same"
+    if _never_completed(ctx, everyone, step):
+        return None
+    plan = _repartition_plan(ctx, everyone, step)
+    return "repartition" if plan is not None and plan.complete else None
 
 
 def _failed_versions(ctx, ledger: RestartLedger) -> dict[int, str]:
@@ -296,6 +356,8 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
         if loaded is not None:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
                 _clear_newer(ctx, step, failed, ledger)
+                if loaded.protect_again:
+                    clear_old_geometry(ctx, lambda s: s >= step)
                 return replace(loaded, unconfirmed=ledger)
             return loaded
     if ledger is not None:
@@ -334,6 +396,12 @@ def _shared_manifest(ctx, step: int, mine: Holdings) -> Manifest | None:
                 manifest = level.manifest(step)
             except HpcckptError:
                 manifest = None
+    view = mine.views.get(step)
+    if manifest is None and view is not None and view.commits:
+        try:  # another rank's record of the same writing, left on this node
+            manifest = Manifest.read(Path(view.directory) / commit_file_name(min(view.commits)))
+        except (HpcckptError, OSError):
+            manifest = None
     have = quiet_allgather(ctx.comm, manifest is not None)
     if not any(have):
         return None
@@ -354,6 +422,8 @@ def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) 
         return None
     agree(comm, f"checking version {step} against this job", lambda: _check_compatible(ctx, manifest),
           error_type=IncompatibleCheckpointError)
+    if _route(ctx, everyone, step) == "repartition":
+        return _try_repartition(ctx, manifest, everyone, repair)
 
     pieces, source = None, None
     if "local" in my_sources:
@@ -384,6 +454,46 @@ def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) 
     _log_restored(ctx, step, source, outcomes)
     _log_changed_settings(ctx, manifest)
     return RestoreResult(step, tuple(outcomes), manifest.state)
+
+
+def _try_repartition(ctx, manifest: Manifest, everyone: list[Holdings], repair: bool) -> RestoreResult | None:
+    """(all ranks) Load a version over the old job's shards, wherever they survived: each from
+    its cheapest surviving level, lost ones rebuilt from L3 parity, L4 only for what no
+    node-local level holds (repartition/). A resuming job then writes the version again under
+    this job's geometry (RestoreResult.protect_again), so a second loss is survived at once."""
+    step = manifest.step
+    pfs_holds = all(step in h.pfs for h in everyone)
+    job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names,
+                         [h.views.get(step) for h in everyone],
+                         (lambda old_rank: ctx.pfs.shard_path(step, old_rank)) if ctx.pfs is not None else None,
+                         lambda message: _warn(ctx, message))
+    outcome = job.run(_writing(everyone, step), pfs_holds)
+    if isinstance(outcome, RepartitionPlan):
+        if ctx.rank == 0:
+            _warn(ctx, f"version {step} cannot be assembled: old rank(s) {list(outcome.missing)} have no usable "
+                        "copy left; trying an older one")
+        return None
+    _load(ctx, manifest, outcome.pieces)
+    plan = outcome.plan
+    moved = quiet_allgather(ctx.comm, (outcome.bytes_read, outcome.bytes_received))
+    if ctx.log:
+        ctx.log.info(f"restored version {step}, written by {manifest.world_size} rank(s), onto {ctx.world_size}: "
+                     f"old shards {plan.summary()}; this rank read {outcome.bytes_read} and received "
+                     f"{outcome.bytes_received} bytes", console=False)
+        if ctx.rank == 0:
+            most_read = max(r for r, _ in moved)
+            most_received = max(m for _, m in moved)
+            ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.world_size} "
+                         f"rank(s): old shards {plan.summary()}; at most {most_read / 1e6:.1f} MB read and "
+                         f"{most_received / 1e6:.1f} MB received by one rank", console=True)
+    _log_changed_settings(ctx, manifest)
+    levels = ()
+    if repair:
+        levels = tuple(level.name for level in ctx.levels if level.node_local or not pfs_holds)
+    changed = manifest.world_size != ctx.world_size or tuple(manifest.node_of_rank) != ctx.topology.node_of_rank
+    return RestoreResult(step, tuple(s.level for s in plan.sources), manifest.state, protect_again=levels,
+                         metrics=manifest.metrics, geometry_changed=changed,
+                         traffic=(outcome.bytes_read, outcome.bytes_received))
 
 
 def _from_redundancy(ctx, manifest: Manifest, everyone: list[Holdings], needy: set[int], pieces, source):
@@ -751,6 +861,26 @@ def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedg
     on_root(ctx.comm, f"moving newer L4 versions out of the way under {ctx.pfs_dir!r}", set_aside_on_l4)
 
 
+def clear_old_geometry(ctx, which) -> list[int]:
+    """(all ranks) After a version was loaded over another job's shards: the node-local
+    versions `which(step)` picks, every file of every old rank, go. Their names are those
+    this job's ranks write (files are never overwritten) and their redundancy was cut for
+    ranks and nodes that are gone. Called for the loaded version and newer ones before the
+    engine writes it again under this job's geometry, and for older ones once that worked:
+    until then they are the fallback. One rank per node-local directory deletes; L4 keeps
+    its versions. Returns the steps deleted."""
+    where = (ctx.local_dir, ctx.node)
+    first = quiet_allgather(ctx.comm, where).index(where) == ctx.rank
+    steps = [s for s in list_version_steps(ctx.local_dir) if which(s)] if first and ctx.levels.node_local else []
+    for step in steps:
+        remove_tree(Path(ctx.local_dir) / version_dir_name(step))
+    if steps and ctx.log:
+        ctx.log.info(f"deleted node-local version(s) {steps} of the job that ran before (its rank count and "
+                     f"placement) from {ctx.local_dir}")
+    quiet_barrier(ctx.comm)  # no rank writes before every old file is gone
+    return steps
+
+
 def _clear_unfinished(ctx, unfinished: list[int]) -> None:
     """(all ranks) A fresh start writes its first steps again, and files are never
     overwritten: what earlier attempts half wrote goes (versions never complete, uncommitted
@@ -794,11 +924,14 @@ def _free_name(directory, suffix: str):
 
 def _missing_message(ctx, everyone: list[Holdings], step: int) -> str:
     missing = [r for r in range(ctx.world_size) if not _sources(ctx, everyone, r, step)]
-    writers = {h.local[step] for h in everyone if step in h.local} - {ctx.world_size}
-    if writers:
-        return (f"checkpoint version {step} was written by {sorted(writers)[0]} ranks and this job runs "
-                f"{ctx.world_size}: node-local copies only serve the same number of ranks, and L4 has no copy "
-                "of it; restart with the same number of ranks, or from a version on L4 (see hpcckpt inspect)")
+    writing = _writing(everyone, step)
+    if writing is not None and writing.world_size != ctx.world_size:
+        plan = _repartition_plan(ctx, everyone, step)
+        lost = list(plan.missing) if plan is not None else []
+        return (f"checkpoint version {step} (written by {writing.world_size} ranks) cannot be assembled onto "
+                f"{ctx.world_size}: the shards of old rank(s) {lost} are on no surviving level (their node-local "
+                "copies are gone, not enough replicas or parity are left, and L4 has no copy); restart from an "
+                "older version (see hpcckpt inspect) or enable the pfs level")
     node_of = ctx.topology.node_of_rank
     # A node whose directory still holds checkpoint files survived; a rank there that lacks this
     # version usually was still writing it when the job stopped. Calling that a lost node would

@@ -118,8 +118,10 @@ class Worker:
     def config(self, local_dir: str | None = None):
         from hpcckpt import load_config
 
+        # Partner copies too: a restart after a node loss onto fewer ranks then finds every
+        # old shard on node-local storage (approach f).
         overrides = [f"run.dir={self.run_dir}", f"cluster.simulated_nodes={self.size}",
-                     'resilience.levels=["local","pfs"]']
+                     'resilience.levels=["local","partner","pfs"]']
         if local_dir:
             overrides.append(f"storage.local_dir={local_dir}")
         return load_config(None, overrides, environ={})
@@ -163,7 +165,8 @@ class Worker:
                 "bytes_read_per_rank": max(r["rchar"] for r in rows),
                 "disk_read_mib": sum(r["read_bytes"] for r in rows) / MiB,
             }
-            for part in ("read_s", "l1_rewrite_s", "reprotect_s", "load_s", "place_s", "setup_s"):
+            for part in ("read_s", "l1_rewrite_s", "reprotect_s", "load_s", "place_s", "setup_s",
+                         "shard_bytes_read", "bytes_received"):
                 if part in rows[0]:
                     sample[part] = max(r[part] for r in rows)
             if "load_s" in sample:
@@ -218,8 +221,11 @@ class Worker:
         return info
 
     # -- restores ----------------------------------------------------------------------------
-    def hpcckpt_restore(self, extra: dict, local_dir: str | None = None) -> None:
-        """Construct, protect, then the timed part: restart()."""
+    def hpcckpt_restore(self, extra: dict, local_dir: str | None = None, step: int | None = None) -> None:
+        """Construct, protect, then the timed part: restart(). `step`: restore that version
+        as an explicit read (evaluate's path), which writes nothing: a repartitioning restart
+        of a resuming job would write the version again for M ranks and delete the N-rank
+        node-local copies the next repeat reads."""
         from hpcckpt import Checkpointer
         from hpcckpt import recovery
 
@@ -254,8 +260,12 @@ class Worker:
             setattr(recovery, name, probe(name, key))
         try:
             t0 = time.perf_counter()
-            step = ckpt.restart()
+            step = ckpt.restart(step=step)
             extra["restart_call_s"] = time.perf_counter() - t0
+            if ckpt.restore_traffic:
+                read, received = ckpt.restore_traffic
+                extra["shard_bytes_read"] = self.comm.allreduce(read, op=self.MPI.MAX)
+                extra["bytes_received"] = self.comm.allreduce(received, op=self.MPI.MAX)
         finally:
             for name, fn in originals.items():
                 setattr(recovery, name, fn)
@@ -334,7 +344,9 @@ class Worker:
                     ("h5py_rank0_bcast", self.h5py_rank0_bcast)]
         else:  # restore onto another rank count from the N-rank checkpoint
             suffix = f"_{self.size}ranks"
-            plan = [(f"hpcckpt_{args.from_ranks}to{self.size}", self.l4_restore),
+            plan = [(f"hpcckpt_{args.from_ranks}to{self.size}", lambda e: self.l4_restore(e, step=STEP)),
+                    (f"hpcckpt_{args.from_ranks}to{self.size}_nodelocal",
+                     lambda e: self.hpcckpt_restore(e, step=STEP)),
                     ("h5py_all_ranks" + suffix, self.h5py_all_ranks)]
         if self.dist is not None:
             plan.append(("dcp_load" if args.phase == "save" else "dcp_load" + suffix, self.dcp_load))
@@ -352,11 +364,11 @@ class Worker:
             self.dist.destroy_process_group()
         return out
 
-    def l4_restore(self, extra: dict) -> None:
+    def l4_restore(self, extra: dict, step: int | None = None) -> None:
         """restart() with an empty node-local directory: every node-local copy lost."""
         fresh = self.run_dir / "local-lost"
         try:
-            self.hpcckpt_restore(extra, local_dir=str(fresh) + "/node{node}")
+            self.hpcckpt_restore(extra, local_dir=str(fresh) + "/node{node}", step=step)
         finally:
             quiet_barrier(self.comm)
             if self.rank == 0:
@@ -419,6 +431,8 @@ LABELS = [
     ("hpcckpt_l1", "hpcckpt_l1_restore", "(a) hpcckpt restart, L1 node-local, N ranks"),
     ("hpcckpt_l4", "hpcckpt_l4_restore", "(b) hpcckpt restart, L4 (node-local lost), N ranks"),
     ("hpcckpt_NtoM", "hpcckpt_4to2_restore", "(c) hpcckpt restart N -> M ranks (L4, old pieces read whole)"),
+    ("hpcckpt_NtoM_nodelocal", "hpcckpt_4to2_nodelocal_restore",
+     "(f) hpcckpt restart N -> M ranks after the nodes >= M are lost: node-local L1 + L2, old shards moved over MPI"),
     ("h5py_all_ranks", "h5py_all_ranks_read", "(d) h5py, one file, every rank reads all"),
     ("h5py_rank0_bcast", "h5py_rank0_bcast", "    h5py, rank 0 reads + MPI Bcast"),
     ("dcp_load", "dcp_load", "(e) torch DCP load (gloo), every rank reads all"),
@@ -510,6 +524,9 @@ def main(argv=None) -> None:
                          "setup_s"):
                 if part in s:
                     flat[f"{out_key}_{cache}_{part}"] = round(s[part], 4)
+            for part in ("shard_bytes_read", "bytes_received"):  # largest over ranks
+                if part in s:
+                    flat[f"{out_key}_{cache}_{part}"] = int(s[part])
             if cache == primary:
                 flat[f"{out_key}_s"] = round(s["seconds"], 4)
         for cache in caches:
@@ -517,7 +534,7 @@ def main(argv=None) -> None:
             if s is None:
                 continue
             for base_key, base_name in (("h5py_all_ranks", "h5py"), ("dcp_load", "dcp")):
-                if key.endswith("_Mranks") or key == "hpcckpt_NtoM":
+                if key.endswith("_Mranks") or key.startswith("hpcckpt_NtoM"):
                     base_key += "_Mranks"
                 b = stats.get((base_key, cache))
                 if b is not None and key != base_key:
@@ -556,6 +573,11 @@ def main(argv=None) -> None:
     print("  (GB/s: state bytes / time; xh5py, xDCP: the baseline's time / this time on the same rank count "
           "and cache state; MiB read/rank: rchar of the slowest-reading rank; disk MiB: block-layer reads, "
           f"all ranks, {caches[0]} runs)")
+    for key, out_key, label in LABELS:
+        s = stats.get((key, caches[0]))
+        if s is not None and "bytes_received" in s:
+            print(f"  {label.split(')')[0]}): shard bytes read {s['shard_bytes_read'] / MiB:.1f} MiB, received over "
+                  f"MPI {s['bytes_received'] / MiB:.1f} MiB (largest rank)")
     print("\nhpcckpt breakdown (largest over ranks, median over repeats), seconds:")
     print(f"{'':52s}{'cache':>6s}{'total':>8s}{'read':>8s}{'L1 back':>8s}{'allgath':>8s}{'place':>8s}"
           f"{'other':>8s}{'setup':>8s}")

@@ -215,8 +215,10 @@ def test_a_failed_node_is_replaced_by_a_spare(cluster, tmp_path, uninterrupted):
 
 
 def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
+    """The unchanged config (erasure groups of 4) goes on with 3 nodes: the groups are fitted
+    to them, and the newest version is assembled from the surviving nodes' L1 shards and the
+    lost rank's partner copy, not from L4."""
     directory = workdir(tmp_path)
-    (directory / "job.toml").write_text(JOB_CONFIG.replace('"erasure", ', ""))
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1")
     wait_for_step(directory, job, 600)
     fail_node("n3", job, directory)
@@ -224,7 +226,10 @@ def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
     assert code == 0, out
     assert "node n3 failed or left the allocation and no spare node is left: going on without it" in out
     assert "next attempt on 3 node(s): n1 n2 n4" in out
-    assert "hpcckpt train: 3 ranks on 3 node(s)" in out and re.search(r"restored version \d+: 3 rank\(s\)", out)
+    assert "hpcckpt train: 3 ranks on 3 node(s)" in out
+    assert "erasure groups of 3+ ranks with parity 1 instead" in out
+    assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
+                     r"1 from L2 partner", out), out
     assert "finished after 2 attempt(s)" in out
     assert final_record(directory / "run")["step"] == STEPS
 

@@ -145,3 +145,38 @@ def test_node_losses_survived_matches_brute_force_recovery_rule():
                 break
             expected = count
         assert node_losses_survived(placement, partner=True, group_size=6, parity=parity) == expected
+
+
+@pytest.mark.parametrize("world,nodes", [(w, n) for w, n in SHAPES if w <= 12])
+@pytest.mark.parametrize("group_size,parity", [(4, 2), (4, 1), (8, 3), (2, 1)])
+def test_fitted_redundancy_always_builds_groups_on_distinct_nodes(world, nodes, group_size, parity):
+    """Targets, not preconditions: whatever the job finds, the fitted groups are valid, as
+    large as the target allows, and any reduction is said."""
+    from hpcckpt.cluster.topology import fit_redundancy
+
+    topo = Topology(simulated_node_of_rank(world, nodes))
+    fitted = fit_redundancy(topo, True, True, group_size, parity)
+    assert fitted.partner == (nodes >= 2)
+    if fitted.group_size:
+        assert 2 <= fitted.group_size <= min(group_size, nodes)
+        assert 1 <= fitted.parity <= min(parity, fitted.group_size - 1)
+        groups = topo.erasure_groups(fitted.group_size, fitted.parity)  # raises if not valid
+        for group in groups:
+            assert len({topo.node_of_rank[r] for r in group}) == len(group)
+    else:
+        assert nodes == 1 or world // 2 < max(len(topo.ranks_on_node(n)) for n in range(nodes))
+    changed = (fitted.group_size, fitted.parity) != (group_size, parity) or not fitted.partner
+    assert bool(fitted.warnings) == changed
+
+
+def test_fitted_redundancy_names_what_protection_is_left():
+    from hpcckpt.cluster.topology import fit_redundancy
+
+    fitted = fit_redundancy(Topology((0, 1, 2)), True, True, 4, 2)
+    assert (fitted.group_size, fitted.parity) == (3, 2)
+    assert fitted.warnings == ("resilience.group_size = 4, parity = 2 do not fit 3 rank(s) on 3 node(s): erasure "
+                               "groups of 3+ ranks with parity 2 instead (each group survives the loss of 2 of its "
+                               "nodes)",)
+    alone = fit_redundancy(Topology((0, 0)), True, True, 4, 2)
+    assert not alone.partner and alone.group_size == 0
+    assert [w.split(":")[0] for w in alone.warnings] == ["partner copies (L2) are off", "erasure coding (L3) is off"]

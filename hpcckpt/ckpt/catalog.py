@@ -116,6 +116,27 @@ class VersionOverview:
     size: int
     survives: int | None
     metrics: dict
+    # Where a restart takes each old rank's shard from, as seen from here ("3 from L1 local,
+    # 1 from L2 partner"), or "" when it cannot be assembled from what is reachable here; a
+    # version no level holds whole after a node loss may still be assembled from L2/L3.
+    assembled_from: str = ""
+    restart_ranks: str = ""  # "any" number of ranks, or the one count per-rank arrays need
+
+
+def assembly_plan(config, step: int, manifest: Manifest, surveys: list[dict], pfs_complete: bool):
+    """(repartition/plan.py) How a restart would assemble `step` from the node-local directories
+    reachable here (one view each) and L4."""
+    from hpcckpt.levels.survey import Writing
+    from hpcckpt.repartition.plan import plan_repartition
+
+    views = [by_step.get(step) for by_step in surveys]
+    return plan_repartition(step, Writing.of(manifest), views, pfs_complete)
+
+
+def _surveys(config) -> list[dict]:
+    from hpcckpt.levels.survey import survey
+
+    return [survey(root) for root in local_roots(config)]
 
 
 def version_overview(config) -> list[VersionOverview]:
@@ -126,14 +147,14 @@ def version_overview(config) -> list[VersionOverview]:
     for entry in list_versions(config):
         by_step.setdefault(entry.step, []).append(entry)
     overview = []
+    surveys = _surveys(config)
     for step, entries in sorted(by_step.items()):
         complete = {e.level: e for e in entries if e.complete}
         manifest = None
-        if complete:
-            try:
-                manifest = manifest_of(config, step)
-            except HpcckptError:
-                manifest = None
+        try:
+            manifest = manifest_of(config, step)
+        except HpcckptError:
+            manifest = None
         levels = []
         if "local" in complete:
             levels.append("local")
@@ -159,8 +180,14 @@ def version_overview(config) -> list[VersionOverview]:
             except TopologyError:
                 survives = 0
         first = (complete.get("pfs") or complete.get("local") or entries[0])
-        overview.append(VersionOverview(step, tuple(levels), first.world_size, sum(e.size for e in entries),
-                                        survives, first.metrics))
+        assembled, ranks = "", ""
+        if manifest is not None:
+            plan = assembly_plan(config, step, manifest, surveys, "pfs" in complete)
+            assembled = plan.summary() if plan.complete else ""
+            ranks = str(manifest.world_size) if manifest.local_arrays else "any"
+        overview.append(VersionOverview(step, tuple(levels), first.world_size or (manifest and manifest.world_size),
+                                        sum(e.size for e in entries), survives,
+                                        first.metrics or (manifest.metrics if manifest else {}), assembled, ranks))
     return overview
 
 
@@ -267,23 +294,31 @@ def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
     return tensors
 
 
-def verify_all(config) -> tuple[int, list[str]]:
+def verify_all(config) -> tuple[int, list[str], list[str]]:
     """Check every stored file of every version: shards, replicas and parity against their own
     checksums, shards and replicas against the commit record too; that every rank's shard is
     there; and which headers Reed-Solomon had to repair (the file loads, the medium is
-    failing). (files checked, problems)"""
-    problems, checked = [], 0
+    failing). A node-local version whose lost shards a restart can assemble from L2/L3 (or L4)
+    is a note, not a problem. (files checked, problems, notes)"""
+    problems, notes, checked = [], [], 0
     entries = list_versions(config)
     if not entries:
         problems.append(f"no checkpoint version found under {pfs_root(config)} or node-local directories "
                         f"matching {config.storage.local_dir!r}; check run.dir and the storage paths")
+    surveys = _surveys(config)
+    on_l4 = {e.step for e in entries if e.level == "pfs" and e.complete}
     for entry in entries:
+        plan = None
         if not entry.complete:
-            problems.append(f"{entry.level} version {entry.step}: not every rank's commit record is reachable from "
-                            "here (a checkpoint that did not finish, or a lost node whose shards a restart may still "
-                            "rebuild from L2/L3: see hpcckpt inspect)")
-            continue
-        manifest = _entry_manifest(entry)
+            plan = _plan_for_incomplete(config, entry, surveys, entry.step in on_l4)
+            if plan is None or not plan.complete:
+                problems.append(f"{entry.level} version {entry.step}: not every rank's commit record is reachable "
+                                "from here, and what is cannot be assembled into the whole version (a checkpoint "
+                                "that did not finish, or a loss beyond what its levels survive)")
+                continue
+            notes.append(f"{entry.level} version {entry.step}: not every rank's copy is reachable here (a lost "
+                         f"node); a restart assembles it: old shards {plan.summary()}")
+        manifest = _entry_manifest(entry) if plan is None else manifest_of(config, entry.step)
         shard_ranks = set()
         for directory in entry.location.split(", "):
             for path in sorted(Path(directory).glob("*.hck")):
@@ -307,10 +342,19 @@ def verify_all(config) -> tuple[int, list[str]]:
                     shard_ranks.add(writer)
                 problems.extend(f"{path}: {p}" for p in found)
         missing = sorted(set(range(manifest.world_size)) - shard_ranks)
-        if missing:
+        if missing and plan is None:
             problems.append(f"{entry.level} version {entry.step}: the shard file of rank(s) {missing} is missing "
                             f"from {entry.location}")
-    return checked, problems
+    return checked, problems, notes
+
+
+def _plan_for_incomplete(config, entry: VersionEntry, surveys: list[dict], on_l4: bool):
+    if entry.level != "local":
+        return None
+    try:
+        return assembly_plan(config, entry.step, manifest_of(config, entry.step), surveys, on_l4)
+    except HpcckptError:
+        return None
 
 
 def _entry_manifest(entry: VersionEntry) -> Manifest:

@@ -81,6 +81,7 @@ class Checkpointer:
                                          PipelineSettings.from_config(config), self._manifest, self.arrays, faults, log,
                                          threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease)
             self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
+            self.restore_traffic: tuple = ()  # (bytes read, bytes received) by a repartitioning restart
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
             self.storage.prepare(read_only)
             self.storage.log_placement()
@@ -292,9 +293,33 @@ class Checkpointer:
         if result is None:
             return None
         self.restored_sources = result.sources
+        self.restore_traffic = result.traffic
         if step is None:  # a resuming job; evaluating a chosen version confirms nothing
             self.restart_unconfirmed = result.unconfirmed
+            if result.protect_again:
+                self._protect_again(result)
         return result.step
+
+    def _protect_again(self, result: recovery.RestoreResult) -> None:
+        """(all ranks) A version loaded over another job's shards is written again at once to
+        this job's levels, under its own geometry, with the state and metrics it was saved
+        with: a second node loss right after a shrink is survived. Then the old job's older
+        node-local versions go, if its rank count or placement was another. A failure here is a warning: the version is loaded, and the
+        next checkpoint protects the run."""
+        snapshot = self.arrays.restored_snapshot(result.step, self._ordinal, result.state, result.metrics,
+                                                 result.protect_again)
+        try:
+            self.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
+        except CheckpointError as exc:
+            if self.log:
+                self.log.warning(f"version {result.step} is restored but could not be written again under this "
+                                 f"job's levels: {exc}; the next checkpoint protects the run")
+            return
+        if self.log:
+            self.log.info(f"version {result.step} protected again on {', '.join(result.protect_again)} for "
+                          f"{self.world_size} rank(s) on {self.topology.node_count} node(s)", console=self.rank == 0)
+        if result.geometry_changed:
+            recovery.clear_old_geometry(self._restore_context(), lambda s: s < result.step)
 
     def _apply_restored_state(self, state: dict) -> None:
         for name, (_, setter) in self.arrays.states.items():
@@ -311,7 +336,7 @@ class Checkpointer:
         return recovery.RestoreContext(
             comm=self.comm, rank=self.rank, world_size=self.world_size, node=self.node, topology=self.topology,
             levels=self.levels, partner_of=self.partner_of, groups=self.groups,
-            parity=self.config.resilience.parity, layout=layout, local_array_names=self.local_array_names,
+            parity=self.storage.redundancy.parity, layout=layout, local_array_names=self.local_array_names,
             buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
             run_id=self.run.run_id, settings=self.config.recorded, run_dir=self.config.run_dir,
             pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults,
@@ -336,4 +361,7 @@ class Checkpointer:
             created=time.time(),
             run_id=self.run.run_id,
             settings=self.config.recorded,
+            partner_of=self.partner_of,
+            groups=self.groups,
+            parity=self.storage.redundancy.parity if self.groups else 0,
         )

@@ -20,7 +20,7 @@ from hpcckpt.ckpt.run_identity import (
 )
 from hpcckpt.cluster.collectives import on_root, quiet_any, raise_if_any_failed
 from hpcckpt.cluster.placement import local_dir_of, pfs_dir_of, user_name
-from hpcckpt.cluster.topology import job_id
+from hpcckpt.cluster.topology import fit_redundancy, job_id
 from hpcckpt.errors import ConfigError, HpcckptError, StorageError
 from hpcckpt.levels import dir_safety
 from hpcckpt.levels.base import LevelStack
@@ -140,20 +140,23 @@ class JobStorage:
         storage, resilience = self.config.storage, self.config.resilience
         node_local = dict(direct_io=storage.direct_io, spares=self.node_spares, file_mode=self.file_mode,
                           bandwidth_mb=storage.local_bandwidth_mb)
+        self.redundancy = fit_redundancy(self.topology, "partner" in self.enabled, "erasure" in self.enabled,
+                                         resilience.group_size, resilience.parity)
         stack = []
         if "local" in self.enabled:
             stack.append(LocalLevel(self.local_dir, self.rank, **node_local))
-        if "partner" in self.enabled:
-            # The topology validates the scheme (e.g. partners need two nodes) on every rank
-            # alike, so a bad one fails the same way everywhere before any collective.
+        if self.redundancy.partner:
+            # Fitted on every rank alike from the same topology, so every rank builds the same
+            # stack before any collective.
             self.partner_of = self.topology.partner_of()
             stack.append(PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, **node_local))
-        if "erasure" in self.enabled:
-            self.groups = self.topology.erasure_groups(resilience.group_size, resilience.parity)
+        if self.redundancy.group_size:
+            self.groups = self.topology.erasure_groups(self.redundancy.group_size, self.redundancy.parity)
             group_index = self.topology.group_of(self.groups, self.rank)
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
-            stack.append(ErasureLevel(self.local_dir, self.rank, members, group_comm, resilience.parity, **node_local))
+            stack.append(ErasureLevel(self.local_dir, self.rank, members, group_comm, self.redundancy.parity,
+                                      **node_local))
         if "pfs" in self.enabled:
             pfs_spares = SpareFiles(self.pfs_dir, storage.pfs_recycle_files,
                                     lambda kind, writer, _: kind == "shard" and writer < self.world_size)
@@ -209,9 +212,10 @@ class JobStorage:
         directory, the level that writes it is on, and a replica's pair is still partners."""
         if writer not in self.dir_sharers:
             return False
+        running = {level.name for level in self.levels}
         if kind == "replica":
-            return "partner" in self.enabled and source < self.world_size and self.partner_of[source] == writer
-        return ("local" if kind == "shard" else "erasure") in self.enabled
+            return "partner" in running and source < self.world_size and self.partner_of[source] == writer
+        return ("local" if kind == "shard" else "erasure") in running
 
     def _prune_spares(self) -> None:
         """Spares an earlier run left that this one can never reuse (another rank count or
@@ -246,6 +250,9 @@ class JobStorage:
         hosts = [host for host, _ in seen]
         if self.log is None:
             return
+        if self.rank == 0:
+            for warning in self.redundancy.warnings:
+                self.log.warning(warning)
         if others:
             self.log.info(f"{self.local_base} also holds {', '.join(others)}: other runs' versions, left alone")
         others_anywhere = sorted({name for _, names in seen for name in names})

@@ -48,6 +48,7 @@ class Snapshot:
     state: dict
     metrics: dict
     final: bool
+    levels: tuple | None = None  # the levels to write it to; None: those due (policy.levels_due)
 
 
 @dataclass
@@ -316,6 +317,8 @@ class SavePipeline:
                 done.set()
 
     def levels_due(self, snapshot: Snapshot) -> tuple:
+        if snapshot.levels is not None:
+            return tuple(level for level in self.levels if level.name in snapshot.levels)
         names = levels_due(tuple(level.name for level in self.levels), snapshot.ordinal, snapshot.final,
                            self.settings.every)
         return tuple(level for level in self.levels if level.name in names)

@@ -130,9 +130,17 @@ class ProtectedArrays:
         else:
             copy_strided(buffer, region)
 
-    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool) -> Snapshot:
+    def _pieces(self) -> list:
         pieces = [(tl.name, self.buffers[tl.name]) for tl in self.layout.rank_pieces(self.rank)]
-        pieces += [(name, self.buffers[name]) for name in self.local_array_names]
+        return pieces + [(name, self.buffers[name]) for name in self.local_array_names]
+
+    def restored_snapshot(self, step: int, ordinal: int, state: dict, metrics: dict, levels: tuple) -> Snapshot:
+        """A version just loaded, as a snapshot to write to `levels` again: a restore leaves
+        this rank's pieces in the buffers, and the state is the version's own."""
+        return Snapshot(step, ordinal, tuple(self._pieces()), state, copy.deepcopy(metrics), False, tuple(levels))
+
+    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool) -> Snapshot:
+        pieces = self._pieces()
         state = {name: get() for name, (get, _) in self.states.items()}
         state[ENGINE_STATE_KEY] = {"ordinal": ordinal}
         # A JSON round trip freezes the state as it is now and proves it is serialisable.

@@ -110,6 +110,52 @@ class Topology:
         raise KeyError(rank)
 
 
+@dataclass(frozen=True)
+class Redundancy:
+    """The redundancy a job can actually have: partner copies (L2) and erasure groups (L3)
+    fitted to the nodes it runs on. `warnings` say, once each, what was reduced and what
+    protection is left."""
+
+    partner: bool
+    group_size: int  # 0: no erasure groups
+    parity: int
+    warnings: tuple[str, ...] = ()
+
+
+def fit_redundancy(topology: Topology, partner: bool, erasure: bool, group_size: int, parity: int) -> Redundancy:
+    """resilience.group_size and parity are targets, not preconditions: a job restarted on
+    fewer nodes (no spare after a node loss) gets the largest groups its nodes allow, parity
+    at most members-1 and at least 1, and on one node neither L2 nor L3 (nothing off the node
+    could hold them). Settings no job can use (parity >= group_size) are config errors,
+    checked before (config.py)."""
+    nodes = topology.node_count
+    warnings = []
+    if partner and nodes < 2:
+        warnings.append("partner copies (L2) are off: all ranks run on one node, so a copy could not survive "
+                        "that node")
+        partner = False
+    fitted_size, fitted_parity = 0, 0
+    if erasure:
+        busiest = max(len(topology.ranks_on_node(n)) for n in set(topology.node_of_rank))
+        size = min(group_size, nodes)
+        # Groups on distinct nodes: a node's ranks must fit one per group.
+        while size >= 2 and topology.world_size // size < busiest:
+            size -= 1
+        if size < 2:
+            why = ("all ranks run on one node, so parity could not survive that node" if nodes < 2 else
+                   f"a node holds {busiest} of the {topology.world_size} ranks, too many for groups on distinct "
+                   "nodes")
+            warnings.append(f"erasure coding (L3) is off: {why}")
+        else:
+            fitted_size, fitted_parity = size, max(1, min(parity, size - 1))
+            if (fitted_size, fitted_parity) != (group_size, parity):
+                warnings.append(
+                    f"resilience.group_size = {group_size}, parity = {parity} do not fit {topology.world_size} "
+                    f"rank(s) on {nodes} node(s): erasure groups of {fitted_size}+ ranks with parity {fitted_parity} "
+                    f"instead (each group survives the loss of {fitted_parity} of its nodes)")
+    return Redundancy(partner, fitted_size, fitted_parity, tuple(warnings))
+
+
 # Fields of storage.local_dir; storage.pfs_dir takes only those every rank expands alike.
 LOCAL_DIR_FIELDS = ("run_dir", "node", "rank", "job", "host", "user")
 PFS_DIR_FIELDS = ("run_dir", "job", "user")

@@ -3,7 +3,8 @@
 It holds everything needed to read the version back without the job that wrote it: the step,
 the world size, the layout (what each rank stored), every shard's checksums and size, the
 small JSON state (step, iterator, RNG), the metrics, where each rank's node-local copy
-lives, the run that wrote it and the settings it was written with. A checksum over its own text detects a torn or edited record.
+lives and where its redundancy went, the run that wrote it and the settings it was written
+with. A checksum over its own text detects a torn or edited record.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Manifest:
     created: float = 0.0
     run_id: str = ""  # the run that wrote it (ckpt/run_identity.py); restarts load only their own run's
     settings: dict = field(default_factory=dict)  # the job's settings then (ckpt/settings_record.py)
+    # Where its redundancy went: partner_of (rank -> holder of its L2 replica), the L3 groups
+    # and their parity, as fitted to the nodes of the job that wrote it; a restart on other
+    # nodes or another rank count finds the replicas and rebuilds from the parity with it.
+    partner_of: tuple[int, ...] = ()
+    groups: tuple[tuple[int, ...], ...] = ()
+    parity: int = 0
 
     @property
     def identity(self) -> str:
@@ -67,6 +74,9 @@ class Manifest:
             "created": self.created,
             "run_id": self.run_id,
             "settings": self.settings,
+            "partner_of": list(self.partner_of),
+            "groups": [list(g) for g in self.groups],
+            "parity": self.parity,
         }
         text = json.dumps(body, sort_keys=True)
         return json.dumps({"checksum": xxhash.xxh3_64_hexdigest(text.encode()), "body": text}).encode()
@@ -99,7 +109,22 @@ class Manifest:
             created=float(body.get("created", 0.0)),
             run_id=str(body.get("run_id", "")),
             settings=dict(body.get("settings", {})),
+            partner_of=tuple(int(r) for r in body.get("partner_of", ())),
+            groups=tuple(tuple(int(r) for r in g) for g in body.get("groups", ())),
+            parity=int(body.get("parity", 0)),
         )
+
+    def check_shard_table(self, table, rank: int, origin) -> None:
+        """A shard's header and per-tensor checksums are those this record lists for `rank`:
+        the file is this writing's shard of that rank (a replica too: it is a byte copy)."""
+        if table.step != self.step or table.rank != rank or table.world_size != self.world_size:
+            raise FormatError(f"{origin}: shard header says step {table.step}, rank {table.rank} of "
+                              f"{table.world_size}; the commit record expects step {self.step}, rank {rank} of "
+                              f"{self.world_size}")
+        expected = self.shards[rank].checksums
+        for entry in table.entries:
+            if expected.get(entry.name) != entry.checksum:
+                raise FormatError(f"{origin}: tensor {entry.name!r} checksum differs from the commit record")
 
     def write(self, path: Path, mode: int = 0o666) -> None:
         write_bytes_atomically(path, self.to_bytes(), mode=mode)

@@ -296,19 +296,57 @@ def read_shard_table(path: str | os.PathLike) -> ShardTable:
     path = os.fspath(path)
     try:
         with open(path, "rb") as stream:
-            head = stream.read(PAYLOAD_ALIGNMENT)
-            actual_size = os.fstat(stream.fileno()).st_size
-            header, corrected = _decode_header(head, path)
-            fields = _HEADER.unpack(header)
-            (_, version, flags, table_nsym, _, step, rank, world_size, table_len,
-             table_encoded_len, payload_offset, file_size, checksum) = fields
-            if table_nsym <= 0 or table_nsym >= RS_CODEWORD_BYTES or \
-                    rs_encoded_size(table_len, table_nsym) != table_encoded_len:
-                raise FormatError(f"{path}: shard header is corrupted (inconsistent table size)")
-            stream.seek(HEADER_CODEWORD_BYTES)
-            encoded_table = stream.read(table_encoded_len)
+            return _parse_shard_table(stream, os.fstat(stream.fileno()).st_size, path)
     except OSError as exc:
         raise StorageError(f"cannot read shard {path}: {exc.strerror or exc}") from exc
+
+
+def shard_table_of_bytes(data: np.ndarray, origin: str) -> ShardTable:
+    """The table of a shard file held in memory (a rebuilt or received one); `origin` names it
+    in errors. Offsets in the table are offsets into `data`."""
+    return _parse_shard_table(_MemoryReader(data), int(data.size), origin)
+
+
+def verified_piece(data: np.ndarray, table: ShardTable, name: str) -> np.ndarray:
+    """One piece of a shard file held in memory, as a uint8 view, checked against its checksum."""
+    entry = table.entry(name)
+    if entry.offset + entry.nbytes > data.size:
+        raise FormatError(f"{table.path}: tensor {name!r} lies past the end of the shard")
+    piece = data[entry.offset:entry.offset + entry.nbytes]
+    actual = xxhash.xxh3_64_hexdigest(piece)
+    if actual != entry.checksum:
+        raise ChecksumError(f"{table.path}: tensor {name!r} checksum mismatch (expected {entry.checksum}, "
+                            f"got {actual})")
+    return piece
+
+
+class _MemoryReader:
+    """The two calls _parse_shard_table makes of a file, on bytes in memory (no copy of them)."""
+
+    def __init__(self, data: np.ndarray):
+        self._data, self._position = memoryview(data.reshape(-1).view(np.uint8)), 0
+
+    def read(self, count: int) -> bytes:
+        chunk = bytes(self._data[self._position:self._position + count])
+        self._position += len(chunk)
+        return chunk
+
+    def seek(self, position: int) -> None:
+        self._position = position
+
+
+def _parse_shard_table(stream, actual_size: int, path: str) -> ShardTable:
+    """Header and tensor table from an open shard (a file, or bytes in memory)."""
+    head = stream.read(PAYLOAD_ALIGNMENT)
+    header, corrected = _decode_header(head, path)
+    fields = _HEADER.unpack(header)
+    (_, version, flags, table_nsym, _, step, rank, world_size, table_len,
+     table_encoded_len, payload_offset, file_size, checksum) = fields
+    if table_nsym <= 0 or table_nsym >= RS_CODEWORD_BYTES or \
+            rs_encoded_size(table_len, table_nsym) != table_encoded_len:
+        raise FormatError(f"{path}: shard header is corrupted (inconsistent table size)")
+    stream.seek(HEADER_CODEWORD_BYTES)
+    encoded_table = stream.read(table_encoded_len)
     if len(encoded_table) != table_encoded_len:
         raise FormatError(f"{path}: shard is truncated inside its tensor table")
 

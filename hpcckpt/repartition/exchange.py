@@ -1,0 +1,325 @@
+"""Carry out a RepartitionPlan (all ranks, collectively): read, rebuild, move, verify.
+
+    read:     each provider reads the old shard files the plan gives it (L1 files, L2
+              replicas) whole and verifies them against the commit record; parity files
+              are read piece by piece, each piece against its own checksum
+    rebuild:  the blocks a group rebuild needs travel to its decoder, one message per
+              sender; the decoder decodes the lost members' shards and verifies them
+    move:     every new rank's pieces are cut from the old pieces they overlap
+              (format/layout.py's read_requests): providers send the byte ranges, one
+              message per (provider, new rank); ranges of L4 shards are read by the new rank
+              itself, whole piece by whole piece so each is verified
+    agree:    after each stage every rank says which sources turned out bad; if any did, the
+              plan is made again without them (the same on every rank) and run again
+
+Every byte loaded was verified against the commit record's checksums: a rebuilt shard and a
+replica as much as an L1 file. Sizes: the survey and the bad sources are gathered (O(ranks)
+small values per round); shard bytes move once, from provider to the rank that needs them.
+Memory: a provider holds the old shards it serves (1-2 for an even loss), the decoder a
+group's blocks; bounded streaming is the bounded-memory issue's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpcckpt.cluster.collectives import exchange, quiet_allgather
+from hpcckpt.codec import ErasureCode
+from hpcckpt.errors import HpcckptError
+from hpcckpt.format.layout import Layout, place_read, read_requests
+from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.shardfile import read_shard_table, read_tensor, shard_table_of_bytes, verified_piece
+from hpcckpt.levels.stripes import segment_length, stripe_plan
+from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
+
+TAG_BLOCKS = 401
+TAG_RANGES = 402
+MAX_ROUNDS = 16  # each round excludes at least one bad source; more than this is a broken storage
+
+
+@dataclass(frozen=True)
+class Repartitioned:
+    """What a repartitioning restore produced on this rank."""
+
+    pieces: dict  # name -> this rank's piece under the new layout (in its snapshot buffer)
+    plan: RepartitionPlan  # the plan that worked
+    bytes_read: int  # shard bytes this rank read from files (node-local and L4)
+    bytes_received: int  # bytes other ranks sent it (rebuild blocks and its pieces' ranges)
+
+
+@dataclass
+class _Held:
+    """An old shard file in memory, verified whole."""
+
+    table: object
+    data: np.ndarray
+
+    def piece(self, name: str) -> np.ndarray:
+        entry = self.table.entry(name)
+        return self.data[entry.offset:entry.offset + entry.nbytes]
+
+
+class RepartitionJob:
+    """(all ranks) One attempt to load `manifest`'s version onto this job's ranks and layout."""
+
+    def __init__(self, comm, manifest: Manifest, layout: Layout, buffers: dict, local_array_names: tuple,
+                 views: list, pfs_shard_path, warn):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+        self.manifest = manifest
+        self.layout = layout
+        self.buffers = buffers
+        self.local_array_names = tuple(local_array_names)
+        self.views = views
+        self.pfs_shard_path = pfs_shard_path  # old rank -> its L4 shard file, or None without L4
+        self.warn = warn
+        self.bytes_read = 0
+        self.bytes_received = 0
+
+    def run(self, writing, pfs_holds: bool) -> Repartitioned | RepartitionPlan:
+        """The pieces, or the last plan (incomplete: its `missing` old ranks have no good source)."""
+        excluded: set = set()
+        for _ in range(MAX_ROUNDS):
+            plan = plan_repartition(self.manifest.step, writing, self.views, pfs_holds, frozenset(excluded))
+            if not plan.complete:
+                return plan
+            held, parity, bad = self._read(plan)
+            if self._agree_bad(bad, excluded):
+                continue
+            bad = self._rebuild(plan, held, parity)
+            if self._agree_bad(bad, excluded):
+                continue
+            pieces, bad = self._move(plan, held)
+            if self._agree_bad(bad, excluded):
+                continue
+            return Repartitioned(pieces, plan, self.bytes_read, self.bytes_received)
+        return plan
+
+    def _agree_bad(self, bad: set, excluded: set) -> bool:
+        """(all ranks) Add every rank's bad sources to `excluded`; True if there were any."""
+        everyone = set().union(*quiet_allgather(self.comm, bad))
+        excluded |= everyone
+        return bool(everyone)
+
+    # -- read ----------------------------------------------------------------------------
+    def _read(self, plan: RepartitionPlan):
+        held, parity, bad = {}, {}, set()
+        for source in plan.reads_of(self.rank):
+            try:
+                held[source.old_rank] = self._load_shard(Path(source.path), source.old_rank)
+            except (HpcckptError, OSError) as exc:
+                self.warn(f"version {plan.step}: the {source.level} copy of old rank {source.old_rank}'s shard is "
+                          f"unusable: {exc}")
+                bad.add((source.level, source.old_rank))
+        for rebuild in plan.rebuilds:
+            for block in rebuild.blocks:
+                if block.provider != self.rank or block.path is None or (block.member, block.stripe, block.block) in parity:
+                    continue
+                try:
+                    parity[(block.member, block.stripe, block.block)] = self._parity_piece(rebuild, block)
+                except (HpcckptError, OSError, KeyError) as exc:
+                    self.warn(f"version {plan.step}: the L3 parity of old rank {block.member} is unusable: {exc}")
+                    bad.add(("parity", block.member))
+        return held, parity, bad
+
+    def _load_shard(self, path: Path, old_rank: int) -> _Held:
+        data = np.fromfile(path, dtype=np.uint8)
+        self.bytes_read += int(data.size)
+        return self._verified(data, old_rank, str(path))
+
+    def _verified(self, data: np.ndarray, old_rank: int, origin: str) -> _Held:
+        table = shard_table_of_bytes(data, origin)
+        self.manifest.check_shard_table(table, old_rank, origin)
+        for name in table.names:
+            verified_piece(data, table, name)
+        return _Held(table, data)
+
+    def _parity_piece(self, rebuild, block) -> np.ndarray:
+        table = read_shard_table(block.path)
+        extra = table.extra
+        members = list(rebuild.members)
+        expected = self._segment(rebuild)
+        if extra.get("group") != members or extra.get("parity") != rebuild.parity or extra.get("segment") != expected:
+            raise HpcckptError(f"{block.path} was cut for group {extra.get('group')} with parity "
+                               f"{extra.get('parity')}, not for group {members} with parity {rebuild.parity}")
+        piece = read_tensor(block.path, table, f"stripe{block.stripe}.block{block.block}")
+        self.bytes_read += int(piece.nbytes)
+        return piece.reshape(-1).view(np.uint8)
+
+    def _segment(self, rebuild) -> int:
+        sizes = [self.manifest.shards[m].size for m in rebuild.members]
+        return segment_length(sizes, len(rebuild.members), rebuild.parity)
+
+    # -- rebuild -------------------------------------------------------------------------
+    def _rebuild(self, plan: RepartitionPlan, held: dict, parity: dict) -> set:
+        outgoing, incoming = defaultdict(list), defaultdict(int)
+        for rebuild in plan.rebuilds:
+            segment = self._segment(rebuild)
+            stripes = stripe_plan(len(rebuild.members), rebuild.parity)
+            for block in rebuild.blocks:
+                if block.provider == self.rank:
+                    outgoing[rebuild.decoder].append(self._block(rebuild, stripes, block, segment, held, parity))
+                if rebuild.decoder == self.rank:
+                    incoming[block.provider] += segment
+        received = self._exchange(outgoing, incoming, TAG_BLOCKS)
+        bad = set()
+        offsets = defaultdict(int)
+        for rebuild in plan.rebuilds:
+            if rebuild.decoder != self.rank:
+                continue
+            segment = self._segment(rebuild)
+            blocks = {}
+            for block in rebuild.blocks:
+                start = offsets[block.provider]
+                blocks[(block.stripe, block.block)] = received[block.provider][start:start + segment]
+                offsets[block.provider] += segment
+            for old_rank, data in self._decode(rebuild, blocks, segment).items():
+                try:
+                    held[old_rank] = self._verified(data, old_rank, f"old rank {old_rank}'s shard rebuilt from L3")
+                except HpcckptError as exc:
+                    self.warn(f"version {plan.step}: the L3 rebuild of old rank {old_rank} is unusable: {exc}")
+                    bad.add(("erasure", old_rank))
+        return bad
+
+    def _block(self, rebuild, stripes, block, segment: int, held: dict, parity: dict) -> np.ndarray:
+        k = len(rebuild.members) - rebuild.parity
+        if block.block >= k:
+            return parity[(block.member, block.stripe, block.block)]
+        data = held[block.member].data
+        start = stripes[block.stripe].segments[block.block] * segment
+        if start + segment <= data.size:
+            return data[start:start + segment]
+        padded = np.zeros(segment, dtype=np.uint8)  # the shard ends inside or before this segment
+        tail = data[start:start + segment]
+        padded[:tail.size] = tail
+        return padded
+
+    def _decode(self, rebuild, blocks: dict, segment: int) -> dict[int, np.ndarray]:
+        """The lost members' shard bytes from k blocks of every stripe."""
+        n, p = len(rebuild.members), rebuild.parity
+        k = n - p
+        code = ErasureCode(k, p)
+        lost_index = {rebuild.members.index(m): m for m in rebuild.lost}
+        shards = {m: np.zeros(k * segment, dtype=np.uint8) for m in rebuild.lost}
+        for stripe in stripe_plan(n, p):
+            wanted = [stripe.block_of_member(i) for i in lost_index if stripe.block_of_member(i) < k]
+            if not wanted:
+                continue
+            available = {block: data for (t, block), data in blocks.items() if t == stripe.index}
+            rebuilt = code.rebuild(available, wanted)
+            for block in wanted:
+                member = rebuild.members[stripe.contributors[block]]
+                seg = stripe.segments[block]
+                shards[member][seg * segment:(seg + 1) * segment] = rebuilt[block]
+        return {m: data[:self.manifest.shards[m].size] for m, data in shards.items()}
+
+    # -- move ----------------------------------------------------------------------------
+    def _move(self, plan: RepartitionPlan, held: dict):
+        old = self.manifest.layout
+        outgoing, incoming = defaultdict(list), defaultdict(int)
+        same_ranks = self.manifest.world_size == self.world_size
+        for consumer in range(self.world_size):
+            for request in read_requests(old, self.layout, consumer):
+                provider = plan.sources[request.old_rank].provider
+                if provider == self.rank:
+                    start = request.byte_offset_in_piece
+                    outgoing[consumer].append(held[request.old_rank].piece(request.name)[start:start + request.nbytes])
+                if consumer == self.rank and provider is not None:
+                    incoming[provider] += request.nbytes
+            if same_ranks:  # per-rank arrays go whole to the rank of the same number
+                provider = plan.sources[consumer].provider
+                for name in self.local_array_names:
+                    if provider == self.rank:
+                        outgoing[consumer].append(held[consumer].piece(name))
+                    if consumer == self.rank and provider is not None:
+                        incoming[provider] += self.buffers[name].nbytes
+        received = self._exchange(outgoing, incoming, TAG_RANGES)
+        return self._place(plan, received)
+
+    def _place(self, plan: RepartitionPlan, received: dict):
+        old = self.manifest.layout
+        pieces = {tl.name: self.buffers[tl.name] for tl in self.layout.rank_pieces(self.rank)}
+        offsets = defaultdict(int)
+        from_l4 = _L4Pieces(self)
+        bad = set()
+
+        def take(provider: int, nbytes: int) -> np.ndarray:
+            start = offsets[provider]
+            offsets[provider] += nbytes
+            return received[provider][start:start + nbytes]
+
+        try:
+            for request in read_requests(old, self.layout, self.rank):
+                provider = plan.sources[request.old_rank].provider
+                if provider is None:
+                    piece = from_l4.piece(request.old_rank, request.name)
+                    start = request.byte_offset_in_piece
+                    data = piece[start:start + request.nbytes]
+                else:
+                    data = take(provider, request.nbytes)
+                place_read(pieces[request.name], request, data, old, self.layout, self.rank)
+            if self.manifest.world_size == self.world_size:
+                provider = plan.sources[self.rank].provider
+                for name in self.local_array_names:
+                    target = self.buffers[name].reshape(-1).view(np.uint8)
+                    target[:] = (from_l4.piece(self.rank, name) if provider is None else take(provider, target.size))
+                    pieces[name] = self.buffers[name]
+        except (HpcckptError, OSError) as exc:
+            self.warn(f"version {plan.step}: old rank {from_l4.current}'s L4 shard is unusable: {exc}")
+            bad.add(("pfs", from_l4.current))
+        finally:
+            from_l4.close()
+        return pieces, bad
+
+    def _exchange(self, outgoing: dict, incoming: dict, tag: int) -> dict[int, np.ndarray]:
+        """One message per (sender, receiver): the sender's parts concatenated in plan order."""
+        received = {}
+        sends, receives = [], []
+        for dest, parts in outgoing.items():
+            buffer = np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+            if dest == self.rank:
+                received[dest] = buffer
+            else:
+                sends.append((dest, buffer))
+        for source, nbytes in incoming.items():
+            if source != self.rank:
+                received[source] = np.empty(nbytes, dtype=np.uint8)
+                receives.append((source, received[source]))
+                self.bytes_received += nbytes
+        exchange(self.comm, sends, receives, tag)
+        return received
+
+
+class _L4Pieces:
+    """Old pieces read from L4 by the rank that needs them, each whole and verified, one old
+    piece in memory at a time (requests come grouped by tensor)."""
+
+    def __init__(self, job: RepartitionJob):
+        self.job = job
+        self.tables, self.files = {}, {}
+        self.current = None
+        self._key, self._piece = None, None
+
+    def piece(self, old_rank: int, name: str) -> np.ndarray:
+        self.current = old_rank
+        if self._key == (old_rank, name):
+            return self._piece
+        path = self.job.pfs_shard_path(old_rank)
+        if old_rank not in self.tables:
+            table = read_shard_table(path)
+            self.job.manifest.check_shard_table(table, old_rank, path)
+            self.tables[old_rank] = table
+            self.files[old_rank] = open(path, "rb")
+        whole = read_tensor(self.files[old_rank], self.tables[old_rank], name)
+        self.job.bytes_read += int(whole.nbytes)
+        self._key, self._piece = (old_rank, name), whole.reshape(-1).view(np.uint8)
+        return self._piece
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()

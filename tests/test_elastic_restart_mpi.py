@@ -1,0 +1,160 @@
+"""Restart after node loss on the nodes that are left (and onto more): the version is
+assembled from the old job's shards wherever they survived (L1 on the surviving nodes, L2
+replicas, L3 rebuilds), L4 only for what no node-local level holds, on real mpiexec ranks.
+
+Node 3 of 4 is lost inside the snapshot of step 50: version 40 is committed everywhere (the
+snapshot waited for its persist), version 50 was never started, and L4 (every 3rd
+checkpoint) holds only version 30.
+"""
+
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+from conftest import assert_ok, node_local, run_mpi, small_job
+
+ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
+
+
+def job(tmp_path, levels=ALL_LEVELS, nodes=4):
+    return small_job(
+        tmp_path,
+        run={"steps": 60, "log_every": 20},
+        eval={"every_steps": 0},
+        checkpoint={"every_steps": 10, "keep_local": 2, "split_threshold_kb": 2},
+        storage={"pfs_every": 3},
+        resilience={"levels": levels, "group_size": 4, "parity": 2},
+        cluster={"simulated_nodes": nodes},
+    )
+
+
+def train(tmp_path, config, ranks, nodes, *extra):
+    return run_mpi(ranks, ["train", "-c", str(config), "--set", f"cluster.simulated_nodes={nodes}", *extra],
+                   cwd=tmp_path, timeout=240)
+
+
+def lose_node_3_before_l4_has_40(tmp_path, config, ranks=4):
+    crashed = train(tmp_path, config, ranks, 4, "--inject", "node-loss:node=3:step=50:phase=snapshot")
+    assert crashed.returncode != 0
+    assert not (tmp_path / "run" / "local" / "node3").exists()
+    if '"pfs"' in config.read_text():
+        assert sorted(p.name for p in (tmp_path / "run" / "pfs").glob("v*")) == ["v000000000030"]
+
+
+def exported(tmp_path, config, step: int) -> dict:
+    out = tmp_path / f"v{step}-{len(list(tmp_path.glob('*.h5')))}.h5"
+    assert_ok(run_mpi(1, ["export", "-c", str(config), "--version", str(step), "-o", str(out)], cwd=tmp_path))
+    tensors = {}
+    with h5py.File(out) as f:
+        f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return tensors
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b) and a
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
+
+
+@pytest.fixture(scope="module")
+def saved_40(tmp_path_factory):
+    """Version 40 as the uninterrupted 4-rank job saved it, exported."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    config = job(tmp_path)
+    assert_ok(train(tmp_path, config, 4, 4, "--set", "checkpoint.keep_local=10"))
+    return exported(tmp_path, config, 40)
+
+
+@pytest.mark.parametrize("levels, from_redundancy", [
+    (ALL_LEVELS, "1 from L2 partner"),
+    (["local", "erasure"], "1 from L3 erasure"),
+])
+def test_four_ranks_shrink_to_three_from_node_local_levels(tmp_path, saved_40, levels, from_redundancy):
+    config = job(tmp_path, levels)
+    lose_node_3_before_l4_has_40(tmp_path, config)
+    # inspect and verify see what the restart will do: version 40 is whole on no level, yet
+    # assembled from the surviving nodes, onto any rank count.
+    listing = run_mpi(1, ["inspect", "-c", str(config), "--json"], cwd=tmp_path)
+    assert_ok(listing)
+    v40 = next(v for v in json.loads(listing.stdout) if v["step"] == 40)
+    assert (v40["levels"], v40["assembled_from"], v40["restart_ranks"]) == \
+        ([], f"3 from L1 local, {from_redundancy}", "any")
+    verify = run_mpi(1, ["verify", "-c", str(config)], cwd=tmp_path)
+    assert_ok(verify)
+    assert f"local version 40: not every rank's copy is reachable here (a lost node); a restart assembles it: " \
+           f"old shards 3 from L1 local, {from_redundancy}" in verify.stdout
+    # The unchanged config: group_size 4 is a target, fitted to 3 nodes with one warning.
+    resumed = train(tmp_path, config, 3, 3, "--set", "run.steps=40")
+    assert_ok(resumed)
+    out = resumed.stdout + resumed.stderr
+    assert "erasure groups of 3+ ranks with parity 2 instead" in out
+    assert f"restored version 40 (written by 4 ranks) onto 3 rank(s): old shards 3 from L1 local, {from_redundancy}" \
+        in resumed.stdout, out
+    assert "protected again" in resumed.stdout
+    assert_same_tensors(exported(tmp_path, config, 40), saved_40)
+    finished = train(tmp_path, config, 3, 3)
+    assert_ok(finished)
+    assert "restored version 40 (written by 3 ranks) onto 3 rank(s)" not in finished.stdout  # same geometry now
+    assert "restored version 40: 3 rank(s) from L1 local" in finished.stdout
+
+
+def test_eight_ranks_on_four_nodes_shrink_to_six_on_three(tmp_path):
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    assert_ok(train(reference, job(reference), 8, 4, "--set", "checkpoint.keep_local=10", "--set", "run.steps=40"))
+    saved_40 = exported(reference, job(reference), 40)
+    config = job(tmp_path)
+    lose_node_3_before_l4_has_40(tmp_path, config, ranks=8)
+    resumed = train(tmp_path, config, 6, 3, "--set", "run.steps=40")
+    assert_ok(resumed)
+    assert "restored version 40 (written by 8 ranks) onto 6 rank(s): old shards 6 from L1 local, 2 from L2 partner" \
+        in resumed.stdout, resumed.stdout
+    assert_same_tensors(exported(tmp_path, config, 40), saved_40)
+
+
+def test_two_ranks_grow_to_four_from_node_local_levels(tmp_path):
+    config = job(tmp_path, nodes=2)
+    assert_ok(train(tmp_path, config, 2, 2, "--set", "run.steps=40", "--set", "storage.pfs_every=100"))
+    before = exported(tmp_path, config, 40)
+    shutil.rmtree(tmp_path / "run" / "pfs")  # node-local levels alone must do
+    grown = train(tmp_path, config, 4, 4, "--set", "run.steps=40")
+    assert_ok(grown)
+    assert "restored version 40 (written by 2 ranks) onto 4 rank(s): old shards 2 from L1 local" in grown.stdout
+    assert_same_tensors(exported(tmp_path, config, 40), before)
+
+
+def test_a_second_loss_right_after_a_shrink_is_survived(tmp_path, saved_40):
+    config = job(tmp_path, ["local", "partner"])
+    lose_node_3_before_l4_has_40(tmp_path, config)
+    assert_ok(train(tmp_path, config, 3, 3, "--set", "run.steps=40"))
+    # Version 40 was written again for 3 ranks: losing another node before any new
+    # checkpoint is survived by its new partner copies.
+    shutil.rmtree(tmp_path / "run" / "local" / "node2")
+    again = train(tmp_path, config, 2, 2, "--set", "run.steps=40")
+    assert_ok(again)
+    assert "restored version 40 (written by 3 ranks) onto 2 rank(s): old shards 2 from L1 local, 1 from L2 partner" \
+        in again.stdout, again.stdout
+    assert_same_tensors(exported(tmp_path, config, 40), saved_40)
+
+
+def test_a_loss_beyond_the_levels_falls_back_to_l4_or_stops_naming_what_is_missing(tmp_path):
+    config = job(tmp_path, ["local", "pfs"])
+    lose_node_3_before_l4_has_40(tmp_path, config)
+    # Old rank 3's shard of 40 is gone with its node: version 30 is assembled, L4 read only for rank 3.
+    resumed = train(tmp_path, config, 3, 3, "--set", "run.steps=30")
+    assert_ok(resumed)
+    assert "restored version 30 (written by 4 ranks) onto 3 rank(s): old shards 3 from L1 local, 1 from L4 pfs" \
+        in resumed.stdout, resumed.stdout
+
+    other = tmp_path / "no-pfs"
+    other.mkdir()
+    config = job(other, ["local"])
+    crashed = train(other, config, 4, 4, "--inject", "node-loss:node=3:step=50:phase=snapshot")
+    assert crashed.returncode != 0
+    stopped = train(other, config, 3, 3)
+    assert stopped.returncode == 4, stopped.stdout + stopped.stderr
+    assert "checkpoint version 40 (written by 4 ranks) cannot be assembled onto 3: the shards of old rank(s) [3] " \
+           "are on no surviving level" in stopped.stderr
+    assert (node_local(other / "run", 0) / "v000000000040").is_dir()  # nothing deleted
