@@ -41,8 +41,12 @@ def summarise(records: list[dict]) -> list[str]:
             counts = Counter(sources)
             where = ", ".join(f"{counts[level]} rank(s) from {LEVEL_LABELS[level]}"
                               for level in LEVEL_LABELS if level in counts)
-            moved = [f"rank {rank}: {LEVEL_LABELS[level]}" for rank, level in enumerate(sources) if level != "local"]
+            old = "old " if attempt.get("ranks") not in (None, len(sources)) else ""
+            moved = [f"{old}rank {rank}: {LEVEL_LABELS[level]}" for rank, level in enumerate(sources)
+                     if level != "local"]
             start = f"resumed from step {attempt['step']} ({where})"
+            if old:
+                start += f" written by {len(sources)} ranks, onto {attempt['ranks']}"
             if moved:
                 start += "; rebuilt: " + ", ".join(moved)
         else:

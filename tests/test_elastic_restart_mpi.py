@@ -98,6 +98,11 @@ def test_four_ranks_shrink_to_three_from_node_local_levels(tmp_path, saved_40, l
     assert_ok(finished)
     assert "restored version 40 (written by 3 ranks) onto 3 rank(s)" not in finished.stdout  # same geometry now
     assert "restored version 40: 3 rank(s) from L1 local" in finished.stdout
+    report = run_mpi(1, ["report", "-c", str(config)], cwd=tmp_path)
+    assert_ok(report)
+    level = from_redundancy.split(" from ")[1]
+    assert f"resumed from step 40 (3 rank(s) from L1 local, 1 rank(s) from {level}) written by 4 ranks, onto 3; " \
+           f"rebuilt: old rank 3: {level}" in report.stdout, report.stdout
 
 
 def test_eight_ranks_on_four_nodes_shrink_to_six_on_three(tmp_path):

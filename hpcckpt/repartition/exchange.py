@@ -220,54 +220,69 @@ class RepartitionJob:
 
     # -- move ----------------------------------------------------------------------------
     def _move(self, plan: RepartitionPlan, held: dict):
+        """Providers send each byte range as it lies in the old piece (no gathering copy);
+        a new rank receives it straight into its piece where the rows are contiguous there.
+        Both sides walk read_requests in the same order, which is the order MPI matches the
+        messages of one sender in."""
         old = self.manifest.layout
-        outgoing, incoming = defaultdict(list), defaultdict(int)
         same_ranks = self.manifest.world_size == self.world_size
+        sends = []
         for consumer in range(self.world_size):
+            if consumer == self.rank:
+                continue
             for request in read_requests(old, self.layout, consumer):
-                provider = plan.sources[request.old_rank].provider
-                if provider == self.rank:
+                if plan.sources[request.old_rank].provider == self.rank and request.nbytes:
                     start = request.byte_offset_in_piece
-                    outgoing[consumer].append(held[request.old_rank].piece(request.name)[start:start + request.nbytes])
-                if consumer == self.rank and provider is not None:
-                    incoming[provider] += request.nbytes
-            if same_ranks:  # per-rank arrays go whole to the rank of the same number
-                provider = plan.sources[consumer].provider
-                for name in self.local_array_names:
-                    if provider == self.rank:
-                        outgoing[consumer].append(held[consumer].piece(name))
-                    if consumer == self.rank and provider is not None:
-                        incoming[provider] += self.buffers[name].nbytes
-        received = self._exchange(outgoing, incoming, TAG_RANGES)
-        return self._place(plan, received)
-
-    def _place(self, plan: RepartitionPlan, received: dict):
-        old = self.manifest.layout
+                    sends.append((consumer, held[request.old_rank].piece(request.name)[start:start + request.nbytes]))
+            if same_ranks and plan.sources[consumer].provider == self.rank:  # per-rank arrays go whole
+                sends += [(consumer, held[consumer].piece(name)) for name in self.local_array_names]
         pieces = {tl.name: self.buffers[tl.name] for tl in self.layout.rank_pieces(self.rank)}
-        offsets = defaultdict(int)
+        receives, staged = [], []
+        for request in read_requests(old, self.layout, self.rank):
+            provider = plan.sources[request.old_rank].provider
+            if provider in (None, self.rank) or not request.nbytes:
+                continue
+            target = _contiguous_rows(pieces[request.name], request)
+            if target is None:
+                target = np.empty(request.nbytes, dtype=np.uint8)
+                staged.append((request, target))
+            receives.append((provider, target))
+            self.bytes_received += request.nbytes
+        provider = plan.sources[self.rank].provider if same_ranks else None
+        if provider not in (None, self.rank):
+            for name in self.local_array_names:
+                receives.append((provider, self.buffers[name].reshape(-1).view(np.uint8)))
+                self.bytes_received += self.buffers[name].nbytes
+        exchange(self.comm, sends, receives, TAG_RANGES)
+        for request, data in staged:
+            place_read(pieces[request.name], request, data, old, self.layout, self.rank)
+        return self._place_own_and_l4(plan, held, pieces)
+
+    def _place_own_and_l4(self, plan: RepartitionPlan, held: dict, pieces: dict):
+        """The ranges this rank provides to itself, and those only L4 holds (read here)."""
+        old = self.manifest.layout
         from_l4 = _L4Pieces(self)
         bad = set()
-
-        def take(provider: int, nbytes: int) -> np.ndarray:
-            start = offsets[provider]
-            offsets[provider] += nbytes
-            return received[provider][start:start + nbytes]
-
         try:
             for request in read_requests(old, self.layout, self.rank):
                 provider = plan.sources[request.old_rank].provider
                 if provider is None:
                     piece = from_l4.piece(request.old_rank, request.name)
-                    start = request.byte_offset_in_piece
-                    data = piece[start:start + request.nbytes]
+                elif provider == self.rank:
+                    piece = held[request.old_rank].piece(request.name)
                 else:
-                    data = take(provider, request.nbytes)
-                place_read(pieces[request.name], request, data, old, self.layout, self.rank)
+                    continue
+                start = request.byte_offset_in_piece
+                place_read(pieces[request.name], request, piece[start:start + request.nbytes], old, self.layout,
+                           self.rank)
             if self.manifest.world_size == self.world_size:
                 provider = plan.sources[self.rank].provider
                 for name in self.local_array_names:
                     target = self.buffers[name].reshape(-1).view(np.uint8)
-                    target[:] = (from_l4.piece(self.rank, name) if provider is None else take(provider, target.size))
+                    if provider is None:
+                        target[:] = from_l4.piece(self.rank, name)
+                    elif provider == self.rank:
+                        target[:] = held[self.rank].piece(name)
                     pieces[name] = self.buffers[name]
         except (HpcckptError, OSError) as exc:
             self.warn(f"version {plan.step}: old rank {from_l4.current}'s L4 shard is unusable: {exc}")
@@ -293,6 +308,15 @@ class RepartitionJob:
                 self.bytes_received += nbytes
         exchange(self.comm, sends, receives, tag)
         return received
+
+
+def _contiguous_rows(piece: np.ndarray, request) -> np.ndarray | None:
+    """The bytes of the rows a request fills, where they are one contiguous range of the
+    piece (every cut along the same axis, the piece C-contiguous); None otherwise."""
+    if request.reslice or not piece.flags.c_contiguous:
+        return None
+    rows = piece[request.dest_start:request.dest_stop].reshape(-1).view(np.uint8)
+    return rows if rows.size == request.nbytes else None
 
 
 class _L4Pieces:

@@ -123,10 +123,11 @@ class CaptureAfterUpdate:
 
 
 def _report_restart(log: RunLog, checkpointer, restored: int | None, reached_before) -> None:
-    """Where each rank's shard came from and how much work the failure cost, for the run's
-    summary (metrics.jsonl) and `hpcckpt report`."""
+    """Where each rank's shard came from (each old rank's, when the version was written by
+    another rank count) and how much work the failure cost, for the run's summary
+    (metrics.jsonl) and `hpcckpt report`."""
     record = {"event": "restart", "attempt": current_attempt(), "step": restored or 0,
-              "sources": list(checkpointer.restored_sources)}
+              "sources": list(checkpointer.restored_sources), "ranks": checkpointer.world_size}
     if reached_before is not None:
         reached, _ = reached_before
         record["reached_before"] = reached
