@@ -356,8 +356,6 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
         if loaded is not None:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
                 _clear_newer(ctx, step, failed, ledger)
-                if loaded.protect_again:
-                    clear_old_geometry(ctx, lambda s: s >= step)
                 return replace(loaded, unconfirmed=ledger)
             return loaded
     if ledger is not None:
@@ -868,7 +866,8 @@ def clear_old_geometry(ctx, which) -> list[int]:
     ranks and nodes that are gone. Called for the loaded version and newer ones before the
     engine writes it again under this job's geometry, and for older ones once that worked:
     until then they are the fallback. One rank per node-local directory deletes; L4 keeps
-    its versions. Returns the steps deleted."""
+    its versions (the engine writes the version there first where L4 lacks it). Returns the
+    steps deleted."""
     where = (ctx.local_dir, ctx.node)
     first = quiet_allgather(ctx.comm, where).index(where) == ctx.rank
     steps = [s for s in list_version_steps(ctx.local_dir) if which(s)] if first and ctx.levels.node_local else []

@@ -163,3 +163,30 @@ def test_a_loss_beyond_the_levels_falls_back_to_l4_or_stops_naming_what_is_missi
     assert "checkpoint version 40 (written by 4 ranks) cannot be assembled onto 3: the shards of old rank(s) [3] " \
            "are on no surviving level" in stopped.stderr
     assert (node_local(other / "run", 0) / "v000000000040").is_dir()  # nothing deleted
+
+
+@pytest.mark.parametrize("stage", ["read", "move"])
+def test_an_unexpected_failure_while_repartitioning_fails_every_rank_alike(tmp_path, stage):
+    from conftest import REPO, run_script, script_results
+
+    script = REPO / "tests" / "scripts" / "repartition_failure.py"
+    run_dir = str(tmp_path / "run")
+    assert_ok(run_script(4, script, [run_dir, "save"], cwd=tmp_path, timeout=120))
+    proc = run_script(3, script, [run_dir, "restore", stage, "1"], cwd=tmp_path, timeout=120)
+    assert "HANG" not in proc.stdout, proc.stdout[-3000:]
+    assert_ok(proc)
+    errors = [r["error"] for r in script_results(proc)]
+    assert len(errors) == 3 and all(e and "failed on rank(s) [1]" in e and "injected" in e for e in errors), errors
+
+
+def test_a_crash_while_the_version_is_written_again_leaves_it_on_l4(tmp_path, saved_40):
+    """The old job's node-local copies of the loaded version give way to the new ones (same
+    file names) only once L4 holds it: a crash in between loses nothing."""
+    config = job(tmp_path)
+    lose_node_3_before_l4_has_40(tmp_path, config)
+    crashed = train(tmp_path, config, 3, 3, "--set", "run.steps=40", "--inject", "rank-kill:rank=0:step=40:phase=local")
+    assert crashed.returncode != 0
+    resumed = train(tmp_path, config, 3, 3, "--set", "run.steps=40")
+    assert_ok(resumed)
+    assert "restored version 40: 3 rank(s) from L4 pfs" in resumed.stdout, resumed.stdout
+    assert_same_tensors(exported(tmp_path, config, 40), saved_40)

@@ -303,23 +303,45 @@ class Checkpointer:
     def _protect_again(self, result: recovery.RestoreResult) -> None:
         """(all ranks) A version loaded over another job's shards is written again at once to
         this job's levels, under its own geometry, with the state and metrics it was saved
-        with: a second node loss right after a shrink is survived. Then the old job's older
-        node-local versions go, if its rank count or placement was another. A failure here is a warning: the version is loaded, and the
-        next checkpoint protects the run."""
-        snapshot = self.arrays.restored_snapshot(result.step, self._ordinal, result.state, result.metrics,
-                                                 result.protect_again)
+        with: a second node loss right after a shrink is survived. L4 first, where it lacks
+        the version: its files cannot collide with the old job's, so the version is durable
+        there before the old job's node-local copies of it give way to the new ones (same
+        names, never overwritten). Then the old job's older node-local versions go, if its
+        rank count or placement was another. A failure here is a warning: the version is
+        loaded, and the next checkpoint protects the run."""
+        step = result.step
+        global_first = tuple(name for name in result.protect_again if name == "pfs")
+        node_local = tuple(name for name in result.protect_again if name != "pfs")
+        # The version loaded and verified: a crash while writing it is the storage's or a
+        # node's, not the version's, and must not get it marked failed (ckpt/ledger.py). The
+        # resumed run's first steps are watched again afterwards.
+        ledger = self.restart_unconfirmed
+        if ledger is not None and self.rank == 0:
+            ledger.confirm()
         try:
-            self.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
+            if global_first:
+                self._write_restored(result, global_first)
+            recovery.clear_old_geometry(self._restore_context(), lambda s: s >= step)
+            if node_local:
+                self._write_restored(result, node_local)
         except CheckpointError as exc:
             if self.log:
-                self.log.warning(f"version {result.step} is restored but could not be written again under this "
-                                 f"job's levels: {exc}; the next checkpoint protects the run")
-            return
-        if self.log:
-            self.log.info(f"version {result.step} protected again on {', '.join(result.protect_again)} for "
-                          f"{self.world_size} rank(s) on {self.topology.node_count} node(s)", console=self.rank == 0)
-        if result.geometry_changed:
-            recovery.clear_old_geometry(self._restore_context(), lambda s: s < result.step)
+                self.log.warning(f"version {step} is restored but could not be written again under this job's "
+                                 f"levels: {exc}; the next checkpoint protects the run")
+        else:
+            if self.log:
+                self.log.info(f"version {step} protected again on {', '.join(result.protect_again)} for "
+                              f"{self.world_size} rank(s) on {self.topology.node_count} node(s)",
+                              console=self.rank == 0)
+            if result.geometry_changed:
+                recovery.clear_old_geometry(self._restore_context(), lambda s: s < step)
+        finally:
+            if ledger is not None and self.rank == 0:
+                ledger.begin(step)
+
+    def _write_restored(self, result: recovery.RestoreResult, levels: tuple) -> None:
+        snapshot = self.arrays.restored_snapshot(result.step, self._ordinal, result.state, result.metrics, levels)
+        self.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
 
     def _apply_restored_state(self, state: dict) -> None:
         for name, (_, setter) in self.arrays.states.items():

@@ -27,7 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import exchange, quiet_allgather
+from hpcckpt.cluster.collectives import (
+    agree_before_exchange,
+    describe_failure,
+    exchange,
+    quiet_allgather,
+    raise_if_any_failed,
+)
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.layout import Layout, place_read, read_requests
@@ -88,17 +94,29 @@ class RepartitionJob:
             plan = plan_repartition(self.manifest.step, writing, self.views, pfs_holds, frozenset(excluded))
             if not plan.complete:
                 return plan
-            held, parity, bad = self._read(plan)
+            (held, parity), bad = self._stage("reading", plan, lambda: self._read(plan))
             if self._agree_bad(bad, excluded):
                 continue
-            bad = self._rebuild(plan, held, parity)
+            _, bad = self._stage("rebuilding", plan, lambda: (None, self._rebuild(plan, held, parity)))
             if self._agree_bad(bad, excluded):
                 continue
-            pieces, bad = self._move(plan, held)
+            pieces, bad = self._stage("moving", plan, lambda: self._move(plan, held))
             if self._agree_bad(bad, excluded):
                 continue
             return Repartitioned(pieces, plan, self.bytes_read, self.bytes_received)
         return plan
+
+    def _stage(self, label: str, plan: RepartitionPlan, fn):
+        """(all ranks) fn() -> (result, bad sources). A bad source is planned around; any other
+        failure (out of memory, a bug) ends the restore with the same error on every rank,
+        rather than leaving the others waiting in the next exchange."""
+        failure, result, bad = None, None, set()
+        try:
+            result, bad = fn()
+        except Exception as exc:
+            failure = describe_failure(exc)
+        raise_if_any_failed(self.comm, f"{label} the old shards", failure, step=plan.step)
+        return result, bad
 
     def _agree_bad(self, bad: set, excluded: set) -> bool:
         """(all ranks) Add every rank's bad sources to `excluded`; True if there were any."""
@@ -125,7 +143,7 @@ class RepartitionJob:
                 except (HpcckptError, OSError, KeyError) as exc:
                     self.warn(f"version {plan.step}: the L3 parity of old rank {block.member} is unusable: {exc}")
                     bad.add(("parity", block.member))
-        return held, parity, bad
+        return (held, parity), bad
 
     def _load_shard(self, path: Path, old_rank: int) -> _Held:
         data = np.fromfile(path, dtype=np.uint8)
@@ -157,6 +175,8 @@ class RepartitionJob:
 
     # -- rebuild -------------------------------------------------------------------------
     def _rebuild(self, plan: RepartitionPlan, held: dict, parity: dict) -> set:
+        if not plan.rebuilds:
+            return set()
         outgoing, incoming = defaultdict(list), defaultdict(int)
         for rebuild in plan.rebuilds:
             segment = self._segment(rebuild)
@@ -166,7 +186,7 @@ class RepartitionJob:
                     outgoing[rebuild.decoder].append(self._block(rebuild, stripes, block, segment, held, parity))
                 if rebuild.decoder == self.rank:
                     incoming[block.provider] += segment
-        received = self._exchange(outgoing, incoming, TAG_BLOCKS)
+        received = self._exchange(outgoing, incoming, TAG_BLOCKS, "L3 rebuild")
         bad = set()
         offsets = defaultdict(int)
         for rebuild in plan.rebuilds:
@@ -178,7 +198,13 @@ class RepartitionJob:
                 start = offsets[block.provider]
                 blocks[(block.stripe, block.block)] = received[block.provider][start:start + segment]
                 offsets[block.provider] += segment
-            for old_rank, data in self._decode(rebuild, blocks, segment).items():
+            try:
+                decoded = self._decode(rebuild, blocks, segment)
+            except HpcckptError as exc:
+                self.warn(f"version {plan.step}: the L3 rebuild of group {list(rebuild.members)} failed: {exc}")
+                bad |= {("erasure", m) for m in rebuild.lost}
+                continue
+            for old_rank, data in decoded.items():
                 try:
                     held[old_rank] = self._verified(data, old_rank, f"old rank {old_rank}'s shard rebuilt from L3")
                 except HpcckptError as exc:
@@ -225,8 +251,23 @@ class RepartitionJob:
         Both sides walk read_requests in the same order, which is the order MPI matches the
         messages of one sender in."""
         old = self.manifest.layout
+        pieces = {tl.name: self.buffers[tl.name] for tl in self.layout.rank_pieces(self.rank)}
+        sends, receives, staged, failure = [], [], [], None
+        try:
+            self._sends(plan, held, sends)
+            self._post_receives(plan, pieces, receives, staged)
+        except Exception as exc:
+            failure = exc
+        agree_before_exchange(self.comm, failure, "moving the byte ranges")
+        exchange(self.comm, sends, receives, TAG_RANGES)
+        for request, data in staged:
+            place_read(pieces[request.name], request, data, old, self.layout, self.rank)
+        return self._place_own_and_l4(plan, held, pieces)
+
+    def _sends(self, plan: RepartitionPlan, held: dict, sends: list) -> None:
+        """The byte ranges this rank provides to the others, as views of the old pieces."""
+        old = self.manifest.layout
         same_ranks = self.manifest.world_size == self.world_size
-        sends = []
         for consumer in range(self.world_size):
             if consumer == self.rank:
                 continue
@@ -236,8 +277,12 @@ class RepartitionJob:
                     sends.append((consumer, held[request.old_rank].piece(request.name)[start:start + request.nbytes]))
             if same_ranks and plan.sources[consumer].provider == self.rank:  # per-rank arrays go whole
                 sends += [(consumer, held[consumer].piece(name)) for name in self.local_array_names]
-        pieces = {tl.name: self.buffers[tl.name] for tl in self.layout.rank_pieces(self.rank)}
-        receives, staged = [], []
+
+    def _post_receives(self, plan: RepartitionPlan, pieces: dict, receives: list, staged: list) -> None:
+        """Where each range from another rank lands: its rows in the new piece, or a staging
+        buffer where they are not contiguous there (placed after the exchange)."""
+        old = self.manifest.layout
+        same_ranks = self.manifest.world_size == self.world_size
         for request in read_requests(old, self.layout, self.rank):
             provider = plan.sources[request.old_rank].provider
             if provider in (None, self.rank) or not request.nbytes:
@@ -253,10 +298,6 @@ class RepartitionJob:
             for name in self.local_array_names:
                 receives.append((provider, self.buffers[name].reshape(-1).view(np.uint8)))
                 self.bytes_received += self.buffers[name].nbytes
-        exchange(self.comm, sends, receives, TAG_RANGES)
-        for request, data in staged:
-            place_read(pieces[request.name], request, data, old, self.layout, self.rank)
-        return self._place_own_and_l4(plan, held, pieces)
 
     def _place_own_and_l4(self, plan: RepartitionPlan, held: dict, pieces: dict):
         """The ranges this rank provides to itself, and those only L4 holds (read here)."""
@@ -291,21 +332,25 @@ class RepartitionJob:
             from_l4.close()
         return pieces, bad
 
-    def _exchange(self, outgoing: dict, incoming: dict, tag: int) -> dict[int, np.ndarray]:
-        """One message per (sender, receiver): the sender's parts concatenated in plan order."""
-        received = {}
-        sends, receives = [], []
-        for dest, parts in outgoing.items():
-            buffer = np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
-            if dest == self.rank:
-                received[dest] = buffer
-            else:
-                sends.append((dest, buffer))
-        for source, nbytes in incoming.items():
-            if source != self.rank:
-                received[source] = np.empty(nbytes, dtype=np.uint8)
-                receives.append((source, received[source]))
-                self.bytes_received += nbytes
+    def _exchange(self, outgoing: dict, incoming: dict, tag: int, label: str) -> dict[int, np.ndarray]:
+        """One message per (sender, receiver): the sender's parts concatenated in plan order.
+        Every rank says it is ready first (allocating may fail), or none exchanges."""
+        received, sends, receives, failure = {}, [], [], None
+        try:
+            for dest, parts in outgoing.items():
+                buffer = np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+                if dest == self.rank:
+                    received[dest] = buffer
+                else:
+                    sends.append((dest, buffer))
+            for source, nbytes in incoming.items():
+                if source != self.rank:
+                    received[source] = np.empty(nbytes, dtype=np.uint8)
+                    receives.append((source, received[source]))
+                    self.bytes_received += nbytes
+        except Exception as exc:
+            failure = exc
+        agree_before_exchange(self.comm, failure, label)
         exchange(self.comm, sends, receives, tag)
         return received
 
