@@ -90,12 +90,14 @@ def _world():
 
 def _command_train(args) -> int:
     from hpcckpt.config import load_config
+    from hpcckpt.exit_record import record_started
     from hpcckpt.faults import parse_fault
     from hpcckpt.train.loop import run_training
 
     config = load_config(args.config, args.overrides)
     faults = [parse_fault(text) for text in args.inject]
     comm = _world()
+    record_started(comm)
     if config.cluster.simulated_nodes > comm.Get_size():
         from hpcckpt.errors import ConfigError
 

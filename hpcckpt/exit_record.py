@@ -37,3 +37,26 @@ def record_exit(code: int, rank: int, message: str = "", environ=None) -> None:
         # The loop falls back to the launcher's exit code; say why the record is missing.
         print(f"hpcckpt: warning: could not record exit code {code} in {path} ({EXIT_FILE_VARIABLE}): "
               f"{exc.strerror or exc}", file=sys.stderr, flush=True)
+
+
+STARTED_SUFFIX = ".started"
+
+
+def record_started(comm, environ=None) -> None:
+    """(all ranks) Every rank got through MPI start-up: rank 0 says so beside the exit file,
+    and the restart loop's start-up watchdog (jobs/restart-loop.sh, START_TIMEOUT) lets the
+    attempt run. Without it the loop takes the attempt for hung in MPI_Init (MPICH's pmi2
+    start-up under srun can hang for good: pmodels/mpich#6924) and starts it again."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(EXIT_FILE_VARIABLE)
+    if not path:
+        return
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        try:
+            with open(path + STARTED_SUFFIX, "w") as f:
+                f.write("started\n")
+        except OSError as exc:
+            print(f"hpcckpt: warning: could not mark the start in {path + STARTED_SUFFIX} ({EXIT_FILE_VARIABLE}): "
+                  f"{exc.strerror or exc}; the job script may take this attempt for hung at start-up",
+                  file=sys.stderr, flush=True)

@@ -19,6 +19,9 @@
 #                   passed here: put it in the CONFIG file or an HPCCKPT_SECTION_KEY variable.
 #   EXIT_DIR        where the ranks record why an attempt ended (default: the current
 #                   directory, which must be on a file system every node sees)
+#   START_TIMEOUT   seconds the ranks may take to get through MPI start-up (default 300); an
+#                   attempt still starting then is stopped and counts as failed (MPICH's pmi2
+#                   start-up under srun can hang for good: pmodels/mpich#6924)
 #
 # Exit codes of `hpcckpt train`: 0 finished; 75 stopped on request after a final checkpoint
 # on the PFS (signal, allocation end); 2 bad config or data and 4 no loadable checkpoint,
@@ -52,11 +55,30 @@ _hpcckpt_on_signal() {
     fi
 }
 
+_hpcckpt_watch_startup() {
+    # $1: the marker rank 0 writes once every rank is through MPI start-up; $2: the launcher;
+    # $3: the flag this writes when it stopped an attempt that never got through.
+    local waited=0
+    while [ "$waited" -lt "${START_TIMEOUT:-300}" ]; do
+        [ -e "$1" ] && return 0
+        kill -0 "$2" 2>/dev/null || return 0
+        sleep 1
+        waited=$((waited + 1))
+    done
+    [ -e "$1" ] && return 0
+    : > "$3"
+    kill -TERM "$2" 2>/dev/null
+    sleep 10
+    kill -KILL "$2" 2>/dev/null
+    return 0
+}
+
 _hpcckpt_clean_shm() {
     # Killed ranks leave MPICH's shared-memory segments in /dev/shm (RAM) until reboot; only
     # this host's can be reached from here (other nodes: run `hpcckpt clean-shm` on each).
     # Only segments created since the failed attempt began, so no other job's are judged.
-    "${HPCCKPT_CMD[@]}" clean-shm --newer-than "$1" 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
+    # Not in the attempt's exit file (it records why the attempt ended, and is read already).
+    HPCCKPT_EXIT_FILE="" "${HPCCKPT_CMD[@]}" clean-shm --newer-than "$1" 2>&1 | tail -n 1 | sed 's/^/hpcckpt-job: /'
 }
 
 hpcckpt_place_nodes() {
@@ -114,7 +136,7 @@ hpcckpt_restart_loop() {
         export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
-    local attempt=0 status=0 attempt_started recorded exit_file
+    local attempt=0 status=0 attempt_started recorded exit_file watcher
     local job=${SLURM_JOB_ID:-${PBS_JOBID:-pid$$}}
     local -a train_args=()
     # read -a splits at blanks without pathname expansion, which an unquoted $TRAIN_ARGS would
@@ -132,13 +154,15 @@ hpcckpt_restart_loop() {
             return 0
         fi
         exit_file="${EXIT_DIR:-$PWD}/.hpcckpt-exit.${job%%.*}.$attempt"
-        rm -f "$exit_file"
+        rm -f "$exit_file" "$exit_file.started" "$exit_file.hung"
         export HPCCKPT_EXIT_FILE=$exit_file
         hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT train -c $CONFIG --restart auto $TRAIN_ARGS"
         attempt_started=$(( $(date +%s) - 1 ))
         # In the background, so a signal reaches the trap while we wait.
         hpcckpt_launch train -c "$CONFIG" --restart auto ${train_args[@]+"${train_args[@]}"} &
         _hpcckpt_child=$!
+        _hpcckpt_watch_startup "$exit_file.started" "$_hpcckpt_child" "$exit_file.hung" &
+        watcher=$!
         while :; do
             _hpcckpt_trapped=0
             wait "$_hpcckpt_child"
@@ -147,6 +171,12 @@ hpcckpt_restart_loop() {
             [ "$_hpcckpt_trapped" = 1 ] || break
         done
         _hpcckpt_child=""
+        kill "$watcher" 2>/dev/null
+        wait "$watcher" 2>/dev/null
+        if [ -e "$exit_file.hung" ]; then
+            hpcckpt_say "attempt $attempt did not get through MPI start-up in ${START_TIMEOUT:-300} s (MPICH's pmi2 start-up under srun, pmodels/mpich#6924, or a node that does not answer): stopped it"
+        fi
+        rm -f "$exit_file.started" "$exit_file.hung"
         if recorded=$(_hpcckpt_recorded_exit "$exit_file"); then
             [ "$recorded" = "$status" ] || hpcckpt_say "the launcher returned $status; the ranks recorded exit code $recorded"
             status=$recorded

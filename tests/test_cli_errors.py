@@ -151,3 +151,32 @@ def test_the_first_exit_record_stands_and_an_unwritable_one_is_reported(tmp_path
     assert path.read_text() == "exit_code=2\nrank=3\nmessage=bad config\n"
     record_exit(4, 0, "x", environ={"HPCCKPT_EXIT_FILE": str(tmp_path / "missing" / "exit")})
     assert "could not record exit code 4" in capsys.readouterr().err
+
+
+def test_an_attempt_hung_in_mpi_start_up_is_stopped_and_started_again(tmp_path):
+    """MPICH's pmi2 start-up under srun can hang for good (pmodels/mpich#6924): an attempt whose
+    ranks never mark that they got through MPI start-up is stopped after START_TIMEOUT and
+    counts as a failed attempt; one that marks it runs as long as it takes."""
+    import sys
+
+    script = tmp_path / "loop.sh"
+    script.write_text(
+        "set -u\n"
+        f". {REPO / 'jobs' / 'restart-loop.sh'}\n"
+        "CONFIG=job.toml\n"
+        # Attempt 1 hangs before the mark; attempt 2 marks it, then outlives START_TIMEOUT.
+        "hpcckpt_launch() {\n"
+        "  if [ \"$HPCCKPT_ATTEMPT\" = 1 ]; then exec sleep 600; fi\n"
+        "  : > \"$HPCCKPT_EXIT_FILE.started\"; sleep 4; exit 0\n"
+        "}\n"
+        "hpcckpt_replan() { :; }\n"
+        "hpcckpt_restart_loop\n"
+    )
+    env = {**os.environ, "START_TIMEOUT": "2", "RESTART_DELAY": "0", "HPCCKPT": f"{sys.executable} -m hpcckpt",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "attempt 1 did not get through MPI start-up in 2 s" in proc.stdout, proc.stdout
+    assert "attempt 2 did not get through" not in proc.stdout
+    assert "finished after 2 attempt(s)" in proc.stdout
+    assert not list(tmp_path.glob(".hpcckpt-exit.*"))  # markers cleaned up

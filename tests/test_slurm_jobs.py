@@ -95,7 +95,7 @@ def workdir(tmp_path: Path, name: str = "submit") -> Path:
 
 def submit(directory: Path, *sbatch_args: str, **settings) -> int:
     env = mpi_env()
-    env.update(HPCCKPT=f"{sys.executable} -m hpcckpt", CONFIG="job.toml", RESTART_DELAY="1",
+    env.update(HPCCKPT=f"{sys.executable} -m hpcckpt", CONFIG="job.toml", RESTART_DELAY="1", START_TIMEOUT="60",
                LOCAL_SCRATCH=str(directory / "scratch"))
     env.update({k: str(v) for k, v in settings.items()})
     proc = _run(["sbatch", "--parsable", "--output=job-%j.out", *sbatch_args, "jobs/slurm.sbatch"],
