@@ -125,6 +125,9 @@ class ResilienceConfig:
     parity: int = 2
     partner_every: int = 1
     erasure_every: int = 1
+    # Checkpoints in a row that no level could hold before training stops (a level that fails
+    # is otherwise only warned about and tried again at its next version due).
+    max_unprotected_checkpoints: int = 3
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,8 @@ _POSITIVE = {
     ("run", "steps"), ("run", "log_every"), ("data", "samples"), ("data", "features"),
     ("data", "batch_size"), ("optimizer", "bucket_kb"), ("model", "kernel_size"), ("model", "pool"),
     ("storage", "pfs_every"), ("resilience", "group_size"), ("resilience", "parity"),
-    ("resilience", "partner_every"), ("resilience", "erasure_every"), ("checkpoint", "keep_local"),
+    ("resilience", "partner_every"), ("resilience", "erasure_every"), ("resilience", "max_unprotected_checkpoints"),
+    ("checkpoint", "keep_local"),
     ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"), ("checkpoint", "confirm_after_steps"),
 }
 _AT_LEAST = {("data", "classes"): 2}

@@ -2,6 +2,7 @@
 
     --inject rank-kill:rank=R:step=S[:phase=P][:attempt=A]
     --inject node-loss:node=N:step=S[:phase=P][:attempt=A]
+    --inject storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A]
 
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
@@ -9,6 +10,10 @@ phase = restore while version S is being loaded at restart. `attempt=A` limits t
 attempt A of a job script's restart loop (HPCCKPT_ATTEMPT, 1 when unset), so a restarted run
 does not meet the same fault again. Death is abrupt (os._exit, or SIGKILL; no cleanup, no MPI
 finalize), as in a crash.
+
+A storage error makes level L's store of every version from step S to T (default: S only)
+fail on rank R (default: every rank) with errno E: ENOSPC (the default, a full file
+system), EIO or EROFS, as the file system would report it; nothing dies.
 
 A lost node's local directory must stay gone, as on a real node that went down. Deleting it
 from the dying rank is not enough: its persist and writer threads, and the other ranks of the
@@ -19,6 +24,7 @@ still be inside a system call, deletes the lost directories, and only then kills
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -84,20 +90,27 @@ except ProcessLookupError:
 """
 
 
+STORAGE_ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EROFS": errno.EROFS}
+STORAGE_LEVELS = ("local", "partner", "erasure", "pfs")
+
+
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "rank-kill" or "node-loss"
-    target: int  # rank or node
+    kind: str  # "rank-kill", "node-loss" or "storage-error"
+    target: int  # rank or node (-1: every rank, for a storage error)
     step: int
-    phase: str | None = None
+    phase: str | None = None  # the level, for a storage error
     attempt: int | None = None  # None: every attempt
+    until: int | None = None  # a storage error's last step
+    errno_name: str = "ENOSPC"
 
 
 def parse_fault(text: str) -> Fault:
     usage = ("use rank-kill:rank=R:step=S[:phase=P][:attempt=A] or node-loss:node=N:step=S[:phase=P][:attempt=A], "
-             f"P one of {', '.join(PHASES)}")
+             f"P one of {', '.join(PHASES)}, or storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A], "
+             f"L one of {', '.join(STORAGE_LEVELS)}, E one of {', '.join(STORAGE_ERRNOS)}")
     kind, *fields = text.split(":")
-    if kind not in ("rank-kill", "node-loss"):
+    if kind not in ("rank-kill", "node-loss", "storage-error"):
         raise ConfigError(f"--inject {text!r}: unknown fault {kind!r}; {usage}")
     values = {}
     for item in fields:
@@ -105,6 +118,8 @@ def parse_fault(text: str) -> Fault:
         if not sep:
             raise ConfigError(f"--inject {text!r}: expected key=value, got {item!r}; {usage}")
         values[key] = value
+    if kind == "storage-error":
+        return _parse_storage_error(text, values, usage)
     target_key = "rank" if kind == "rank-kill" else "node"
     allowed = {target_key, "step", "phase", "attempt"}
     if set(values) - allowed or not {target_key, "step"} <= set(values):
@@ -118,6 +133,24 @@ def parse_fault(text: str) -> Fault:
     if phase is not None and phase not in PHASES:
         raise ConfigError(f"--inject {text!r}: unknown phase {phase!r}; {usage}")
     return Fault(kind, target, step, phase, attempt)
+
+
+def _parse_storage_error(text: str, values: dict, usage: str) -> Fault:
+    allowed = {"level", "step", "until", "rank", "errno", "attempt"}
+    if set(values) - allowed or not {"level", "step"} <= set(values):
+        raise ConfigError(f"--inject {text!r}: needs level= and step=; {usage}")
+    if values["level"] not in STORAGE_LEVELS or values.get("errno", "ENOSPC") not in STORAGE_ERRNOS:
+        raise ConfigError(f"--inject {text!r}: unknown level or errno; {usage}")
+    try:
+        step = int(values["step"])
+        until = int(values["until"]) if "until" in values else step
+        rank = int(values["rank"]) if "rank" in values else -1
+        attempt = int(values["attempt"]) if "attempt" in values else None
+    except ValueError:
+        raise ConfigError(f"--inject {text!r}: step, until, rank and attempt must be integers; {usage}") from None
+    if until < step:
+        raise ConfigError(f"--inject {text!r}: until={until} is before step={step}; {usage}")
+    return Fault("storage-error", rank, step, values["level"], attempt, until, values.get("errno", "ENOSPC"))
 
 
 def current_attempt(environ=None) -> int:
@@ -152,7 +185,16 @@ class FaultInjector:
             self.peers = tuple(comm.allgather(me))
 
     def _hits_me(self, fault: Fault) -> bool:
+        if fault.kind == "storage-error":
+            return fault.target in (-1, self.rank)
         return fault.target == (self.rank if fault.kind == "rank-kill" else self.node)
+
+    def storage_error(self, step: int, level: str) -> None:
+        """Raise the OSError a storage error injected for `level` at `step` stands for."""
+        for fault in self.faults:
+            if fault.kind == "storage-error" and fault.phase == level and fault.step <= step <= fault.until:
+                code = STORAGE_ERRNOS[fault.errno_name]
+                raise OSError(code, f"{os.strerror(code)} (injected storage-error at step {step} on rank {self.rank})")
 
     def strike(self, step: int, phase: str | None = None) -> None:
         """Die here if a fault targets this rank at (step, phase). Without a phase every rank
@@ -171,7 +213,7 @@ class FaultInjector:
         else:
             lost_nodes = {self.node}
         for fault in self.faults:
-            if fault.step == step and fault.phase == phase:
+            if fault.kind != "storage-error" and fault.step == step and fault.phase == phase:
                 self._die(fault, lost_nodes)
 
     def _die(self, fault: Fault, lost_nodes: set[int]) -> None:

@@ -35,7 +35,7 @@ from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.pipeline import BackgroundCopies, PersistReport, PipelineSettings, SavePipeline, Snapshot
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.cluster.placement import discover_topology
-from hpcckpt.errors import CheckpointError
+from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
 from hpcckpt.format.manifest import Manifest, ShardRecord
@@ -264,7 +264,16 @@ class Checkpointer:
         self._finish_in_flight()
         if self.local is None or self.pfs is None:
             return []
-        return self.pipeline.drain(self.local, self.pfs)
+        try:
+            return self.pipeline.drain(self.local, self.pfs)
+        except CheckpointError as exc:
+            # The node-local versions are intact; they go with the allocation, so this is the
+            # job's to retry (exit 3) while they are still there, once the PFS takes writes.
+            error = StorageError(f"the end-of-run copy to L4 failed: {exc}; the newest versions are on node-local "
+                                 "storage only. Free space on the PFS (or fix it) and run the job again before the "
+                                 "allocation ends: it resumes from node-local storage and copies them")
+            error.collective = True
+            raise error from None
 
     def init_from(self, source: str, select: Callable[[str], bool] | None = None) -> int:
         """(all ranks) Start this new run from another run's state: the protected replicated

@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.policy import levels_due
 from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
 from hpcckpt.cluster.collectives import agree, describe_failure, quiet_allgather, raise_if_any_failed
@@ -79,6 +80,7 @@ class PersistReport:
     durable_s: dict = field(default_factory=dict)
     started_s: dict = field(default_factory=dict)
     cpu_s: dict = field(default_factory=dict)
+    failed: dict = field(default_factory=dict)  # level -> why it could not take this version (others hold it)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class PipelineSettings:
     background_policy: str = "batch"
     persist_nice: int = 0
     direct_io: bool = False
+    max_unprotected: int = 3  # resilience.max_unprotected_checkpoints
 
     @classmethod
     def from_config(cls, config) -> "PipelineSettings":
@@ -101,7 +104,7 @@ class PipelineSettings:
             keep={"node_local": checkpoint.keep_local, "global": checkpoint.keep_pfs},
             keep_best=checkpoint.keep_best, one_write_at_a_time=bool(storage.local_bandwidth_mb),
             background_policy=checkpoint.background_policy, persist_nice=checkpoint.persist_nice,
-            direct_io=storage.direct_io)
+            direct_io=storage.direct_io, max_unprotected=resilience.max_unprotected_checkpoints)
 
 
 class BackgroundCopies:
@@ -198,6 +201,7 @@ class SavePipeline:
         self._persister = _Worker("hpcckpt-persist", on_start=self._start_writing_thread)
         self._writer = _Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
         self._warned: set[str] = set()
+        self.health = LevelHealth(settings.max_unprotected, log)
 
     # -- hand-over from the snapshot ---------------------------------------------------------
     def submit(self, snapshot: Snapshot, report: PersistReport, started: float,
@@ -348,16 +352,37 @@ class SavePipeline:
             except CheckpointError:
                 self._withdraw(step, node_local)
                 raise
+        held_by = [level.label for level in node_local]
         for level in due:
             if level.node_local:
                 continue
             report.started_s[level.name] = time.perf_counter() - started
-            stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name)
-            manifest = self.make_manifest(snapshot, shard_infos, names)
-            self.faults.strike(step, "commit")
-            self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest), phase="commit")
+            try:
+                stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name)
+                manifest = self.make_manifest(snapshot, shard_infos, names)
+                self.faults.strike(step, "commit")
+                self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest), phase="commit")
+            except CheckpointError as exc:
+                # Degrade, do not stop: the version stays committed on the levels that took it.
+                self._drop_partial(level, step)
+                report.failed[level.name] = str(exc)
+                self.health.failed(level.label, step, exc, tuple(held_by))
+                continue
             self._mark(report, step, level.name, started, stored)
+            held_by.append(level.label)
+            self.health.succeeded(level.label, step)
+        self.health.version_held(step, bool(held_by))
         self.apply_retention(step)
+
+    def _drop_partial(self, level, step: int) -> None:
+        """(all ranks) What a failed global level wrote of a version goes (its coordinator
+        deletes the directory once every rank's attempt is over: the failure was agreed)."""
+        try:
+            level.remove(step)
+        except OSError as exc:
+            if self.log:
+                self.log.warning(f"cannot remove the partial {level.label} copy of step {step}: "
+                                 f"{exc.strerror or exc}; it has no commit record, so no restart loads it")
 
     def _store_node_local(self, version: VersionImage, levels: list, report: PersistReport, started: float) -> None:
         """The first node-local level (L1's file) stores on the writer thread while the others
@@ -385,6 +410,7 @@ class SavePipeline:
         def write():
             cpu_started = time.thread_time()
             try:
+                self.faults.storage_error(version.step, level.name)
                 writing.stored = level.store(version)
             except Exception as exc:  # agreed by every rank like any stage's error, never lost
                 writing.error = describe_failure(exc)
@@ -408,7 +434,11 @@ class SavePipeline:
         """(all ranks) One stage of the persist; a failure on any rank fails it on all."""
         if phase != "commit":
             self.faults.strike(step, phase)
-        return agree(self.comm, label, action, step=step)
+
+        def act():
+            self.faults.storage_error(step, phase)
+            return action()
+        return agree(self.comm, label, act, step=step)
 
     def _withdraw(self, step: int, levels: list) -> None:
         """A version some rank could not commit is committed nowhere: the ranks that did drop

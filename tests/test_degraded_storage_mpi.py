@@ -1,0 +1,87 @@
+"""Storage that fails: training goes on protected by the levels that still work (#21), on
+real mpiexec ranks. Failures are injected where the file system would report them
+(--inject storage-error: ENOSPC, EIO, EROFS from a level's store on chosen ranks and steps).
+"""
+
+import pytest
+from conftest import assert_ok, final_record, read_metrics, run_mpi, small_job
+
+ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
+
+
+def job(tmp_path, levels=ALL_LEVELS, steps=100):
+    return small_job(
+        tmp_path,
+        run={"steps": steps, "log_every": 50},
+        eval={"every_steps": 0},
+        checkpoint={"every_steps": 10, "keep_local": 2, "keep_pfs": 10, "split_threshold_kb": 2},
+        storage={"pfs_every": 1},
+        resilience={"levels": levels, "group_size": 4, "parity": 2},
+        cluster={"simulated_nodes": 4},
+    )
+
+
+def train(tmp_path, config, *extra):
+    return run_mpi(4, ["train", "-c", str(config), *extra], cwd=tmp_path, timeout=240)
+
+
+PFS_FULL = ["--inject", "storage-error:level=pfs:step=20:until=40:rank=3"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    tmp_path = tmp_path_factory.mktemp("reference")
+    assert_ok(train(tmp_path, job(tmp_path)))
+    return final_record(tmp_path / "run")["weights_digest"]
+
+
+def test_a_full_pfs_is_warned_about_once_and_training_goes_on(tmp_path, reference):
+    config = job(tmp_path)
+    proc = train(tmp_path, config, *PFS_FULL)
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert out.count("L4 pfs write of step 20 failed on rank(s) [3]") == 1, out
+    assert "No space left on device" in out and "version 20 is held by L1 local, L2 partner, L3 erasure" in out
+    assert "still failing" not in proc.stdout  # later failures go to the rank logs only
+    assert "L4 pfs recovered: version 50 is on it again (it failed from step 20 on)" in out
+    events = [(r["event"], r["step"]) for r in read_metrics(tmp_path / "run") if r.get("event", "").startswith("level_")]
+    assert events == [("level_failing", 20), ("level_recovered", 50)]
+    pfs = sorted(p.name for p in (tmp_path / "run" / "pfs").glob("v*"))
+    assert pfs == [f"v{s:012d}" for s in (10, 50, 60, 70, 80, 90, 100)]  # nothing partial left
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_while_the_pfs_is_full_versions_restore_from_node_local_levels(tmp_path, reference):
+    config = job(tmp_path)
+    crashed = train(tmp_path, config, *PFS_FULL, "--inject", "rank-kill:rank=0:step=40:phase=snapshot:attempt=1")
+    assert crashed.returncode != 0
+    resumed = train(tmp_path, config, *PFS_FULL)
+    assert_ok(resumed)
+    assert "restored version 30: 4 rank(s) from L1 local" in resumed.stdout, resumed.stdout
+    assert "L4 pfs write of step 40 failed" in resumed.stdout + resumed.stderr
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+@pytest.mark.parametrize("errno_name, text", [("EIO", "Input/output error"), ("EROFS", "Read-only file system")])
+def test_when_no_level_holds_versions_training_stops_after_max_unprotected(tmp_path, errno_name, text):
+    config = job(tmp_path, levels=["pfs"])
+    proc = train(tmp_path, config, "--inject", f"storage-error:level=pfs:step=20:until=100:errno={errno_name}")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "no level could hold versions [20, 30, 40] (3 checkpoints in a row, " \
+           "resilience.max_unprotected_checkpoints = 3)" in proc.stderr, proc.stderr
+    assert text in proc.stderr
+    # What was held is still there: a restart without the fault resumes from version 10.
+    resumed = train(tmp_path, config, "--set", "run.steps=20")
+    assert_ok(resumed)
+    assert "restored version 10" in resumed.stdout
+
+
+def test_an_end_of_run_copy_to_l4_that_fails_is_retryable(tmp_path):
+    config = job(tmp_path, steps=30)
+    proc = train(tmp_path, config, "--set", "storage.pfs_every=100",
+                 "--inject", "storage-error:level=pfs:step=10:until=30")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "the end-of-run copy to L4 failed" in proc.stderr and "run the job again" in proc.stderr, proc.stderr
+    again = train(tmp_path, config, "--set", "storage.pfs_every=100")
+    assert_ok(again)
+    assert (tmp_path / "run" / "pfs" / "v000000000030" / "manifest.json").is_file()
