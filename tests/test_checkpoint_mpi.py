@@ -326,12 +326,12 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
 
     lines = re.findall(r"rank \d: surfaced: [^|]*\| failed ranks \[[0-9, ]*\]", proc.stdout)
     assert sorted(l[:6] for l in lines) == ["rank 0", "rank 1", "rank 2", "rank 3"], proc.stdout
-    assert all("L4 pfs write of step 2 failed on all 4 ranks" in l for l in lines), lines
+    assert all("L1 local write of step 2 failed on all 4 ranks" in l for l in lines), lines
     assert all("failed ranks [0, 1, 2, 3]" in l for l in lines)
     for rank in range(4):
         assert "checkpoint of step 2 failed" in (tmp_path / "run" / "log" / f"rank{rank}.log").read_text()
-    # Step 1 stays complete and loadable on both levels.
-    assert (node_local(tmp_path / "run", 0) / "v000000000001" / "commit-r00000.json").exists()
+    # Step 1 stays complete and loadable on L4.
+    assert (tmp_path / "run" / "pfs" / "v000000000001" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("group_size,parity", [(4, 2), (2, 1)], ids=["one-group", "two-groups"])

@@ -468,19 +468,32 @@ class SavePipeline:
         decided by the first (L1's commit records); each deletes its own files."""
         if self.node_local:
             first = self.node_local[0]
-            # Every node-local level's uncommitted files, and those of levels this job does not
-            # run, in one scan of the directory.
-            steps = self._deletable(first, self.settings.keep["node_local"], newest, set(first.stray_steps()),
-                                    pin_redundant=True)
-            for step in steps:
-                for level in self.node_local:
-                    level.remove(step)
-                first.remove_strays(step)
+
+            def prune_node_local():
+                # Every node-local level's uncommitted files, and those of levels this job does
+                # not run, in one scan of the directory.
+                steps = self._deletable(first, self.settings.keep["node_local"], newest, set(first.stray_steps()),
+                                        pin_redundant=True)
+                for step in steps:
+                    for level in self.node_local:
+                        level.remove(step)
+                    first.remove_strays(step)
+            self._prune("node-local", prune_node_local)
         for level in self.global_levels:
-            if not level.prunes_here:
-                continue
-            for step in self._deletable(level, self.settings.keep["global"], newest):
-                level.remove(step)
+            if level.prunes_here:
+                self._prune(level.label, lambda level=level: [level.remove(step) for step in self._deletable(
+                    level, self.settings.keep["global"], newest)])
+
+    def _prune(self, where: str, prune) -> None:
+        """Retention on one rank's part of the storage. Its failure (a directory gone, an I/O
+        error) loses nothing and stops nothing, and on one rank alone it must not fail a
+        collective path: logged, and retention runs again at the next checkpoint."""
+        try:
+            prune()
+        except (OSError, HpcckptError) as exc:
+            if self.log:
+                self.log.warning(f"retention on {where} storage failed: {exc}; older versions stay until the next "
+                                 "checkpoint's retention")
 
     def _deletable(self, level, keep: int, newest: int, leftovers: set[int] | None = None,
                    pin_redundant: bool = False) -> list[int]:

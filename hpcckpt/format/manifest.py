@@ -125,6 +125,9 @@ class Manifest:
         for entry in table.entries:
             if expected.get(entry.name) != entry.checksum:
                 raise FormatError(f"{origin}: tensor {entry.name!r} checksum differs from the commit record")
+        missing = sorted(set(expected) - set(table.names))
+        if missing:
+            raise FormatError(f"{origin}: tensor(s) {missing} of the commit record are not in the shard")
 
     def write(self, path: Path, mode: int = 0o666) -> None:
         write_bytes_atomically(path, self.to_bytes(), mode=mode)

@@ -1,5 +1,7 @@
-"""The PFS directory turns into a file mid-run: the background flush fails, and the failure
-must surface as the same CheckpointError on every rank at the next call, and in the log."""
+"""Every node-local directory turns into a file mid-run: the background L1 write fails (a
+level no other level stands in for), and the failure must surface as the same
+CheckpointError on every rank at the next call, and in the log. (A failing L4 alone does not
+stop a job whose node-local levels hold the version: tests/test_degraded_storage_mpi.py.)"""
 
 import shutil
 import sys
@@ -17,7 +19,7 @@ def main():
     run_dir = Path(sys.argv[1])
     comm = MPI.COMM_WORLD
     config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=2",
-                                'resilience.levels=["local","pfs"]'], environ={})
+                                'resilience.levels=["local","pfs"]', "storage.pfs_every=1"], environ={})
     log = RunLog(run_dir, comm.rank, comm.size, console=False)
     weights = np.arange(4096, dtype=np.float64)
     ckpt = Checkpointer(comm, config, log=log)
@@ -25,12 +27,12 @@ def main():
     ckpt.checkpoint(1)
     ckpt.wait()
     comm.Barrier()
-    if comm.rank == 0:
-        pfs = run_dir / "pfs"
-        shutil.rmtree(pfs)
-        pfs.write_text("the PFS went away")
+    if comm.rank % 2 == 0:  # the first rank of each of the 2 simulated nodes
+        local = Path(ckpt.local_dir)
+        shutil.rmtree(local)
+        local.write_text("the node-local disk went away")
     comm.Barrier()
-    ckpt.checkpoint(2)  # its flush fails in the background
+    ckpt.checkpoint(2)  # its L1 write fails in the background
     try:
         ckpt.checkpoint(3)  # the failure of step 2 surfaces here
         print(f"rank {comm.rank}: no error surfaced", flush=True)
