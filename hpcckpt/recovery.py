@@ -40,7 +40,7 @@ from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, commit_file_nam
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 from hpcckpt.levels.survey import NodeLocalView, Writing, survey
-from hpcckpt.repartition.exchange import RepartitionJob
+from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
 
 RESTART_MODES = ("auto", "require", "never")
@@ -142,6 +142,7 @@ def _foreign(ctx, manifest: Manifest, label: str) -> bool:
 
 def _discover(ctx) -> Holdings:
     local, replicas, parity, pfs, local_writings, pfs_writings, pfs_geometry = {}, {}, [], {}, {}, {}, {}
+    read = {}  # step -> this rank's own commit record, read once for discovery and the survey
     if ctx.local is not None:
         for step in ctx.local.committed_steps():
             try:
@@ -153,6 +154,7 @@ def _discover(ctx) -> Holdings:
                 continue
             local[step] = manifest.world_size
             local_writings[step] = (manifest.identity, manifest.created)
+            read[step] = manifest
             # Replicas and parity follow the placement that wrote them; only the same one can use them.
             if manifest.world_size == ctx.world_size and manifest.node_of_rank == ctx.topology.node_of_rank:
                 if ctx.partner is not None and "partner" in manifest.levels:
@@ -175,14 +177,15 @@ def _discover(ctx) -> Holdings:
     if ctx.local is not None:
         interrupted = tuple(s for s in ctx.local.uncommitted_steps() if ctx.local.shard_path(s).is_file())
     return Holdings(local, replicas, tuple(parity), pfs, _node_files(ctx), local_writings, pfs_writings,
-                    interrupted, _survey(ctx), pfs_geometry)
+                    interrupted, _survey(ctx, read), pfs_geometry)
 
 
-def _survey(ctx) -> dict[int, NodeLocalView]:
-    """Every old rank's node-local files this rank can read, by step; another run's are left alone."""
+def _survey(ctx, read: dict) -> dict[int, NodeLocalView]:
+    """Every old rank's node-local files this rank can read, by step (`read`: the commit records
+    discovery read already); another run's are left alone."""
     if not ctx.levels.node_local or not Path(ctx.local_dir).is_dir():
         return {}
-    views = survey(ctx.local_dir, warn=lambda message: _warn(ctx, message))
+    views = survey(ctx.local_dir, warn=lambda message: _warn(ctx, message), known=read)
     return {step: view for step, view in views.items() if view.writing is None or view.writing.run_id == ctx.run_id}
 
 
@@ -649,7 +652,7 @@ def _fetch(ctx, level, manifest: Manifest) -> dict[str, np.ndarray]:
     if manifest.world_size == ctx.world_size and manifest.layout == layout:
         path = level.shard_path(manifest.step, rank)
         table = read_shard_table(path)
-        _check_table(table, manifest, rank, path)
+        manifest.check_shard_table(table, rank, path)
         with open(path, "rb") as f:
             for tl in layout.rank_pieces(rank):
                 pieces[tl.name] = read_tensor(f, table, tl.name, out=ctx.buffers[tl.name])
@@ -664,42 +667,21 @@ def _fetch(ctx, level, manifest: Manifest) -> dict[str, np.ndarray]:
 
 
 def _fetch_repartitioned(ctx, level, manifest: Manifest, layout: Layout) -> dict[str, np.ndarray]:
-    """Build this rank's new pieces from the old pieces they overlap. Every old piece is read
-    whole: its checksum covers the whole piece, and a byte range of it read alone could not be
-    verified (a flipped bit would be loaded without a word). Where old and new pieces do not
-    line up, a rank reads more than it keeps: 2x from 2 to 4 ranks, 1.5x from 4 to 3, 3x from
-    2 to 3 at worst."""
+    """Build this rank's new pieces from the old pieces they overlap, each old piece read
+    whole and verified (repartition/exchange.py's OldPieceReader). Where old and new pieces do
+    not line up, a rank reads more than it keeps: 2x from 2 to 4 ranks, 1.5x from 4 to 3, 3x
+    from 2 to 3 at worst."""
     rank = ctx.rank
     pieces = {tl.name: ctx.buffers[tl.name] for tl in layout.rank_pieces(rank)}
-    tables, files = {}, {}
-    requests = read_requests(manifest.layout, layout, rank)
-    uses: dict[tuple[int, str], int] = {}
-    for request in requests:
-        uses[(request.old_rank, request.name)] = uses.get((request.old_rank, request.name), 0) + 1
-    verified: dict[tuple[int, str], np.ndarray] = {}  # (old rank, tensor) -> its bytes, checked
-    bytes_read = 0
+    reader = OldPieceReader(manifest, lambda old_rank: level.shard_path(manifest.step, old_rank))
     try:
-        for request in requests:
-            if request.old_rank not in tables:
-                path = level.shard_path(manifest.step, request.old_rank)
-                tables[request.old_rank] = read_shard_table(path)
-                _check_table(tables[request.old_rank], manifest, request.old_rank, path)
-                files[request.old_rank] = open(path, "rb")
-            key = (request.old_rank, request.name)
-            if key not in verified:
-                whole = read_tensor(files[request.old_rank], tables[request.old_rank], request.name)
-                verified[key] = whole.reshape(-1).view(np.uint8)
-                bytes_read += verified[key].size
+        for request in read_requests(manifest.layout, layout, rank):
             start = request.byte_offset_in_piece
-            place_read(pieces[request.name], request, verified[key][start:start + request.nbytes],
-                       manifest.layout, layout, rank)
-            uses[key] -= 1
-            if not uses[key]:
-                del verified[key]  # one old piece in memory at a time, not all of them
-        _log_reads(ctx, [level.shard_path(manifest.step, r) for r in sorted(files)], bytes_read)
+            data = reader.piece(request.old_rank, request.name)[start:start + request.nbytes]
+            place_read(pieces[request.name], request, data, manifest.layout, layout, rank)
+        _log_reads(ctx, reader.paths, reader.bytes_read)
     finally:
-        for f in files.values():
-            f.close()
+        reader.close()
     return pieces
 
 
@@ -707,16 +689,6 @@ def _log_reads(ctx, paths, payload_bytes: int) -> None:
     if ctx.log:
         ctx.log.info(f"restore read {payload_bytes} payload bytes from {len(paths)} file(s): "
                       + ", ".join(str(p) for p in paths))
-
-
-def _check_table(table, manifest: Manifest, rank: int, path) -> None:
-    if table.step != manifest.step or table.rank != rank or table.world_size != manifest.world_size:
-        raise CheckpointError(f"{path}: shard header says step {table.step}, rank {table.rank} of "
-                              f"{table.world_size}; the commit record expects step {manifest.step}, rank {rank}")
-    expected = manifest.shards[rank].checksums
-    for entry in table.entries:
-        if expected.get(entry.name) != entry.checksum:
-            raise CheckpointError(f"{path}: tensor {entry.name!r} checksum differs from the commit record")
 
 
 def _load(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:

@@ -58,6 +58,15 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
 
 
+def restart_assembles_40(tmp_path, config, ranks, nodes, message, expected) -> None:
+    """A restart on `ranks` ranks of `nodes` nodes, run to step 40, says `message`, and its
+    version 40 then exports as `expected`, byte for byte."""
+    resumed = train(tmp_path, config, ranks, nodes, "--set", "run.steps=40")
+    assert_ok(resumed)
+    assert message in resumed.stdout, resumed.stdout
+    assert_same_tensors(exported(tmp_path, config, 40), expected)
+
+
 @pytest.fixture(scope="module")
 def saved_40(tmp_path_factory):
     """Version 40 as the uninterrupted 4-rank job saved it, exported."""
@@ -112,11 +121,8 @@ def test_eight_ranks_on_four_nodes_shrink_to_six_on_three(tmp_path):
     saved_40 = exported(reference, job(reference), 40)
     config = job(tmp_path)
     lose_node_3_before_l4_has_40(tmp_path, config, ranks=8)
-    resumed = train(tmp_path, config, 6, 3, "--set", "run.steps=40")
-    assert_ok(resumed)
-    assert "restored version 40 (written by 8 ranks) onto 6 rank(s): old shards 6 from L1 local, 2 from L2 partner" \
-        in resumed.stdout, resumed.stdout
-    assert_same_tensors(exported(tmp_path, config, 40), saved_40)
+    restart_assembles_40(tmp_path, config, 6, 3, "restored version 40 (written by 8 ranks) onto 6 rank(s): old shards "
+                         "6 from L1 local, 2 from L2 partner", saved_40)
 
 
 def test_two_ranks_grow_to_four_from_node_local_levels(tmp_path):
@@ -124,10 +130,8 @@ def test_two_ranks_grow_to_four_from_node_local_levels(tmp_path):
     assert_ok(train(tmp_path, config, 2, 2, "--set", "run.steps=40", "--set", "storage.pfs_every=100"))
     before = exported(tmp_path, config, 40)
     shutil.rmtree(tmp_path / "run" / "pfs")  # node-local levels alone must do
-    grown = train(tmp_path, config, 4, 4, "--set", "run.steps=40")
-    assert_ok(grown)
-    assert "restored version 40 (written by 2 ranks) onto 4 rank(s): old shards 2 from L1 local" in grown.stdout
-    assert_same_tensors(exported(tmp_path, config, 40), before)
+    restart_assembles_40(tmp_path, config, 4, 4, "restored version 40 (written by 2 ranks) onto 4 rank(s): old shards "
+                         "2 from L1 local", before)
 
 
 def test_a_second_loss_right_after_a_shrink_is_survived(tmp_path, saved_40):
@@ -137,11 +141,8 @@ def test_a_second_loss_right_after_a_shrink_is_survived(tmp_path, saved_40):
     # Version 40 was written again for 3 ranks: losing another node before any new
     # checkpoint is survived by its new partner copies.
     shutil.rmtree(tmp_path / "run" / "local" / "node2")
-    again = train(tmp_path, config, 2, 2, "--set", "run.steps=40")
-    assert_ok(again)
-    assert "restored version 40 (written by 3 ranks) onto 2 rank(s): old shards 2 from L1 local, 1 from L2 partner" \
-        in again.stdout, again.stdout
-    assert_same_tensors(exported(tmp_path, config, 40), saved_40)
+    restart_assembles_40(tmp_path, config, 2, 2, "restored version 40 (written by 3 ranks) onto 2 rank(s): old shards "
+                         "2 from L1 local, 1 from L2 partner", saved_40)
 
 
 def test_a_loss_beyond_the_levels_falls_back_to_l4_or_stops_naming_what_is_missing(tmp_path):

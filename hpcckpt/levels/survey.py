@@ -71,8 +71,10 @@ class NodeLocalView:
         return Path(self.directory) / parity_file_name(old_rank)
 
 
-def survey(root: str | Path, warn=None) -> dict[int, NodeLocalView]:
-    """step -> what `root` holds of that version (every version directory, complete or not)."""
+def survey(root: str | Path, warn=None, known: dict | None = None) -> dict[int, NodeLocalView]:
+    """step -> what `root` holds of that version (every version directory, complete or not).
+    `known`: step -> a commit record of it the caller already read there (not read again)."""
+    known = known or {}
     views = {}
     for step in list_version_steps(root):
         directory = Path(root) / version_dir_name(step)
@@ -90,8 +92,8 @@ def survey(root: str | Path, warn=None) -> dict[int, NodeLocalView]:
                 parity.add(int(match.group(1)))
             elif match := COMMIT_NAME.match(name):
                 commits.add(int(match.group(1)))
-        writing = None
-        for old_rank in sorted(commits):
+        writing = Writing.of(known[step]) if step in known else None
+        for old_rank in sorted(commits) if writing is None else ():
             try:
                 writing = Writing.of(Manifest.read(directory / commit_file_name(old_rank)))
                 break

@@ -302,7 +302,7 @@ class RepartitionJob:
     def _place_own_and_l4(self, plan: RepartitionPlan, held: dict, pieces: dict):
         """The ranges this rank provides to itself, and those only L4 holds (read here)."""
         old = self.manifest.layout
-        from_l4 = _L4Pieces(self)
+        from_l4 = OldPieceReader(self.manifest, self.pfs_shard_path)
         bad = set()
         try:
             for request in read_requests(old, self.layout, self.rank):
@@ -330,6 +330,7 @@ class RepartitionJob:
             bad.add(("pfs", from_l4.current))
         finally:
             from_l4.close()
+            self.bytes_read += from_l4.bytes_read
         return pieces, bad
 
     def _exchange(self, outgoing: dict, incoming: dict, tag: int, label: str) -> dict[int, np.ndarray]:
@@ -364,28 +365,36 @@ def _contiguous_rows(piece: np.ndarray, request) -> np.ndarray | None:
     return rows if rows.size == request.nbytes else None
 
 
-class _L4Pieces:
-    """Old pieces read from L4 by the rank that needs them, each whole and verified, one old
-    piece in memory at a time (requests come grouped by tensor)."""
+class OldPieceReader:
+    """Pieces of old shard files on a shared path (L4), each read whole and verified against
+    its checksum and the commit record: a byte range read alone could not be verified. One
+    old piece is kept in memory at a time (requests come grouped by tensor). `path_of(old
+    rank)` names the file; `bytes_read` and `paths` say what was read."""
 
-    def __init__(self, job: RepartitionJob):
-        self.job = job
+    def __init__(self, manifest: Manifest, path_of):
+        self.manifest = manifest
+        self.path_of = path_of
         self.tables, self.files = {}, {}
-        self.current = None
+        self.current = None  # the old rank last asked for (named when its file is bad)
+        self.bytes_read = 0
         self._key, self._piece = None, None
+
+    @property
+    def paths(self) -> list:
+        return [self.path_of(old_rank) for old_rank in sorted(self.files)]
 
     def piece(self, old_rank: int, name: str) -> np.ndarray:
         self.current = old_rank
         if self._key == (old_rank, name):
             return self._piece
-        path = self.job.pfs_shard_path(old_rank)
         if old_rank not in self.tables:
+            path = self.path_of(old_rank)
             table = read_shard_table(path)
-            self.job.manifest.check_shard_table(table, old_rank, path)
+            self.manifest.check_shard_table(table, old_rank, path)
             self.tables[old_rank] = table
             self.files[old_rank] = open(path, "rb")
         whole = read_tensor(self.files[old_rank], self.tables[old_rank], name)
-        self.job.bytes_read += int(whole.nbytes)
+        self.bytes_read += int(whole.nbytes)
         self._key, self._piece = (old_rank, name), whole.reshape(-1).view(np.uint8)
         return self._piece
 
