@@ -487,6 +487,8 @@ def _try_repartition(ctx, manifest: Manifest, everyone: list[Holdings], repair: 
             ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.world_size} "
                          f"rank(s): old shards {plan.summary()}; at most {most_read / 1e6:.1f} MB read and "
                          f"{most_received / 1e6:.1f} MB received by one rank", console=True)
+    if manifest.world_size == ctx.world_size:  # rank r's shard is old rank r's: said as any restore says it
+        _log_restored(ctx, step, plan.sources[ctx.rank].level, [s.level for s in plan.sources])
     _log_changed_settings(ctx, manifest)
     levels = ()
     if repair:
