@@ -338,6 +338,7 @@ def main(argv=None) -> int:
     from hpcckpt.exit_record import record_exit
 
     args = build_parser().parse_args(argv)
+    _prepare_mpi_startup()
     try:
         code = COMMANDS[args.command](args)
         if _rank_or_zero() == 0:
@@ -362,6 +363,14 @@ def main(argv=None) -> int:
         record_exit(1, _rank_or_zero(), f"{type(exc).__name__}: {exc}")
         _abort_world(1)
         return 1
+
+
+def _prepare_mpi_startup() -> None:
+    from hpcckpt.cluster.slurm_pmi import prepare_mpi_startup
+
+    said = prepare_mpi_startup()
+    if said and os.environ.get("PMI_RANK", "0") == "0":
+        print(f"hpcckpt: {said}", file=sys.stderr, flush=True)
 
 
 def _rank_or_zero() -> int:

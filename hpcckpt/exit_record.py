@@ -45,8 +45,8 @@ STARTED_SUFFIX = ".started"
 def record_started(comm, environ=None) -> None:
     """(all ranks) Every rank got through MPI start-up: rank 0 says so beside the exit file,
     and the restart loop's start-up watchdog (jobs/restart-loop.sh, START_TIMEOUT) lets the
-    attempt run. Without it the loop takes the attempt for hung in MPI_Init (MPICH's pmi2
-    start-up under srun can hang for good: pmodels/mpich#6924) and starts it again."""
+    attempt run. Without it the loop takes the attempt for hung in MPI_Init (a PMI request
+    the launcher lost hangs it for good: hpcckpt/cluster/slurm_pmi.py) and starts it again."""
     environ = os.environ if environ is None else environ
     path = environ.get(EXIT_FILE_VARIABLE)
     if not path:

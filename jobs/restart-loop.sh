@@ -20,8 +20,8 @@
 #   EXIT_DIR        where the ranks record why an attempt ended (default: the current
 #                   directory, which must be on a file system every node sees)
 #   START_TIMEOUT   seconds the ranks may take to get through MPI start-up (default 300); an
-#                   attempt still starting then is stopped and counts as failed (MPICH's pmi2
-#                   start-up under srun can hang for good: pmodels/mpich#6924)
+#                   attempt still starting then is stopped and counts as failed (a PMI server
+#                   that dropped a request or a node that does not answer hangs MPI_Init for good)
 #
 # Exit codes of `hpcckpt train`: 0 finished; 75 stopped on request after a final checkpoint
 # on the PFS (signal, allocation end); 2 bad config or data and 4 no loadable checkpoint,
@@ -174,7 +174,7 @@ hpcckpt_restart_loop() {
         kill "$watcher" 2>/dev/null
         wait "$watcher" 2>/dev/null
         if [ -e "$exit_file.hung" ]; then
-            hpcckpt_say "attempt $attempt did not get through MPI start-up in ${START_TIMEOUT:-300} s (MPICH's pmi2 start-up under srun, pmodels/mpich#6924, or a node that does not answer): stopped it"
+            hpcckpt_say "attempt $attempt did not get through MPI start-up in ${START_TIMEOUT:-300} s (a PMI request lost at start-up, or a node that does not answer): stopped it"
         fi
         rm -f "$exit_file.started" "$exit_file.hung"
         if recorded=$(_hpcckpt_recorded_exit "$exit_file"); then

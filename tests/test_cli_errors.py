@@ -154,7 +154,7 @@ def test_the_first_exit_record_stands_and_an_unwritable_one_is_reported(tmp_path
 
 
 def test_an_attempt_hung_in_mpi_start_up_is_stopped_and_started_again(tmp_path):
-    """MPICH's pmi2 start-up under srun can hang for good (pmodels/mpich#6924): an attempt whose
+    """An MPI start-up whose PMI request the launcher lost hangs for good: an attempt whose
     ranks never mark that they got through MPI start-up is stopped after START_TIMEOUT and
     counts as a failed attempt; one that marks it runs as long as it takes."""
     import sys

@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, final_record, mpi_env, read_metrics
 
 SLURM = REPO / "tests" / "slurm"
+SLURM_RUN = Path("/run/hpcckpt-slurm")  # up.sh's pid files
 NODES = 5
 STEPS = 4000  # ~1.5 ms each: long enough to fail a node mid-run, short enough for CI
 JOB_CONFIG = f"""
@@ -78,8 +79,13 @@ def slurm():
 def cluster(slurm):
     """Every test starts with all nodes up (a test that failed one brings it back after)."""
     yield
-    states = _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout
-    if any(not re.fullmatch(r"(idle|mix|alloc|comp)", line.split()[1]) for line in states.splitlines() if line):
+    # Every node listed and usable, and its slurmd alive (fail-node.sh removes the pid file):
+    # an sinfo that did not answer must not pass for a healthy cluster.
+    states = dict(line.split()[:2] for line in _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.splitlines()
+                  if len(line.split()) >= 2)
+    healthy = all(re.fullmatch(r"(idle|mix|alloc|comp)", states.get(f"n{i}", "missing")) and
+                  (SLURM_RUN / f"slurmd-n{i}.pid").exists() for i in range(1, NODES + 1))
+    if not healthy:
         up = _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
 
@@ -160,14 +166,24 @@ def uninterrupted(slurm, tmp_path_factory) -> str:
 
 
 def test_the_readme_example_trains_the_default_job_on_the_cluster(cluster, tmp_path):
-    """README's command as a user types it: jobs/local.toml with real node identity. Its address
-    exchange at MPI_Init once broke Slurm's pmi2 plugin (ranks aborted or hung at start)."""
+    """README's command as a user types it: jobs/local.toml with real node identity.
+
+    Slurm's pmi2 plugin takes one read() of at most 1024 bytes for a whole PMI-1 request. The
+    mpich wheel's UCX netmod sent its address in segmented puts of up to ~1080 characters
+    whose length depends on memory contents: some runs hung in MPI_Init. PMI_DEBUG=1 makes
+    MPICH print every request it sends, so the test sees the lengths themselves, not only
+    whether this run was lucky."""
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=5", "--ntasks-per-node=1", CONFIG="jobs/local.toml",
-                 HPCCKPT_CLUSTER_SIMULATED_NODES=0, SPARE_NODES=1)
+                 HPCCKPT_CLUSTER_SIMULATED_NODES=0, SPARE_NODES=1, PMI_DEBUG=1)
     code, out = wait_for(job, directory)
     assert code == 0, out
     assert "mpi/pmi2" not in out, out
+    requests = re.findall(r"send to fd=\d+ pmi: (cmd=[^\n]*)", out)
+    assert len(requests) >= 4 * 5, out  # init, maxes, appnum, kvsname, put: every rank
+    assert not [request for request in requests if "-seg-" in request], "segmented PMI-1 puts:\n" + out
+    assert max(len(request) + 1 for request in requests) < 1024, out
+    assert "uses its ofi netmod (MPIR_CVAR_CH4_NETMOD=ofi)" in out
     assert "placement: 4 rank(s) on 4 host(s) (n1, n2, n3, n4)" in out
     assert "finished after 1 attempt(s)" in out
 
