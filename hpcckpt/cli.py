@@ -126,8 +126,8 @@ def _check_fault_targets(faults, config, comm) -> None:
 
     size = comm.Get_size()
     for fault in faults:
-        if fault.kind == "rank-kill" and not 0 <= fault.target < size:
-            raise ConfigError(f"--inject rank-kill:rank={fault.target}: this job has ranks 0 to {size - 1}; "
+        if fault.kind != "node-loss" and fault.target != -1 and not 0 <= fault.target < size:
+            raise ConfigError(f"--inject {fault.kind}:rank={fault.target}: this job has ranks 0 to {size - 1}; "
                               "choose one of them")
     if not any(f.kind == "node-loss" for f in faults):
         return

@@ -3,6 +3,7 @@
     --inject rank-kill:rank=R:step=S[:phase=P][:attempt=A]
     --inject node-loss:node=N:step=S[:phase=P][:attempt=A]
     --inject storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A]
+    --inject slow-level:level=L:seconds=X[:step=S][:until=T][:rank=R][:attempt=A]
 
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
@@ -13,7 +14,9 @@ finalize), as in a crash.
 
 A storage error makes level L's store of every version from step S to T (default: S only)
 fail on rank R (default: every rank) with errno E: ENOSPC (the default, a full file
-system), EIO or EROFS, as the file system would report it; nothing dies.
+system), EIO or EROFS, as the file system would report it; nothing dies. A slow level takes
+X seconds longer for each store from step S to T (default: every version) on rank R (default:
+every rank), as a contended parallel file system does.
 
 A lost node's local directory must stay gone, as on a real node that went down. Deleting it
 from the dying rank is not enough: its persist and writer threads, and the other ranks of the
@@ -96,21 +99,23 @@ STORAGE_LEVELS = ("local", "partner", "erasure", "pfs")
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "rank-kill", "node-loss" or "storage-error"
-    target: int  # rank or node (-1: every rank, for a storage error)
+    kind: str  # "rank-kill", "node-loss", "storage-error" or "slow-level"
+    target: int  # rank or node (-1: every rank, for a storage fault)
     step: int
-    phase: str | None = None  # the level, for a storage error
+    phase: str | None = None  # the level, for a storage fault
     attempt: int | None = None  # None: every attempt
-    until: int | None = None  # a storage error's last step
+    until: int | None = None  # a storage fault's last step
     errno_name: str = "ENOSPC"
+    seconds: float = 0.0  # a slow level's extra time per store
 
 
 def parse_fault(text: str) -> Fault:
     usage = ("use rank-kill:rank=R:step=S[:phase=P][:attempt=A] or node-loss:node=N:step=S[:phase=P][:attempt=A], "
              f"P one of {', '.join(PHASES)}, or storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A], "
+             f"or slow-level:level=L:seconds=X[:step=S][:until=T][:rank=R][:attempt=A], "
              f"L one of {', '.join(STORAGE_LEVELS)}, E one of {', '.join(STORAGE_ERRNOS)}")
     kind, *fields = text.split(":")
-    if kind not in ("rank-kill", "node-loss", "storage-error"):
+    if kind not in ("rank-kill", "node-loss", "storage-error", "slow-level"):
         raise ConfigError(f"--inject {text!r}: unknown fault {kind!r}; {usage}")
     values = {}
     for item in fields:
@@ -120,6 +125,8 @@ def parse_fault(text: str) -> Fault:
         values[key] = value
     if kind == "storage-error":
         return _parse_storage_error(text, values, usage)
+    if kind == "slow-level":
+        return _parse_slow_level(text, values, usage)
     target_key = "rank" if kind == "rank-kill" else "node"
     allowed = {target_key, "step", "phase", "attempt"}
     if set(values) - allowed or not {target_key, "step"} <= set(values):
@@ -151,6 +158,26 @@ def _parse_storage_error(text: str, values: dict, usage: str) -> Fault:
     if until < step:
         raise ConfigError(f"--inject {text!r}: until={until} is before step={step}; {usage}")
     return Fault("storage-error", rank, step, values["level"], attempt, until, values.get("errno", "ENOSPC"))
+
+
+def _parse_slow_level(text: str, values: dict, usage: str) -> Fault:
+    allowed = {"level", "seconds", "step", "until", "rank", "attempt"}
+    if set(values) - allowed or not {"level", "seconds"} <= set(values):
+        raise ConfigError(f"--inject {text!r}: needs level= and seconds=; {usage}")
+    if values["level"] not in STORAGE_LEVELS:
+        raise ConfigError(f"--inject {text!r}: unknown level {values['level']!r}; {usage}")
+    try:
+        seconds = float(values["seconds"])
+        step = int(values.get("step", 0))
+        until = int(values["until"]) if "until" in values else (step if "step" in values else 2**62)
+        rank = int(values["rank"]) if "rank" in values else -1
+        attempt = int(values["attempt"]) if "attempt" in values else None
+    except ValueError:
+        raise ConfigError(f"--inject {text!r}: seconds must be a number, step, until, rank and attempt "
+                          f"integers; {usage}") from None
+    if not 0 < seconds < 3600 or until < step:
+        raise ConfigError(f"--inject {text!r}: seconds must be in (0, 3600) and until at or after step; {usage}")
+    return Fault("slow-level", rank, step, values["level"], attempt, until, seconds=seconds)
 
 
 def current_attempt(environ=None) -> int:
@@ -185,12 +212,16 @@ class FaultInjector:
             self.peers = tuple(comm.allgather(me))
 
     def _hits_me(self, fault: Fault) -> bool:
-        if fault.kind == "storage-error":
+        if fault.kind in ("storage-error", "slow-level"):
             return fault.target in (-1, self.rank)
         return fault.target == (self.rank if fault.kind == "rank-kill" else self.node)
 
-    def storage_error(self, step: int, level: str) -> None:
-        """Raise the OSError a storage error injected for `level` at `step` stands for."""
+    def storage_fault(self, step: int, level: str) -> None:
+        """Take a slow level's extra time, then raise the OSError a storage error injected for
+        `level` at `step` stands for."""
+        for fault in self.faults:
+            if fault.kind == "slow-level" and fault.phase == level and fault.step <= step <= fault.until:
+                time.sleep(fault.seconds)
         for fault in self.faults:
             if fault.kind == "storage-error" and fault.phase == level and fault.step <= step <= fault.until:
                 code = STORAGE_ERRNOS[fault.errno_name]

@@ -57,6 +57,27 @@ def test_parse_faults():
             parse_fault(bad)
 
 
+def test_a_slow_level_takes_its_extra_time_on_its_level_steps_and_ranks(monkeypatch):
+    from hpcckpt.faults import FaultInjector
+
+    fault = parse_fault("slow-level:level=pfs:seconds=0.5:step=20:until=30:rank=1")
+    assert fault == Fault("slow-level", 1, 20, "pfs", None, 30, seconds=0.5)
+    assert parse_fault("slow-level:level=local:seconds=2").until >= 10**12  # every version by default
+    slept = []
+    monkeypatch.setattr("hpcckpt.faults.time.sleep", slept.append)
+    injector = FaultInjector([fault], 1, 0, None)
+    for step, level in ((10, "pfs"), (20, "local"), (20, "pfs"), (30, "pfs"), (40, "pfs")):
+        injector.storage_fault(step, level)
+    assert slept == [0.5, 0.5]
+    FaultInjector([fault], 0, 0, None).storage_fault(20, "pfs")  # another rank
+    assert slept == [0.5, 0.5]
+    for bad in ("slow-level:level=pfs", "slow-level:level=tape:seconds=1", "slow-level:level=pfs:seconds=0",
+                "slow-level:level=pfs:seconds=x", "slow-level:level=pfs:seconds=1:step=5:until=4",
+                "slow-level:level=pfs:seconds=1:errno=EIO"):
+        with pytest.raises(ConfigError, match="slow-level"):
+            parse_fault(bad)
+
+
 def test_levels_due_every_nth_and_always_the_last():
     from hpcckpt.ckpt.policy import levels_due
 

@@ -3,8 +3,15 @@ real mpiexec ranks. Failures are injected where the file system would report the
 (--inject storage-error: ENOSPC, EIO, EROFS from a level's store on chosen ranks and steps).
 """
 
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
-from conftest import assert_ok, final_record, read_metrics, run_mpi, small_job
+from conftest import assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_mpi, small_job
 
 ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
 
@@ -29,10 +36,16 @@ PFS_FULL = ["--inject", "storage-error:level=pfs:step=20:until=40:rank=3"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> str:
+def reference_run(tmp_path_factory) -> Path:
+    """The run directory of the job without faults."""
     tmp_path = tmp_path_factory.mktemp("reference")
     assert_ok(train(tmp_path, job(tmp_path)))
-    return final_record(tmp_path / "run")["weights_digest"]
+    return tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> str:
+    return final_record(reference_run)["weights_digest"]
 
 
 def test_a_full_pfs_is_warned_about_once_and_training_goes_on(tmp_path, reference):
@@ -85,3 +98,67 @@ def test_an_end_of_run_copy_to_l4_that_fails_is_retryable(tmp_path):
     again = train(tmp_path, config, "--set", "storage.pfs_every=100")
     assert_ok(again)
     assert (tmp_path / "run" / "pfs" / "v000000000030" / "manifest.json").is_file()
+
+
+def _pages(path: Path) -> int:
+    """Bytes a tmpfs charges for `path`'s files: whole 4 KiB pages each."""
+    return sum(-(-f.stat().st_size // 4096) * 4096 for f in path.rglob("*") if f.is_file())
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of 1 MiB (tmpfs) for the PFS directory: ENOSPC as the kernel gives it."""
+    mount_point = tmp_path / "pfs-disk"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, small_disk, reference_run, reference):
+    """The PFS is a 1 MiB tmpfs with room for one version: version 10 reaches it, from 20 on
+    the kernel says ENOSPC (to a shard's write or to the commit record's, whichever finds the
+    disk full); space is freed (a filler file deleted) once training passes step 45, and the
+    next L4 version due goes there again: 40 if its persist, behind training, had not reached
+    L4 yet, else a later one. The run ends with the reference weights."""
+    config = job(tmp_path)
+    # One version as the kernel charges it (the reference run's first L4 version), and its directories.
+    one_version = _pages(reference_run / "pfs" / "v000000000010") + 4 * 4096
+    free = os.statvfs(small_disk).f_bavail * 4096
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (free - int(1.5 * one_version)))
+    command = [*mpiexec_prefix(), "-n", "4", sys.executable, "-m", "hpcckpt", "train", "-c", str(config),
+               "--set", f"storage.pfs_dir={small_disk / 'pfs'}",
+               # Paces training (0.3 s per checkpoint) so the filler goes while it runs.
+               "--inject", "slow-level:level=local:seconds=0.3"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    heartbeat = tmp_path / "run" / "heartbeat"
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if int(heartbeat.read_text().split()[0]) >= 45:
+                filler.unlink()
+                break
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
+    out = stdout + stderr
+    assert proc.returncode == 0, out
+    assert not filler.exists(), "training ended before step 45:\n" + out
+    assert re.search(r"L4 (pfs write|commit) of step 20 failed on rank\(s\) \[[\d, ]+\]", out), out
+    assert "No space left on device" in out
+    recovered = re.search(r"L4 pfs recovered: version (\d+) is on it again \(it failed from step 20 on\)", out)
+    assert recovered, out
+    back = int(recovered.group(1))
+    assert 40 <= back <= 100
+    pfs = sorted(p.name for p in (small_disk / "pfs").glob("v*"))
+    assert pfs == [f"v{s:012d}" for s in (10, *range(back, 101, 10))], pfs  # nothing partial left
+    assert all((small_disk / "pfs" / name / "manifest.json").is_file() for name in pfs)
+    assert final_record(tmp_path / "run")["weights_digest"] == reference

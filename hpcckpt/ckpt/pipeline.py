@@ -410,7 +410,7 @@ class SavePipeline:
         def write():
             cpu_started = time.thread_time()
             try:
-                self.faults.storage_error(version.step, level.name)
+                self.faults.storage_fault(version.step, level.name)
                 writing.stored = level.store(version)
             except Exception as exc:  # agreed by every rank like any stage's error, never lost
                 writing.error = describe_failure(exc)
@@ -436,7 +436,7 @@ class SavePipeline:
             self.faults.strike(step, phase)
 
         def act():
-            self.faults.storage_error(step, phase)
+            self.faults.storage_fault(step, phase)
             return action()
         return agree(self.comm, label, act, step=step)
 
