@@ -195,7 +195,7 @@ def _command_inspect(args) -> int:
     import dataclasses
     import json
 
-    from hpcckpt.ckpt.catalog import version_overview
+    from hpcckpt.ckpt.catalog import l4_lag, version_overview
     from hpcckpt.config import load_config
 
     config = load_config(args.config, args.overrides)
@@ -216,6 +216,8 @@ def _command_inspect(args) -> int:
         print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:18} {onto:12} {metrics}")
         if not v.levels and v.assembled_from:
             print(f"{'':8} a node's copies are gone; a restart assembles it: old shards {v.assembled_from}")
+    if "pfs" in config.resilience.levels:
+        print(l4_lag(versions))
     return 0
 
 

@@ -105,6 +105,9 @@ class StorageConfig:
     local_dir: str = "{run_dir}/local/node{node}"
     pfs_dir: str = "{run_dir}/pfs"
     pfs_every: int = 1
+    # L4 copies each version from L1 on a thread of its own and skips versions while it is
+    # busy (ckpt/flush.py); false: every version due waits for L4 before the next checkpoint.
+    pfs_async: bool = True
     pfs_bandwidth_mb: float = 0.0
     local_bandwidth_mb: float = 0.0
     # Checkpoint data files bypass the page cache (O_DIRECT) where the file system allows.

@@ -105,6 +105,10 @@ def small_job(tmp_path: Path, **sections) -> Path:
         "optimizer": {"kind": "sgd", "lr": 0.05},
         "eval": {"every_steps": 10},
         "cluster": {"simulated_nodes": 2},
+        # Versions reach L4 in step with the checkpoints, so a test can say which versions L4
+        # holds and kill a rank inside an L4 write. L4 at its own pace (the default) is tested
+        # in test_degraded_storage_mpi.py and by the jobs on the shipped configs (README, demo, Slurm).
+        "storage": {"pfs_async": False},
     }
     for section, values in sections.items():
         base.setdefault(section, {}).update(values)

@@ -133,7 +133,7 @@ def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, s
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (free - int(1.5 * one_version)))
     command = [*mpiexec_prefix(), "-n", "4", sys.executable, "-m", "hpcckpt", "train", "-c", str(config),
-               "--set", f"storage.pfs_dir={small_disk / 'pfs'}",
+               "--set", f"storage.pfs_dir={small_disk / 'pfs'}", "--set", "storage.pfs_async=true",
                # Paces training (0.3 s per checkpoint) so the filler goes while it runs.
                "--inject", "slow-level:level=local:seconds=0.3"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -161,4 +161,48 @@ def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, s
     pfs = sorted(p.name for p in (small_disk / "pfs").glob("v*"))
     assert pfs == [f"v{s:012d}" for s in (10, *range(back, 101, 10))], pfs  # nothing partial left
     assert all((small_disk / "pfs" / name / "manifest.json").is_file() for name in pfs)
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_a_slow_pfs_never_holds_back_node_local_checkpoints(tmp_path, reference):
+    """Every L4 store takes 1.5 s longer while checkpoints come every ~0.1 s of training:
+    snapshots never wait for L4 (it copies from L1 on a thread of its own), L4 skips the
+    versions that come while it copies and takes the newest one after, the final version
+    reaches it, and the summary says how it kept up. Same weights as the fault-free run."""
+    config = job(tmp_path)
+    proc = train(tmp_path, config, "--set", "storage.pfs_async=true", "--inject", "slow-level:level=pfs:seconds=1.5")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    summary = next(r for r in read_metrics(tmp_path / "run") if r.get("event") == "checkpoint_summary")
+    # A snapshot that waited for L4 would have blocked for its 1.5 s at least.
+    assert summary["blocking_max_s"] < 1.0, out
+    copied, offered = summary["l4_async"]["copied"], summary["l4_async"]["offered"]
+    assert offered == 10 and 2 <= len(copied) < 10 and summary["l4_async"]["skipped"] > 0, summary
+    assert copied[-1] == 100 and all(lag >= 1.5 for lag in summary["l4_async"]["lag_s"]), summary
+    assert re.search(rf"L4 took {len(copied)} of 10 version\(s\) due at its own pace \(\d+ skipped while a copy "
+                     r"ran\); durable there [\d.]+ s \(median\)", out), out
+    # The end-of-run drain adds what L4's retention keeps of the versions still on L1 (90).
+    drained = {int(s) for s in re.findall(r"drained version (\d+) from node-local storage", out)}
+    pfs = sorted(int(p.name[1:]) for p in (tmp_path / "run" / "pfs").glob("v*"))
+    assert pfs == sorted(set(copied) | drained) and drained <= {90}, (pfs, copied, drained)
+    assert all((tmp_path / "run" / "pfs" / f"v{s:012d}" / "manifest.json").is_file() for s in pfs)
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_a_crash_inside_a_copy_to_l4_at_its_own_pace_leaves_nothing_a_restart_loads(tmp_path, reference):
+    """Rank 1 dies on L4's thread as it starts copying version 10, while training goes on:
+    the restart resumes from the newest node-local version, never from an L4 copy."""
+    config = job(tmp_path)
+    crashed = train(tmp_path, config, "--set", "storage.pfs_async=true",
+                    "--inject", "rank-kill:rank=1:step=10:phase=pfs")
+    assert crashed.returncode != 0 and "injected rank-kill on rank 1" in crashed.stdout + crashed.stderr
+    assert not (tmp_path / "run" / "pfs" / "v000000000010" / "manifest.json").exists()
+    listing = run_mpi(1, ["inspect", "-c", str(config)], cwd=tmp_path)
+    assert_ok(listing)
+    lag = re.search(r"L4 holds no version yet; node-local levels hold up to step (\d+)", listing.stdout)
+    assert lag and int(lag.group(1)) >= 10, listing.stdout
+    resumed = train(tmp_path, config, "--set", "storage.pfs_async=true")
+    assert_ok(resumed)
+    restored = re.search(r"restored version (\d+): 4 rank\(s\) from L1 local", resumed.stdout)
+    assert restored and int(restored.group(1)) >= 10, resumed.stdout
     assert final_record(tmp_path / "run")["weights_digest"] == reference

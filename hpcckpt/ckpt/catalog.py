@@ -191,6 +191,23 @@ def version_overview(config) -> list[VersionOverview]:
     return overview
 
 
+def l4_lag(versions: list[VersionOverview]) -> str:
+    """How far L4 is behind the node-local levels, for `inspect`: L4 copies at its own pace
+    (storage.pfs_async) and skips versions while a copy runs, so the newest version may not
+    be on the PFS yet; a node loss beyond what L2/L3 cover falls back that far."""
+    node_local = [v.step for v in versions if set(v.levels) - {"pfs"} or (not v.levels and v.assembled_from)]
+    on_pfs = [v.step for v in versions if "pfs" in v.levels]
+    if not on_pfs:
+        return "L4 holds no version yet" + (f"; node-local levels hold up to step {max(node_local)}"
+                                             if node_local else "")
+    newest_pfs = max(on_pfs)
+    newer = [step for step in node_local if step > newest_pfs]
+    if not newer:
+        return f"L4 is up to date: it holds the newest version (step {newest_pfs})"
+    return (f"L4 lags: newest there is step {newest_pfs}, {len(newer)} newer version(s) only on node-local "
+            f"levels (up to step {max(newer)}, {max(newer) - newest_pfs} step(s) ahead)")
+
+
 def _parity_geometry(directories: list[Path]) -> tuple[int, int] | None:
     """(group size, parity) recorded in the first readable parity file."""
     for directory in directories:

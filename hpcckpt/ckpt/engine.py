@@ -225,7 +225,8 @@ class Checkpointer:
         return self.pipeline.persisting
 
     def wait(self) -> PersistReport | None:
-        """(all ranks) Block until the checkpoint in flight is durable; raise if it failed."""
+        """(all ranks) Block until the checkpoint in flight is durable, on L4 too when L4 copies
+        at its own pace (storage.pfs_async); raise if it failed."""
         return self._finish_in_flight()
 
     def close(self, confirm: bool | None = None) -> None:
@@ -374,8 +375,11 @@ class Checkpointer:
             apply_state=self._apply_restored_state)
 
     def _finish_in_flight(self) -> PersistReport | None:
+        """The checkpoint in flight and the copy to L4 running at its own pace, both over."""
         self._copies = None
-        return self.pipeline.finish_in_flight()
+        report = self.pipeline.finish_in_flight()
+        self.pipeline.wait_for_global_levels()
+        return report
 
     def _manifest(self, snapshot: Snapshot, shard_infos, levels) -> Manifest:
         return Manifest(

@@ -9,6 +9,8 @@ level held `max_unprotected` versions in a row.
 
 from __future__ import annotations
 
+import threading
+
 from hpcckpt.errors import StorageError
 
 
@@ -18,12 +20,16 @@ class LevelHealth:
         self.log = log
         self.failing: dict[str, tuple[int, str]] = {}  # level label -> (first step failed, why)
         self.unprotected: list[int] = []  # steps in a row that no level holds
+        self._lock = threading.Lock()  # L4's own thread reports beside the persist thread
 
     def failed(self, label: str, step: int, error: Exception, held_by: tuple[str, ...]) -> None:
         where = (f"version {step} is held by {', '.join(held_by)}" if held_by
                  else f"no level holds version {step}")
-        if label not in self.failing:
-            self.failing[label] = (step, str(error))
+        with self._lock:
+            first = label not in self.failing
+            if first:
+                self.failing[label] = (step, str(error))
+        if first:
             self._say(f"{error}; {where}; {label} is tried again at its next version due and training "
                                  "goes on", {"event": "level_failing", "level": label, "step": step,
                                              "error": str(error)})
@@ -31,8 +37,9 @@ class LevelHealth:
             self.log.info(f"{label} still failing at step {step}: {error}; {where}")
 
     def succeeded(self, label: str, step: int) -> None:
-        if label in self.failing:
-            since, _ = self.failing.pop(label)
+        with self._lock:
+            since, _ = self.failing.pop(label, (None, None))
+        if since is not None:
             self._say(f"{label} recovered: version {step} is on it again (it failed from step {since} on)",
                       {"event": "level_recovered", "level": label, "step": step, "failing_since": since})
 
@@ -43,7 +50,8 @@ class LevelHealth:
             return
         self.unprotected.append(step)
         if len(self.unprotected) >= self.max_unprotected:
-            why = "; ".join(f"{label}: {error}" for label, (_, error) in self.failing.items())
+            with self._lock:
+                why = "; ".join(f"{label}: {error}" for label, (_, error) in self.failing.items())
             error = StorageError(
                 f"no level could hold versions {self.unprotected} ({len(self.unprotected)} checkpoints in a row, "
                 f"resilience.max_unprotected_checkpoints = {self.max_unprotected}): {why}; training stops rather "

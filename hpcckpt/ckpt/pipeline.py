@@ -2,7 +2,8 @@
 
     layout -> agree on every rank's shard size -> the node-local levels due (L1 on the writer
     thread while L2 sends and L3 encodes the same bytes) -> their commit -> the global levels
-    due (L4), each written then committed -> retention
+    due (L4), each written then committed: at their own pace from L1's file (ckpt/flush.py),
+    or here -> retention
 
 A loop over the ordered level stack (levels/base.py's Level), with no branch on what a level
 is: a level says whether it is node-local (its files share L1's version directory and commit
@@ -10,8 +11,9 @@ record) and whether it is collective. Each stage ends with an agreement (cluster
 collectives.py), so a failure anywhere stops the version everywhere before its commit.
 
 Threads: background copies on a copier thread, the first node-local write on a writer
-thread, the rest on a persist thread; all live as long as the pipeline. At most one
-checkpoint is in flight: the next snapshot first waits for this one (its buffers are reused).
+thread, the rest on a persist thread, L4's copies on a thread of their own; all live as long
+as the pipeline. At most one checkpoint is in flight: the next snapshot first waits for this
+one (its buffers are reused), not for L4's copy.
 A failure on any rank is kept and raised on the main thread at the next call.
 """
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,9 +29,11 @@ from typing import Callable
 
 import numpy as np
 
+from hpcckpt.ckpt.flush import AsyncFlush
 from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.policy import levels_due
 from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
+from hpcckpt.ckpt.worker import Worker
 from hpcckpt.cluster.collectives import agree, describe_failure, quiet_allgather, raise_if_any_failed
 from hpcckpt.errors import CheckpointError, HpcckptError
 from hpcckpt.format.manifest import Manifest
@@ -95,6 +98,7 @@ class PipelineSettings:
     persist_nice: int = 0
     direct_io: bool = False
     max_unprotected: int = 3  # resilience.max_unprotected_checkpoints
+    pfs_async: bool = True  # storage.pfs_async: L4 copies from L1 at its own pace (ckpt/flush.py)
 
     @classmethod
     def from_config(cls, config) -> "PipelineSettings":
@@ -104,7 +108,8 @@ class PipelineSettings:
             keep={"node_local": checkpoint.keep_local, "global": checkpoint.keep_pfs},
             keep_best=checkpoint.keep_best, one_write_at_a_time=bool(storage.local_bandwidth_mb),
             background_policy=checkpoint.background_policy, persist_nice=checkpoint.persist_nice,
-            direct_io=storage.direct_io, max_unprotected=resilience.max_unprotected_checkpoints)
+            direct_io=storage.direct_io, max_unprotected=resilience.max_unprotected_checkpoints,
+            pfs_async=storage.pfs_async)
 
 
 class BackgroundCopies:
@@ -120,40 +125,6 @@ class BackgroundCopies:
     def release_all(self) -> None:
         for event in self.taken.values():
             event.set()
-
-
-class _Worker:
-    """One long-lived daemon thread that runs submitted jobs in order. Starting a thread per
-    checkpoint would cost a scheduling round trip (Thread.start() waits for the new thread to
-    run: milliseconds on busy cores) inside the blocking time."""
-
-    def __init__(self, name: str, on_start: Callable[[], None] | None = None):
-        self.name = name
-        self.on_start = on_start
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-
-    def submit(self, job: Callable, *args) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self.thread.start()
-        self.jobs.put((job, args))
-
-    def _run(self) -> None:
-        if self.on_start is not None:
-            self.on_start()
-        while True:
-            item = self.jobs.get()
-            if item is None:
-                return
-            job, args = item
-            job(*args)  # jobs keep their own errors (see SavePipeline.worker_error)
-
-    def stop(self) -> None:
-        if self.thread is not None:
-            self.jobs.put(None)
-            self.thread.join()
-            self.thread = None
 
 
 class _BackgroundWrite:
@@ -197,11 +168,17 @@ class SavePipeline:
         self.in_flight: threading.Event | None = None
         # Copies run at normal priority (training may wait for them in before_update()), the
         # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
-        self._copier = _Worker("hpcckpt-copy", on_start=self._background_scheduling)
-        self._persister = _Worker("hpcckpt-persist", on_start=self._start_writing_thread)
-        self._writer = _Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
+        self._copier = Worker("hpcckpt-copy", on_start=self._background_scheduling)
+        self._persister = Worker("hpcckpt-persist", on_start=self._start_writing_thread)
+        self._writer = Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
         self._warned: set[str] = set()
         self.health = LevelHealth(settings.max_unprotected, log)
+        # L4 at its own pace needs threads and L1's files to copy from; otherwise each version
+        # due waits for L4 in the persist.
+        self.flush: AsyncFlush | None = None
+        if (threaded and settings.pfs_async and self.global_levels and self.node_local
+                and self.node_local[0].name == "local"):
+            self.flush = AsyncFlush(comm, self._copy_to_global, log, on_start=self._start_writing_thread)
 
     # -- hand-over from the snapshot ---------------------------------------------------------
     def submit(self, snapshot: Snapshot, report: PersistReport, started: float,
@@ -232,10 +209,17 @@ class SavePipeline:
         report, self.last_report = self.last_report, None
         return report
 
+    def wait_for_global_levels(self) -> None:
+        """Until the copy to L4 in flight is over on this rank; its unexpected failure here."""
+        if self.flush is not None:
+            self.flush.wait()
+
     def stop(self) -> None:
         self._copier.stop()  # after the copies queued for an abandoned snapshot
         self._persister.stop()
         self._writer.stop()
+        if self.flush is not None:
+            self.flush.stop()
 
     def _take_copies(self, copies: BackgroundCopies, copy_piece, snapshot: Snapshot, ended_at: float,
                      done: threading.Event) -> None:
@@ -353,26 +337,61 @@ class SavePipeline:
                 self._withdraw(step, node_local)
                 raise
         held_by = [level.label for level in node_local]
-        for level in due:
-            if level.node_local:
-                continue
-            report.started_s[level.name] = time.perf_counter() - started
-            try:
-                stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name)
+        global_due = [level for level in due if not level.node_local]
+        if self.flush is not None and node_local:
+            if snapshot.final:
+                self.flush.copy_now(step, manifest, report, started)
+            else:
+                self.flush.offer(self.comm, step, manifest, report, started, due=bool(global_due))
+        else:
+            for level in global_due:
                 manifest = self.make_manifest(snapshot, shard_infos, names)
-                self.faults.strike(step, "commit")
-                self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest), phase="commit")
-            except CheckpointError as exc:
-                # Degrade, do not stop: the version stays committed on the levels that took it.
-                self._drop_partial(level, step)
-                report.failed[level.name] = str(exc)
-                self.health.failed(level.label, step, exc, tuple(held_by))
-                continue
-            self._mark(report, step, level.name, started, stored)
-            held_by.append(level.label)
-            self.health.succeeded(level.label, step)
+                if self._store_global(level, version, manifest, report, started, tuple(held_by), self.comm):
+                    held_by.append(level.label)
         self.health.version_held(step, bool(held_by))
         self.apply_retention(step)
+
+    def _store_global(self, level, version: VersionImage, manifest: Manifest, report: PersistReport,
+                      started: float, held_by: tuple, comm) -> bool:
+        """(all ranks) One global level's store and commit of a version, agreed on `comm`. A
+        failure degrades, it does not stop: the version stays on the levels that took it."""
+        step = version.step
+        report.started_s[level.name] = time.perf_counter() - started
+        try:
+            stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name, comm=comm)
+            self.faults.strike(step, "commit")
+            self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest), phase="commit",
+                        comm=comm)
+        except CheckpointError as exc:
+            self._drop_partial(level, step)
+            report.failed[level.name] = str(exc)
+            self.health.failed(level.label, step, exc, held_by)
+            return False
+        self._mark(report, step, level.name, started, stored)
+        self.health.succeeded(level.label, step)
+        return True
+
+    def _copy_to_global(self, step: int, manifest: Manifest, report: PersistReport, started: float, comm) -> bool:
+        """(all ranks; L4's thread, or the persist thread for the final version) Copy a version
+        committed on the node-local levels to the global ones from this rank's L1 file, then
+        their retention. True when some global level took it."""
+        # A job that took the run over owns its L4 now (only rank 0 holds the lease: agreed).
+        lost = self.lease is not None and self.lease.lost_to is not None
+        raise_if_any_failed(comm, "copy to L4", str(self.lease.lost_error()) if lost else None, step=step)
+        source = self.node_local[0]
+        sizes = tuple(record.size for record in sorted(manifest.shards, key=lambda record: record.rank))
+        # Mapped, not read: the file's pages come from the page cache (L1 just wrote them)
+        # without a second shard-sized buffer beside the snapshot's.
+        version = VersionImage(step, self.world_size, sizes, functools.cache(
+            lambda: np.memmap(source.shard_path(step), dtype=np.uint8, mode="r")))
+        held_by = tuple(level.label for level in self.node_local if level.name in manifest.levels)
+        took = False
+        for level in self.global_levels:
+            on_level = dataclasses.replace(manifest, levels=tuple(dict.fromkeys((*manifest.levels, level.name))))
+            took |= self._store_global(level, version, on_level, report, started, held_by, comm)
+        if took:
+            self._prune_global(step)
+        return took
 
     def _drop_partial(self, level, step: int) -> None:
         """(all ranks) What a failed global level wrote of a version goes (its coordinator
@@ -430,7 +449,7 @@ class SavePipeline:
         raise_if_any_failed(self.comm, level.stage_label, writing.error, step=step)
         self._mark(report, step, level.name, started, writing.stored, finished=writing.finished_at)
 
-    def _stage(self, step: int, label: str, action, phase: str):
+    def _stage(self, step: int, label: str, action, phase: str, comm=None):
         """(all ranks) One stage of the persist; a failure on any rank fails it on all."""
         if phase != "commit":
             self.faults.strike(step, phase)
@@ -438,7 +457,7 @@ class SavePipeline:
         def act():
             self.faults.storage_fault(step, phase)
             return action()
-        return agree(self.comm, label, act, step=step)
+        return agree(self.comm if comm is None else comm, label, act, step=step)
 
     def _withdraw(self, step: int, levels: list) -> None:
         """A version some rank could not commit is committed nowhere: the ranks that did drop
@@ -473,12 +492,16 @@ class SavePipeline:
                 # Every node-local level's uncommitted files, and those of levels this job does
                 # not run, in one scan of the directory.
                 steps = self._deletable(first, self.settings.keep["node_local"], newest, set(first.stray_steps()),
-                                        pin_redundant=True)
+                                        pin_redundant=True, pinned={self.flush.flushing} if self.flush else ())
                 for step in steps:
                     for level in self.node_local:
                         level.remove(step)
                     first.remove_strays(step)
             self._prune("node-local", prune_node_local)
+        if self.flush is None:  # else L4's thread prunes after each copy: it alone writes there
+            self._prune_global(newest)
+
+    def _prune_global(self, newest: int) -> None:
         for level in self.global_levels:
             if level.prunes_here:
                 self._prune(level.label, lambda level=level: [level.remove(step) for step in self._deletable(
@@ -496,7 +519,7 @@ class SavePipeline:
                                  "checkpoint's retention")
 
     def _deletable(self, level, keep: int, newest: int, leftovers: set[int] | None = None,
-                   pin_redundant: bool = False) -> list[int]:
+                   pin_redundant: bool = False, pinned=()) -> list[int]:
         committed = level.committed_steps()
         manifests: dict[int, Manifest | None] = {}
 
@@ -511,7 +534,7 @@ class SavePipeline:
         metrics = {}
         if self.settings.keep_best:
             metrics = {s: manifest(s).metrics for s in committed if manifest(s) is not None}
-        pinned = set()
+        pinned = {step for step in pinned if step is not None}
         redundant = {lv.name for lv in self.node_local[1:]}
         if pin_redundant and redundant:
             levels_by_step: dict[int, tuple] = {}
@@ -519,7 +542,7 @@ class SavePipeline:
                 levels_by_step[step] = manifest(step).levels if manifest(step) is not None else ()
                 if redundant <= {name for names in levels_by_step.values() for name in names}:
                     break
-            pinned = newest_redundant_versions(levels_by_step, redundant)
+            pinned |= newest_redundant_versions(levels_by_step, redundant)
         if leftovers is None:
             leftovers = set(level.uncommitted_steps())
         return versions_to_delete(committed, sorted(leftovers), newest, keep, metrics, self.settings.keep_best, pinned)

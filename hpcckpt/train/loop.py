@@ -298,9 +298,15 @@ def _summarise_checkpoints(comm, log: RunLog, checkpointer, blocking_times: list
     log.info(f"checkpoints: {len(blocking_times)} taken, blocking median {1000 * np.median(blocking):.1f} ms, "
              f"max {1000 * blocking.max():.1f} ms, estimated overhead {overhead:.2f} % of the run's time; "
              f"written {written}", console=True)
+    flush = checkpointer.pipeline.flush
+    if flush is not None and flush.stats.describe():
+        log.info(flush.stats.describe(), console=True)
     log.metrics({"event": "checkpoint_summary", "checkpoints": len(blocking_times),
                  "blocking_median_s": float(np.median(blocking)), "blocking_max_s": float(blocking.max()),
-                 "overhead_pct": overhead, "bytes_per_level": per_level})
+                 "overhead_pct": overhead, "bytes_per_level": per_level,
+                 **({"l4_async": {"offered": flush.stats.offered, "skipped": flush.stats.skipped,
+                                  "copied": [step for step, _ in flush.stats.copied],
+                                  "lag_s": [lag for _, lag in flush.stats.copied]}} if flush is not None else {})})
 
 
 def _megabytes(n: int) -> str:
