@@ -165,3 +165,48 @@ def test_inspect_says_how_far_l4_lags_the_node_local_levels():
     lagging = [version(10, ("pfs",)), version(20, ("local", "partner")), version(30, (), "3 from L1 local")]
     assert l4_lag(lagging) == ("L4 lags: newest there is step 10, 2 newer version(s) only on node-local levels "
                                "(up to step 30, 20 step(s) ahead)")
+
+
+def test_making_room_drops_only_copies_held_elsewhere_and_only_what_makes_the_version_fit():
+    import errno
+    import os
+
+    from hpcckpt.ckpt.room import bytes_to_write, droppable, how_many_to_drop, out_of_space
+    from hpcckpt.errors import CheckpointError
+
+    # L4 holds 10-40; the node-local levels hold 30, 40 and the new 50: only 30 and 40 are
+    # held elsewhere, 50 is the newest anywhere, 40 is the best.
+    assert droppable([10, 20, 30, 40], {30, 40, 50}, 50, None, ()) == [30, 40]
+    assert droppable([10, 20, 30, 40], {30, 40, 50}, 50, 40, ()) == [30]
+    assert droppable([10, 20, 30, 40], {30, 40}, 40, None, {30}) == []  # 40 newest, 30 being copied
+    assert how_many_to_drop(free=100, needed=100, sizes=[50]) == 0  # fits: nothing to measure a drop against
+    assert how_many_to_drop(free=10, needed=100, sizes=[50, 50, 50]) == 2
+    assert how_many_to_drop(free=10, needed=100, sizes=[50, 30]) is None  # all would not do: keep them
+    assert bytes_to_write([1, 4096, 4097]) == 4096 * (1 + 1 + 2) + 2 * 4096
+    full = CheckpointError("L4 pfs write of step 20 failed on rank(s) [3]: ...",
+                           {3: f"OSError: [Errno 28] {os.strerror(errno.ENOSPC)}"})
+    assert out_of_space(full)
+    assert out_of_space(CheckpointError(f"... {os.strerror(errno.EDQUOT)}"))
+    assert not out_of_space(CheckpointError("... failed", {1: f"OSError: {os.strerror(errno.EIO)}"}))
+
+
+def test_only_storage_failures_degrade_a_level():
+    import errno
+
+    from hpcckpt.cluster.collectives import PeerFailure, StorageFailure, describe_failure, is_storage_failure
+    from hpcckpt.errors import CheckpointError, StorageError
+    from hpcckpt.io.atomic import ShardExistsError
+
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ENOENT):
+        assert isinstance(describe_failure(OSError(code, "x")), StorageFailure)
+    assert isinstance(describe_failure(StorageError("storage.local_dir is not writable")), StorageFailure)
+    for other in (OSError(errno.ENOMEM, "x"), MemoryError(), RuntimeError("codec"), ShardExistsError("in the way")):
+        failure = describe_failure(other)
+        assert isinstance(failure, str) and not isinstance(failure, StorageFailure), other
+    # Agreed: every rank's own failure must be the storage's; a peer's report does not count.
+    full = describe_failure(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_storage_failure(CheckpointError("...", {1: full, 2: PeerFailure("rank 1 failed")}))
+    assert not is_storage_failure(CheckpointError("...", {1: full, 3: "MemoryError: "}))
+    assert not is_storage_failure(CheckpointError("..."))
+    # Agreed again on a larger communicator (an erasure group's failure), it stays the storage's.
+    assert isinstance(describe_failure(CheckpointError("L3 ...", {1: full})), StorageFailure)

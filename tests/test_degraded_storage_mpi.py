@@ -5,6 +5,7 @@ real mpiexec ranks. Failures are injected where the file system would report the
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -75,10 +76,15 @@ def test_while_the_pfs_is_full_versions_restore_from_node_local_levels(tmp_path,
     assert final_record(tmp_path / "run")["weights_digest"] == reference
 
 
-@pytest.mark.parametrize("errno_name, text", [("EIO", "Input/output error"), ("EROFS", "Read-only file system")])
-def test_when_no_level_holds_versions_training_stops_after_max_unprotected(tmp_path, errno_name, text):
-    config = job(tmp_path, levels=["pfs"])
-    proc = train(tmp_path, config, "--inject", f"storage-error:level=pfs:step=20:until=100:errno={errno_name}")
+@pytest.mark.parametrize("levels, failing, errno_name, text", [
+    (["pfs"], "pfs", "EIO", "Input/output error"),
+    (["pfs"], "pfs", "EROFS", "Read-only file system"),
+    (["local", "partner"], "partner", "ENOSPC", "No space left on device"),  # L2 fails L1-L3's version
+])
+def test_when_no_level_holds_versions_training_stops_after_max_unprotected(tmp_path, levels, failing, errno_name,
+                                                                          text):
+    config = job(tmp_path, levels=levels)
+    proc = train(tmp_path, config, "--inject", f"storage-error:level={failing}:step=20:until=100:errno={errno_name}")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "no level could hold versions [20, 30, 40] (3 checkpoints in a row, " \
            "resilience.max_unprotected_checkpoints = 3)" in proc.stderr, proc.stderr
@@ -120,20 +126,79 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
-def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, small_disk, reference_run, reference):
-    """The PFS is a 1 MiB tmpfs with room for one version: version 10 reaches it, from 20 on
-    the kernel says ENOSPC (to a shard's write or to the commit record's, whichever finds the
-    disk full); space is freed (a filler file deleted) once training passes step 45, and the
-    next L4 version due goes there again: 40 if its persist, behind training, had not reached
-    L4 yet, else a later one. The run ends with the reference weights."""
-    config = job(tmp_path)
-    # One version as the kernel charges it (the reference run's first L4 version), and its directories.
+def _fill_leaving(disk: Path, reference_run: Path, versions: float) -> Path:
+    """A filler file that leaves room on `disk` for `versions` L4 versions of this job as the
+    kernel charges them (the reference run's first L4 version, and its directories)."""
     one_version = _pages(reference_run / "pfs" / "v000000000010") + 4 * 4096
-    free = os.statvfs(small_disk).f_bavail * 4096
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * (os.statvfs(disk).f_bavail * 4096 - int(versions * one_version)))
+    return filler
+
+
+def test_a_pfs_with_room_for_one_version_drops_the_one_node_local_levels_hold(tmp_path, small_disk,
+                                                                             reference_run, reference):
+    """The PFS is a 1 MiB tmpfs with room for one and a half versions: from version 20 on,
+    every L4 write finds the disk full (ENOSPC from the kernel), drops the previous version,
+    which L1-L3 still hold, and fits. L4 never fails, the drain at the end does not put back
+    what was dropped, and the run ends with the reference weights."""
+    config = job(tmp_path)
+    _fill_leaving(small_disk, reference_run, 1.5)
+    proc = train(tmp_path, config, "--set", f"storage.pfs_dir={small_disk / 'pfs'}")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert out.count("L4 pfs was out of space for version 20: dropped version(s) [10], which the node-local "
+                     "levels hold, and tried once more; while space is short it keeps fewer versions") == 1, out
+    assert "failed" not in out, out
+    made_room = [(r["step"], r["dropped"]) for r in read_metrics(tmp_path / "run")
+                 if r.get("event") == "level_made_room"]
+    assert made_room == [(step, [step - 10]) for step in range(20, 101, 10)], made_room
+    assert sorted(p.name for p in (small_disk / "pfs").glob("v*")) == ["v000000000100"]
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+    # What is left restores: with node 2's copies gone too, from L2/L3 or L4.
+    shutil.rmtree(next((tmp_path / "run" / "local").glob("node2/run-*")))
+    resumed = train(tmp_path, config, "--set", f"storage.pfs_dir={small_disk / 'pfs'}", "--set", "run.steps=110")
+    assert_ok(resumed)
+    assert "restored version 100: " in resumed.stdout, resumed.stdout
+
+
+def test_full_node_local_storage_drops_a_version_l4_holds_to_fit_the_new_one(tmp_path, small_disk,
+                                                                            reference_run, reference):
+    """Every node's local directory is on one 1 MiB tmpfs with room for two and a half
+    versions (L1-L3 of all nodes): from version 30 on, the kernel's ENOSPC makes the node-local
+    levels drop, on every node, the oldest version they hold that L4 holds too (never the
+    newest complete one), and the version fits. Nothing fails; same weights as without."""
+    config = job(tmp_path)
+    one_version = sum(_pages(d) + 4096 for d in (reference_run / "local").glob("node*/run-*/v000000000090"))
     filler = small_disk / "filler"
-    filler.write_bytes(b"\0" * (free - int(1.5 * one_version)))
+    filler.write_bytes(b"\0" * (os.statvfs(small_disk).f_bavail * 4096 - int(2.5 * one_version)))
+    proc = train(tmp_path, config, "--set", f"storage.local_dir={small_disk}/node{{node}}")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "failed" not in out, out
+    assert re.search(r"node-local L1 L2 L3 was out of space for version (\d+): dropped version\(s\) \[(\d+)\], "
+                     r"which L4 holds, and tried once more", out), out
+    made_room = [(r["step"], r["dropped"]) for r in read_metrics(tmp_path / "run")
+                 if r.get("event") == "level_made_room"]
+    assert made_room and all(dropped == [step - 20] for step, dropped in made_room), made_room
+    assert {p.name for p in small_disk.glob("node*/run-*/v*")} == {"v000000000090", "v000000000100"}
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+    resumed = train(tmp_path, config, "--set", f"storage.local_dir={small_disk}/node{{node}}", "--set", "run.steps=110")
+    assert_ok(resumed)
+    assert "restored version 100: 4 rank(s) from L1 local" in resumed.stdout, resumed.stdout
+
+
+def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, small_disk, reference_run, reference):
+    """The PFS is a 1 MiB tmpfs with room for one and a half versions, L4 due every 3rd
+    checkpoint: version 30 reaches it; at 60 the kernel says ENOSPC (to a shard's write or to
+    the commit record's, whichever finds the disk full) and there is nothing L4 may drop
+    (version 30 is on no other level now); space is freed (a filler file deleted) once training
+    passes step 75, and L4 takes 90 or, if its copy had started before, the final 100. The
+    drain adds 90, which L1 still holds. The run ends with the reference weights."""
+    config = job(tmp_path)
+    filler = _fill_leaving(small_disk, reference_run, 1.5)
     command = [*mpiexec_prefix(), "-n", "4", sys.executable, "-m", "hpcckpt", "train", "-c", str(config),
                "--set", f"storage.pfs_dir={small_disk / 'pfs'}", "--set", "storage.pfs_async=true",
+               "--set", "storage.pfs_every=3",
                # Paces training (0.3 s per checkpoint) so the filler goes while it runs.
                "--inject", "slow-level:level=local:seconds=0.3"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -142,7 +207,7 @@ def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, s
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline:
         try:
-            if int(heartbeat.read_text().split()[0]) >= 45:
+            if int(heartbeat.read_text().split()[0]) >= 75:
                 filler.unlink()
                 break
         except (OSError, ValueError, IndexError):
@@ -151,15 +216,13 @@ def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, s
     stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
     out = stdout + stderr
     assert proc.returncode == 0, out
-    assert not filler.exists(), "training ended before step 45:\n" + out
-    assert re.search(r"L4 (pfs write|commit) of step 20 failed on rank\(s\) \[[\d, ]+\]", out), out
-    assert "No space left on device" in out
-    recovered = re.search(r"L4 pfs recovered: version (\d+) is on it again \(it failed from step 20 on\)", out)
-    assert recovered, out
-    back = int(recovered.group(1))
-    assert 40 <= back <= 100
+    assert not filler.exists(), "training ended before step 75:\n" + out
+    assert re.search(r"L4 (pfs write|commit) of step 60 failed on rank\(s\) \[[\d, ]+\]", out), out
+    assert "No space left on device" in out and "out of space" not in out
+    recovered = re.search(r"L4 pfs recovered: version (\d+) is on it again \(it failed from step 60 on\)", out)
+    assert recovered and int(recovered.group(1)) in (90, 100), out
     pfs = sorted(p.name for p in (small_disk / "pfs").glob("v*"))
-    assert pfs == [f"v{s:012d}" for s in (10, *range(back, 101, 10))], pfs  # nothing partial left
+    assert pfs == [f"v{s:012d}" for s in (30, 90, 100)], pfs  # nothing partial left
     assert all((small_disk / "pfs" / name / "manifest.json").is_file() for name in pfs)
     assert final_record(tmp_path / "run")["weights_digest"] == reference
 
@@ -205,4 +268,43 @@ def test_a_crash_inside_a_copy_to_l4_at_its_own_pace_leaves_nothing_a_restart_lo
     assert_ok(resumed)
     restored = re.search(r"restored version (\d+): 4 rank\(s\) from L1 local", resumed.stdout)
     assert restored and int(restored.group(1)) >= 10, resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+NODE_READ_ONLY = ["--inject", "storage-error:level=local:step=30:errno=EROFS:rank=2"]
+
+
+def test_a_read_only_node_local_directory_sends_the_version_to_l4(tmp_path, reference):
+    """Rank 2's node-local directory is read-only at step 30 (L4 not due there, and copying at
+    its own pace): the version leaves L1-L3 on every node, goes to L4 from the snapshot, and
+    training goes on; the node-local levels recover at 40. Same weights as the fault-free run."""
+    config = job(tmp_path)
+    proc = train(tmp_path, config, "--set", "storage.pfs_every=2", "--set", "storage.pfs_async=true",
+                 *NODE_READ_ONLY)
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert out.count("version 30 is held by L4 pfs; node-local L1 L2 L3 is tried again at its next version "
+                     "due") == 1, out
+    assert "Read-only file system (injected storage-error at step 30 on rank 2)" in out
+    assert "node-local L1 L2 L3 recovered: version 40 is on it again (it failed from step 30 on)" in out
+    events = [(r["event"], r["step"]) for r in read_metrics(tmp_path / "run") if r.get("event", "").startswith("level_")]
+    assert events == [("level_failing", 30), ("level_recovered", 40)]
+    assert (tmp_path / "run" / "pfs" / "v000000000030" / "manifest.json").is_file()
+    assert {p.name for p in (tmp_path / "run" / "local").glob("node*/run-*/v*")} >= {"v000000000090", "v000000000100"}
+    assert not list((tmp_path / "run" / "local").rglob("v000000000030")), "the withdrawn version's files stay"
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_after_a_read_only_node_a_different_node_lost_restarts_from_l4(tmp_path, reference):
+    """Node 1 is lost as version 40 starts (its rank killed, its directory gone), after version
+    30 went to L4 only (rank 2's node-local directory read-only): the restart takes version
+    30 from L4, never a partial node-local copy."""
+    config = job(tmp_path)
+    crashed = train(tmp_path, config, "--set", "storage.pfs_every=2", *NODE_READ_ONLY,
+                    "--inject", "rank-kill:rank=1:step=40:phase=snapshot")
+    assert crashed.returncode != 0
+    shutil.rmtree(tmp_path / "run" / "local" / "node1")
+    resumed = train(tmp_path, config, "--set", "storage.pfs_every=2")
+    assert_ok(resumed)
+    assert "restored version 30: 4 rank(s) from L4 pfs" in resumed.stdout, resumed.stdout
     assert final_record(tmp_path / "run")["weights_digest"] == reference

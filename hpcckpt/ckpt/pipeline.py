@@ -33,8 +33,15 @@ from hpcckpt.ckpt.flush import AsyncFlush
 from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.policy import levels_due
 from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
+from hpcckpt.ckpt.room import RoomMaker, out_of_space
 from hpcckpt.ckpt.worker import Worker
-from hpcckpt.cluster.collectives import agree, describe_failure, quiet_allgather, raise_if_any_failed
+from hpcckpt.cluster.collectives import (
+    agree,
+    describe_failure,
+    is_storage_failure,
+    quiet_allgather,
+    raise_if_any_failed,
+)
 from hpcckpt.errors import CheckpointError, HpcckptError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import plan_shard, verify_shard
@@ -172,6 +179,8 @@ class SavePipeline:
         self._persister = Worker("hpcckpt-persist", on_start=self._start_writing_thread)
         self._writer = Worker("hpcckpt-l1-write", on_start=self._start_writing_thread)
         self._warned: set[str] = set()
+        self.room = RoomMaker(self.rank, self.node_local, self.global_levels, settings.keep_best, log,
+                              remove_node_local=self._remove_node_local, prune=self._prune)
         self.health = LevelHealth(settings.max_unprotected, log)
         # L4 at its own pace needs threads and L1's files to copy from; otherwise each version
         # due waits for L4 in the persist.
@@ -326,18 +335,31 @@ class SavePipeline:
                                functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image)
         names = tuple(level.name for level in due)
         node_local = [level for level in due if level.node_local]
-        if node_local:
-            self._store_node_local(version, node_local, report, started)
-            manifest = self.make_manifest(snapshot, shard_infos, names)
-            self.faults.strike(step, "commit")
-            try:
-                self._stage(step, "L1-L3 commit", lambda: [level.commit(manifest) for level in node_local],
-                            phase="commit")
-            except CheckpointError:
-                self._withdraw(step, node_local)
-                raise
-        held_by = [level.label for level in node_local]
         global_due = [level for level in due if not level.node_local]
+        node_local_failure = None
+        if node_local:
+            try:
+                try:
+                    manifest = self._persist_node_local(snapshot, version, node_local, shard_infos, names, report,
+                                                        started)
+                except CheckpointError as exc:
+                    if not (is_storage_failure(exc) and out_of_space(exc) and self.room.on_node_local(
+                            self.comm, version, self.node_local_label, self.flush.flushing if self.flush else None)):
+                        raise
+                    manifest = self._persist_node_local(snapshot, version, node_local, shard_infos, names, report,
+                                                        started)
+            except CheckpointError as exc:
+                if not is_storage_failure(exc):
+                    raise  # memory, a codec, a file in the way: not for degrading
+                # Degrade, do not stop: the version goes to the global levels instead (all of
+                # them, due or not: nothing else holds it), from the snapshot, as L1's file is gone.
+                node_local_failure = exc
+                report.failed["node-local"] = str(exc)
+                if self.flush is not None:
+                    self.flush.wait()  # L4 takes this version here, not beside a copy of its own
+                global_due, node_local = list(self.global_levels), []
+                names = tuple(level.name for level in global_due)
+        held_by = [level.label for level in node_local]
         if self.flush is not None and node_local:
             if snapshot.final:
                 self.flush.copy_now(step, manifest, report, started)
@@ -348,8 +370,48 @@ class SavePipeline:
                 manifest = self.make_manifest(snapshot, shard_infos, names)
                 if self._store_global(level, version, manifest, report, started, tuple(held_by), self.comm):
                     held_by.append(level.label)
+            if node_local_failure is not None and self.flush is not None:
+                self.flush.owed = not held_by
+                self._prune_global(step)
+        if node_local_failure is not None:
+            self.health.failed(self.node_local_label, step, node_local_failure, tuple(held_by))
+        elif self.node_local and node_local:
+            self.health.succeeded(self.node_local_label, step)
         self.health.version_held(step, bool(held_by))
         self.apply_retention(step)
+
+    @property
+    def node_local_label(self) -> str:
+        """The node-local levels fail and recover together: one version directory, one commit
+        record per rank."""
+        return "node-local " + " ".join(level.label.split()[0] for level in self.node_local)
+
+    def _persist_node_local(self, snapshot: Snapshot, version: VersionImage, levels: list, shard_infos,
+                            names: tuple, report: PersistReport, started: float) -> Manifest:
+        """(all ranks) The node-local levels due store the version and commit it together, or
+        none keeps it (agreed: a failure on any rank withdraws it everywhere)."""
+        step = version.step
+        try:
+            self._store_node_local(version, levels, report, started)
+            manifest = self.make_manifest(snapshot, shard_infos, names)
+            self.faults.strike(step, "commit")
+            self._stage(step, "L1-L3 commit", lambda: [level.commit(manifest) for level in levels], phase="commit")
+        except CheckpointError as exc:
+            self._withdraw(step, levels)
+            if is_storage_failure(exc):
+                # What the ranks wrote of it goes now, not at the next retention: a full disk
+                # is when writes fail. (After any other failure a file may be in the way that
+                # no level wrote: it stays for the operator to see.)
+                self._prune("node-local", lambda: self._remove_node_local(step))
+            raise
+        return manifest
+
+    def _remove_node_local(self, step: int) -> None:
+        """This rank's files of a version on every node-local level, and what other levels left
+        there of it."""
+        for level in self.node_local:
+            level.remove(step)
+        self.node_local[0].remove_strays(step)
 
     def _store_global(self, level, version: VersionImage, manifest: Manifest, report: PersistReport,
                       started: float, held_by: tuple, comm) -> bool:
@@ -357,16 +419,23 @@ class SavePipeline:
         failure degrades, it does not stop: the version stays on the levels that took it."""
         step = version.step
         report.started_s[level.name] = time.perf_counter() - started
-        try:
-            stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name, comm=comm)
-            self.faults.strike(step, "commit")
-            self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest), phase="commit",
-                        comm=comm)
-        except CheckpointError as exc:
-            self._drop_partial(level, step)
-            report.failed[level.name] = str(exc)
-            self.health.failed(level.label, step, exc, held_by)
-            return False
+        for attempt in (1, 2):
+            try:
+                stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name,
+                                     comm=comm)
+                self.faults.strike(step, "commit")
+                self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest),
+                            phase="commit", comm=comm)
+                break
+            except CheckpointError as exc:
+                self._drop_partial(level, step)
+                if not is_storage_failure(exc):
+                    raise
+                if attempt == 1 and out_of_space(exc) and self.room.on_global(level, version, comm):
+                    continue
+                report.failed[level.name] = str(exc)
+                self.health.failed(level.label, step, exc, held_by)
+                return False
         self._mark(report, step, level.name, started, stored)
         self.health.succeeded(level.label, step)
         return True
@@ -494,9 +563,7 @@ class SavePipeline:
                 steps = self._deletable(first, self.settings.keep["node_local"], newest, set(first.stray_steps()),
                                         pin_redundant=True, pinned={self.flush.flushing} if self.flush else ())
                 for step in steps:
-                    for level in self.node_local:
-                        level.remove(step)
-                    first.remove_strays(step)
+                    self._remove_node_local(step)
             self._prune("node-local", prune_node_local)
         if self.flush is None:  # else L4's thread prunes after each copy: it alone writes there
             self._prune_global(newest)
@@ -555,7 +622,7 @@ class SavePipeline:
         common = set.intersection(*(set(s) for s in quiet_allgather(self.comm, source.committed_steps())))
         on_target = set(self.comm.bcast(target.committed_steps() if self.rank == 0 else None, root=0))
         manifests = {}
-        for step in sorted(common - on_target):
+        for step in sorted(common - on_target - self.room.dropped.get(target.name, set())):
             manifest = source.manifest(step)
             if manifest.world_size == self.world_size:
                 manifests[step] = manifest

@@ -14,6 +14,7 @@ allreduce of an int on the happy path; O(ranks) small messages gathered when som
 
 from __future__ import annotations
 
+import errno
 import pickle
 import time
 from dataclasses import dataclass
@@ -65,14 +66,37 @@ class PeerFailure:
     message: str
 
 
+class StorageFailure(str):
+    """A rank's own failure that was its storage's (full, read-only, I/O error, gone), as the
+    levels degrade for; any other failure (memory, a codec, a file in the way) stops the
+    checkpoint instead."""
+
+
+# What a file system says when it cannot hold or reach a level's files; not ENOMEM, not
+# EEXIST (a file in the way is a conflict, never overwritten).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENODEV, errno.ENXIO})
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether an error, or every rank's own failure in an agreed one, was the storage's."""
+    if isinstance(exc, CheckpointError):
+        failures = [f for f in exc.failures_by_rank.values() if not isinstance(f, PeerFailure)]
+        return bool(failures) and all(isinstance(f, StorageFailure) for f in failures)
+    if isinstance(exc, FileExistsError):
+        return False
+    return isinstance(exc, StorageError) or (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS)
+
+
 def describe_failure(exc: BaseException) -> str | PeerFailure:
     """What a rank reports for its own failure in an agreement: one that only says another
-    rank failed is a PeerFailure, so that rank's own error is the one told."""
+    rank failed is a PeerFailure, so that rank's own error is the one told; one of its
+    storage a StorageFailure."""
     if isinstance(exc, PeerFailed):
         return PeerFailure(str(exc))
-    if isinstance(exc, HpcckptError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"  # MemoryError, an MPI or CuPy error: agreed, never a hang
+    # MemoryError, an MPI or CuPy error: agreed, never a hang.
+    text = str(exc) if isinstance(exc, HpcckptError) else f"{type(exc).__name__}: {exc}"
+    return StorageFailure(text) if is_storage_failure(exc) else text
 
 
 def raise_if_any_failed(comm, label: str, failure: str | PeerFailure | None, *, step: int | None = None,
