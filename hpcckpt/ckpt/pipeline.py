@@ -9,6 +9,10 @@ A loop over the ordered level stack (levels/base.py's Level), with no branch on 
 is: a level says whether it is node-local (its files share L1's version directory and commit
 record) and whether it is collective. Each stage ends with an agreement (cluster/
 collectives.py), so a failure anywhere stops the version everywhere before its commit.
+When that failure was the storage's (full, read-only, I/O error, gone), the version is kept
+by the levels that work instead (ckpt/level_health.py): the node-local levels fail and
+recover together and hand the version to L4; a level out of space first drops versions
+another level holds and tries once more (ckpt/room.py). Any other failure is raised.
 
 Threads: background copies on a copier thread, the first node-local write on a writer
 thread, the rest on a persist thread, L4's copies on a thread of their own; all live as long
