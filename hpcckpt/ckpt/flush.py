@@ -85,8 +85,7 @@ class AsyncFlush:
 
     def _run(self, step: int, manifest, report, started: float, committed_at: float) -> None:
         try:
-            if self.copy(step, manifest, report, started, self.comm):
-                self.stats.copied.append((step, time.perf_counter() - committed_at))
+            self._copy(step, manifest, report, started, committed_at)
         except BaseException as exc:
             self.error = exc
             if self.log:
@@ -100,7 +99,9 @@ class AsyncFlush:
         self.wait()
         self.stats.offered += 1
         self.owed = False
-        committed_at = time.perf_counter()
+        self._copy(step, manifest, report, started, time.perf_counter())
+
+    def _copy(self, step: int, manifest, report, started: float, committed_at: float) -> None:
         if self.copy(step, manifest, report, started, self.comm):
             self.stats.copied.append((step, time.perf_counter() - committed_at))
 

@@ -343,15 +343,11 @@ class SavePipeline:
         node_local_failure = None
         if node_local:
             try:
-                try:
-                    manifest = self._persist_node_local(snapshot, version, node_local, shard_infos, names, report,
-                                                        started)
-                except CheckpointError as exc:
-                    if not (is_storage_failure(exc) and out_of_space(exc) and self.room.on_node_local(
-                            self.comm, version, self.node_local_label, self.flush.flushing if self.flush else None)):
-                        raise
-                    manifest = self._persist_node_local(snapshot, version, node_local, shard_infos, names, report,
-                                                        started)
+                manifest = self._once_more_after_making_room(
+                    lambda: self._persist_node_local(snapshot, version, node_local, shard_infos, names, report,
+                                                     started),
+                    lambda: self.room.on_node_local(self.comm, version, self.node_local_label,
+                                                    self.flush.flushing if self.flush else None))
             except CheckpointError as exc:
                 if not is_storage_failure(exc):
                     raise  # memory, a codec, a file in the way: not for degrading
@@ -370,8 +366,8 @@ class SavePipeline:
             else:
                 self.flush.offer(self.comm, step, manifest, report, started, due=bool(global_due))
         else:
+            manifest = self.make_manifest(snapshot, shard_infos, names) if global_due else None
             for level in global_due:
-                manifest = self.make_manifest(snapshot, shard_infos, names)
                 if self._store_global(level, version, manifest, report, started, tuple(held_by), self.comm):
                     held_by.append(level.label)
             if node_local_failure is not None and self.flush is not None:
@@ -410,6 +406,17 @@ class SavePipeline:
             raise
         return manifest
 
+    @staticmethod
+    def _once_more_after_making_room(attempt: Callable, make_room: Callable[[], bool]):
+        """(all ranks) `attempt()`, and once more if it ran out of space on some rank and
+        `make_room()` dropped versions (ckpt/room.py); its last error otherwise."""
+        try:
+            return attempt()
+        except CheckpointError as exc:
+            if not (is_storage_failure(exc) and out_of_space(exc) and make_room()):
+                raise
+        return attempt()
+
     def _remove_node_local(self, step: int) -> None:
         """This rank's files of a version on every node-local level, and what other levels left
         there of it."""
@@ -423,23 +430,27 @@ class SavePipeline:
         failure degrades, it does not stop: the version stays on the levels that took it."""
         step = version.step
         report.started_s[level.name] = time.perf_counter() - started
-        for attempt in (1, 2):
+
+        def store_and_commit() -> int:
             try:
                 stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name,
                                      comm=comm)
                 self.faults.strike(step, "commit")
                 self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest),
                             phase="commit", comm=comm)
-                break
-            except CheckpointError as exc:
+                return stored
+            except CheckpointError:
                 self._drop_partial(level, step)
-                if not is_storage_failure(exc):
-                    raise
-                if attempt == 1 and out_of_space(exc) and self.room.on_global(level, version, comm):
-                    continue
-                report.failed[level.name] = str(exc)
-                self.health.failed(level.label, step, exc, held_by)
-                return False
+                raise
+        try:
+            stored = self._once_more_after_making_room(store_and_commit,
+                                                       lambda: self.room.on_global(level, version, comm))
+        except CheckpointError as exc:
+            if not is_storage_failure(exc):
+                raise
+            report.failed[level.name] = str(exc)
+            self.health.failed(level.label, step, exc, held_by)
+            return False
         self._mark(report, step, level.name, started, stored)
         self.health.succeeded(level.label, step)
         return True
