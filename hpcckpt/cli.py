@@ -215,7 +215,7 @@ def _command_inspect(args) -> int:
         metrics = " ".join(f"{k}={x:.4g}" for k, x in v.metrics.items() if isinstance(x, (int, float)) and k != "step")
         print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:18} {onto:12} {metrics}")
         if not v.levels and v.assembled_from:
-            print(f"{'':8} a node's copies are gone; a restart assembles it: old shards {v.assembled_from}")
+            print(f"{'':8} some ranks' node-local files are gone (a lost node, or one that could not take it); a restart assembles it: old shards {v.assembled_from}")
     if "pfs" in config.resilience.levels:
         print(l4_lag(versions))
     return 0

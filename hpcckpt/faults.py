@@ -14,7 +14,10 @@ finalize), as in a crash.
 
 A storage error makes level L's store of every version from step S to T (default: S only)
 fail on rank R (default: every rank) with errno E: ENOSPC (the default, a full file
-system), EIO or EROFS, as the file system would report it; nothing dies. A slow level takes
+system), EIO or EROFS, as the file system would report it; nothing dies. Level node-local
+fails every write of the rank to its node's directory (L1-L3 and its commit record), as a
+node-local directory that turned read-only or full does. A level whose store is collective
+(L2, L3) fails after its transfers, where its file is written, so its peers never wait. A slow level takes
 X seconds longer for each store from step S to T (default: every version) on rank R (default:
 every rank), as a contended parallel file system does.
 
@@ -94,7 +97,10 @@ except ProcessLookupError:
 
 
 STORAGE_ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "EROFS": errno.EROFS}
-STORAGE_LEVELS = ("local", "partner", "erasure", "pfs")
+# "node-local": every write of the rank to its node's directory (L1's shard, the replicas and
+# parity it holds, its commit record), as when that directory turns read-only or fills.
+STORAGE_LEVELS = ("local", "partner", "erasure", "pfs", "node-local")
+NODE_LOCAL_WRITES = ("local", "partner", "erasure", "node-local commit")
 
 
 @dataclass(frozen=True)
@@ -219,11 +225,14 @@ class FaultInjector:
     def storage_fault(self, step: int, level: str) -> None:
         """Take a slow level's extra time, then raise the OSError a storage error injected for
         `level` at `step` stands for."""
+        def hits(fault: Fault) -> bool:
+            return (fault.phase == level or (fault.phase == "node-local" and level in NODE_LOCAL_WRITES)) \
+                and fault.step <= step <= fault.until
         for fault in self.faults:
-            if fault.kind == "slow-level" and fault.phase == level and fault.step <= step <= fault.until:
+            if fault.kind == "slow-level" and hits(fault):
                 time.sleep(fault.seconds)
         for fault in self.faults:
-            if fault.kind == "storage-error" and fault.phase == level and fault.step <= step <= fault.until:
+            if fault.kind == "storage-error" and hits(fault):
                 code = STORAGE_ERRNOS[fault.errno_name]
                 raise OSError(code, f"{os.strerror(code)} (injected storage-error at step {step} on rank {self.rank})")
 

@@ -327,7 +327,7 @@ def test_background_failure_surfaces_on_every_rank_and_in_the_log(tmp_path):
     lines = re.findall(r"rank \d: surfaced: [^|]*\|", proc.stdout)
     assert sorted(l[:6] for l in lines) == ["rank 0", "rank 1", "rank 2", "rank 3"], proc.stdout
     assert all("StorageError: no level could hold versions [2] (1 checkpoints in a row" in l for l in lines), lines
-    assert all("L1 local write of step 2 failed on all 4 ranks" in l for l in lines), lines
+    assert all("node-local L1 write of step 2 failed on all 4 ranks: L1 local write: " in l for l in lines), lines
     for rank in range(4):
         assert "checkpoint of step 2 failed" in (tmp_path / "run" / "log" / f"rank{rank}.log").read_text()
 

@@ -271,40 +271,143 @@ def test_a_crash_inside_a_copy_to_l4_at_its_own_pace_leaves_nothing_a_restart_lo
     assert final_record(tmp_path / "run")["weights_digest"] == reference
 
 
-NODE_READ_ONLY = ["--inject", "storage-error:level=local:step=30:errno=EROFS:rank=2"]
+# Every write of rank 2 to its node's directory (its shard, the replica and parity it holds,
+# its commit record) fails at step 30, as when that directory turns read-only.
+NODE_READ_ONLY = ["--inject", "storage-error:level=node-local:step=30:errno=EROFS:rank=2"]
+V30 = "v000000000030"
 
 
-def test_a_read_only_node_local_directory_sends_the_version_to_l4(tmp_path, reference):
-    """Rank 2's node-local directory is read-only at step 30 (L4 not due there, and copying at
-    its own pace): the version leaves L1-L3 on every node, goes to L4 from the snapshot, and
-    training goes on; the node-local levels recover at 40. Same weights as the fault-free run."""
+def version_files(run_dir: Path, version: str = V30) -> dict[str, set[str]]:
+    """node -> the names of the files each node-local directory holds of a version."""
+    return {d.parent.parent.name: {f.name for f in d.iterdir()}
+            for d in sorted((run_dir / "local").glob(f"node*/run-*/{version}"))}
+
+
+@pytest.mark.parametrize("errno_name, says", [("EROFS", "Read-only file system"),
+                                              ("ENOSPC", "No space left on device"),
+                                              ("EIO", "Input/output error")])
+def test_a_read_only_node_local_directory_keeps_the_version_on_the_other_nodes(tmp_path, reference, errno_name,
+                                                                               says):
+    """Rank 2's node-local directory is read-only (or full: nothing to drop there, or failing)
+    at step 30 (L4 not due there, copying at its own pace): the version stands on the other
+    nodes, rank 2's shard held by its partner's replica and its group's parity; one warning,
+    naming the rank, and the node-local levels recover at 40. Same weights as the fault-free run."""
     config = job(tmp_path)
     proc = train(tmp_path, config, "--set", "storage.pfs_every=2", "--set", "storage.pfs_async=true",
-                 *NODE_READ_ONLY)
+                 "--inject", f"storage-error:level=node-local:step=30:errno={errno_name}:rank=2")
     assert_ok(proc)
     out = proc.stdout + proc.stderr
-    assert out.count("version 30 is held by L4 pfs; node-local L1 L2 L3 is tried again at its next version "
-                     "due") == 1, out
-    assert "Read-only file system (injected storage-error at step 30 on rank 2)" in out
+    assert out.count("node-local L1 L2 L3 write of step 30 failed on rank(s) [2]") == 1, out
+    assert (f"{says} (injected storage-error at step 30 on rank 2); version 30 is held by node-local "
+            "L1 L2 L3 (the shard of rank(s) [2] by L2 partner and L3 erasure from other nodes)") in out, out
     assert "node-local L1 L2 L3 recovered: version 40 is on it again (it failed from step 30 on)" in out
-    events = [(r["event"], r["step"]) for r in read_metrics(tmp_path / "run") if r.get("event", "").startswith("level_")]
-    assert events == [("level_failing", 30), ("level_recovered", 40)]
-    assert (tmp_path / "run" / "pfs" / "v000000000030" / "manifest.json").is_file()
-    assert {p.name for p in (tmp_path / "run" / "local").glob("node*/run-*/v*")} >= {"v000000000090", "v000000000100"}
-    assert not list((tmp_path / "run" / "local").rglob("v000000000030")), "the withdrawn version's files stay"
+    events = [(r["event"], r["step"], r.get("ranks")) for r in read_metrics(tmp_path / "run")
+              if r.get("event", "").startswith("level_")]
+    assert events == [("level_failing", 30, [2]), ("level_recovered", 40, None)]
+    assert not (tmp_path / "run" / "pfs" / V30).exists()  # L4 was not due: the node-local levels alone hold it
     assert final_record(tmp_path / "run")["weights_digest"] == reference
 
 
-def test_after_a_read_only_node_a_different_node_lost_restarts_from_l4(tmp_path, reference):
-    """Node 1 is lost as version 40 starts (its rank killed, its directory gone), after version
-    30 went to L4 only (rank 2's node-local directory read-only): the restart takes version
-    30 from L4, never a partial node-local copy."""
+def test_after_a_read_only_node_a_different_node_lost_restarts_from_the_redundancy(tmp_path, reference):
+    """Node 1 is lost as version 40 starts (its rank killed, its directory gone), after rank
+    2's node could not take version 30: nodes 0 and 3 hold their shards, rank 1's and rank
+    2's come from a replica and from the group's parity (two members missing, parity 2), and
+    the run ends as the fault-free one did. Nothing of version 30 stays on node 2."""
     config = job(tmp_path)
     crashed = train(tmp_path, config, "--set", "storage.pfs_every=2", *NODE_READ_ONLY,
                     "--inject", "rank-kill:rank=1:step=40:phase=snapshot")
     assert crashed.returncode != 0
+    files = version_files(tmp_path / "run")
+    assert set(files) == {"node0", "node1", "node3"}, files
+    for node in (0, 1, 3):
+        assert {f"commit-r{node:05d}.json", f"shard-r{node:05d}.hck", f"parity-r{node:05d}.hck"} <= files[f"node{node}"]
+    assert not (tmp_path / "run" / "pfs" / V30).exists()
+    # Rank 2 dropped version 10 at step 30 as the others did (keep_local = 2), without a v30 of its own.
+    assert version_files(tmp_path / "run", "v000000000010") == {}
+    inspected = run_mpi(1, ["inspect", "-c", str(config)], cwd=tmp_path)
+    assert re.search(r"\n\s+30 rebuildable ", inspected.stdout), inspected.stdout
     shutil.rmtree(tmp_path / "run" / "local" / "node1")
     resumed = train(tmp_path, config, "--set", "storage.pfs_every=2")
     assert_ok(resumed)
+    assert "restored version 30: 2 rank(s) from L1 local, 1 rank(s) from L2 partner, 1 rank(s) from L3 erasure" \
+        in resumed.stdout, resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_a_node_that_fails_when_only_l1_is_due_sends_the_version_to_l4(tmp_path, reference):
+    """Version 30 is due on L1 alone (L2 and L3 every second checkpoint): nothing else could
+    supply rank 2's shard, so no node keeps the version; it goes to L4 from the snapshot, and
+    a crash at 40 restarts from it there, never from a partial node-local copy."""
+    config = job(tmp_path)
+    every = ["--set", "storage.pfs_every=2", "--set", "resilience.partner_every=2",
+             "--set", "resilience.erasure_every=2"]
+    crashed = train(tmp_path, config, *every, *NODE_READ_ONLY, "--inject", "rank-kill:rank=0:step=40:phase=snapshot")
+    assert crashed.returncode != 0
+    out = crashed.stdout + crashed.stderr
+    assert out.count("version 30 is held by L4 pfs; node-local L1 L2 L3 is tried again at its next version "
+                     "due") == 1, out
+    assert version_files(tmp_path / "run") == {}, "the withdrawn version's files stay"
+    assert (tmp_path / "run" / "pfs" / V30 / "manifest.json").is_file()
+    resumed = train(tmp_path, config, *every)
+    assert_ok(resumed)
     assert "restored version 30: 4 rank(s) from L4 pfs" in resumed.stdout, resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+def test_a_read_only_node_while_l4_copies_at_its_own_pace_gives_l4_the_version_from_memory(tmp_path, reference):
+    """L4 due at every version and copying from L1's files at its own pace: rank 2 has no L1
+    file of version 30, so L4 takes that version from the snapshot, whole and verified, and
+    goes back to its own pace afterwards."""
+    config = job(tmp_path)
+    proc = train(tmp_path, config, "--set", "storage.pfs_async=true", *NODE_READ_ONLY)
+    assert_ok(proc)
+    pfs = tmp_path / "run" / "pfs"
+    assert {f"shard-r{r:05d}.hck" for r in range(4)} <= {f.name for f in (pfs / V30).iterdir()}
+    assert "L4 took 9 of 9 version(s) due at its own pace" in proc.stdout, proc.stdout  # and v30 here
+    verified = run_mpi(1, ["verify", "-c", str(config)], cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert final_record(tmp_path / "run")["weights_digest"] == reference
+
+
+@pytest.fixture
+def full_node_disk(tmp_path):
+    """Node 2's local directory on a 1 MiB tmpfs of its own, the other nodes' on the test's
+    disk: ENOSPC from the kernel on one node only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "local" / "node2"
+    mount_point.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def test_one_full_node_keeps_training_protected_by_the_other_nodes(tmp_path, full_node_disk, reference_run,
+                                                                   reference):
+    """Node 2's own disk has room for two and a half versions of its files, and no L4 holds
+    anything it may drop: at version 30 the kernel's ENOSPC leaves rank 2 without its part,
+    the version stands on the other nodes (rank 2's shard by L2/L3 from them), node 2's
+    retention then drops version 10 as the others do, and version 40 fits again. Node 1 lost
+    as version 40 starts: the restart takes version 30 (ranks 1 and 2 by L2/L3) and ends with
+    the reference weights."""
+    config = job(tmp_path, levels=["local", "partner", "erasure"])
+    local_dir = ["--set", f"storage.local_dir={tmp_path / 'local'}/node{{node}}"]
+    one_version = _pages(next((reference_run / "local").glob("node2/run-*/v000000000090"))) + 4096
+    filler = full_node_disk / "filler"
+    filler.write_bytes(b"\0" * (os.statvfs(full_node_disk).f_bavail * 4096 - int(2.5 * one_version)))
+    crashed = train(tmp_path, config, *local_dir, "--inject", "rank-kill:rank=1:step=40:phase=snapshot")
+    assert crashed.returncode != 0
+    out = crashed.stdout + crashed.stderr
+    assert out.count("node-local L1 L2 L3 write of step 30 failed on rank(s) [2]") == 1, out
+    assert "No space left on device" in out and "the shard of rank(s) [2] by L2 partner and L3 erasure" in out, out
+    assert {p.name for p in full_node_disk.glob("run-*/v*")} == {"v000000000020"}, "node 2 keeps what the others do"
+    assert {p.name for p in (tmp_path / "local").glob("node[013]/run-*/v*")} == {"v000000000020", "v000000000030"}
+    shutil.rmtree(tmp_path / "local" / "node1")
+    resumed = train(tmp_path, config, *local_dir)
+    assert_ok(resumed)
+    assert "restored version 30: 2 rank(s) from L1 local, 1 rank(s) from L2 partner, 1 rank(s) from L3 erasure" \
+        in resumed.stdout, resumed.stdout
     assert final_record(tmp_path / "run")["weights_digest"] == reference

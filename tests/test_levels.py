@@ -160,3 +160,21 @@ def test_files_of_a_level_the_job_no_longer_runs_are_swept_with_their_version(tm
     local.remove_strays(6)
     assert not local.version_dir(4).exists() and not local.version_dir(6).exists()
     assert local.stray_steps() == []
+
+
+def test_redundancy_levels_say_which_missing_ranks_they_still_supply(tmp_path):
+    """A version stands with some ranks' node-local files missing (their node full or
+    read-only) only while L2 or L3 supplies those ranks from the other nodes' files."""
+    from hpcckpt.levels.erasure import ErasureLevel
+    from hpcckpt.levels.partner import PartnerLevel
+
+    partner = PartnerLevel(tmp_path, 0, (1, 2, 3, 0), comm=None)  # rank r's replica on rank r+1
+    assert partner.supplies(frozenset({2})) == {2}
+    assert partner.supplies(frozenset({1, 2})) == {2}  # rank 1's holder is missing too
+    assert partner.supplies(frozenset({0, 1, 2, 3})) == frozenset()
+    assert PartnerLevel(tmp_path, 0, (0,), comm=None).supplies(frozenset({0})) == frozenset()  # one node: no partner
+    groups = ((0, 1, 2, 3), (4, 5, 6, 7))
+    erasure = ErasureLevel(tmp_path, 0, groups[0], group_comm=None, parity=2, groups=groups)
+    assert erasure.supplies(frozenset({1, 2, 5})) == {1, 2, 5}
+    assert erasure.supplies(frozenset({1, 2, 3, 5})) == {5}  # three of a group lost, parity 2
+    assert LocalLevel(tmp_path, 0).supplies(frozenset({0})) == frozenset()

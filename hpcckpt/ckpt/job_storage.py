@@ -156,7 +156,7 @@ class JobStorage:
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
             stack.append(ErasureLevel(self.local_dir, self.rank, members, group_comm, self.redundancy.parity,
-                                      **node_local))
+                                      groups=self.groups, **node_local))
         if "pfs" in self.enabled:
             pfs_spares = SpareFiles(self.pfs_dir, storage.pfs_recycle_files,
                                     lambda kind, writer, _: kind == "shard" and writer < self.world_size)

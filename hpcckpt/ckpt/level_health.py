@@ -22,7 +22,9 @@ class LevelHealth:
         self.unprotected: list[int] = []  # steps in a row that no level holds
         self._lock = threading.Lock()  # L4's own thread reports beside the persist thread
 
-    def failed(self, label: str, step: int, error: Exception, held_by: tuple[str, ...]) -> None:
+    def failed(self, label: str, step: int, error: Exception | str, held_by: tuple[str, ...],
+               ranks: list[int] | None = None) -> None:
+        """`label` could not take version `step` (on `ranks` only, where the others' nodes did)."""
         where = (f"version {step} is held by {', '.join(held_by)}" if held_by
                  else f"no level holds version {step}")
         with self._lock:
@@ -32,7 +34,7 @@ class LevelHealth:
         if first:
             self._say(f"{error}; {where}; {label} is tried again at its next version due and training "
                                  "goes on", {"event": "level_failing", "level": label, "step": step,
-                                             "error": str(error)})
+                                             "error": str(error), **({"ranks": ranks} if ranks else {})})
         elif self.log:
             self.log.info(f"{label} still failing at step {step}: {error}; {where}")
 

@@ -10,9 +10,12 @@ is: a level says whether it is node-local (its files share L1's version director
 record) and whether it is collective. Each stage ends with an agreement (cluster/
 collectives.py), so a failure anywhere stops the version everywhere before its commit.
 When that failure was the storage's (full, read-only, I/O error, gone), the version is kept
-by the levels that work instead (ckpt/level_health.py): the node-local levels fail and
-recover together and hand the version to L4; a level out of space first drops versions
-another level holds and tries once more (ckpt/room.py). Any other failure is raised.
+by the levels that work instead (ckpt/level_health.py): a rank whose node-local directory
+failed keeps nothing of the version there, and the version stands on the other nodes while
+L2/L3 supply that rank's shard from them (Level.supplies; L4, when due, then takes it from
+the snapshot); else the node-local levels hand the whole version to L4. A level out of
+space first drops versions another level holds and tries once more (ckpt/room.py). Any
+other failure is raised.
 
 Threads: background copies on a copier thread, the first node-local write on a writer
 thread, the rest on a persist thread, L4's copies on a thread of their own; all live as long
@@ -40,8 +43,9 @@ from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, v
 from hpcckpt.ckpt.room import RoomMaker, out_of_space
 from hpcckpt.ckpt.worker import Worker
 from hpcckpt.cluster.collectives import (
+    StorageFailure,
     agree,
-    describe_failure,
+    agree_per_rank,
     is_storage_failure,
     quiet_allgather,
     raise_if_any_failed,
@@ -151,6 +155,30 @@ class _BackgroundWrite:
         self.cpu_s = 0.0
 
 
+class _RoomOnce:
+    """Making room for one version (ckpt/room.py), at most once: later calls answer as the
+    first did."""
+
+    def __init__(self, make_room: Callable[[], bool]):
+        self._make_room = make_room
+        self.result: bool | None = None
+
+    @property
+    def tried(self) -> bool:
+        return self.result is not None
+
+    def __call__(self) -> bool:
+        if self.result is None:
+            self.result = bool(self._make_room())
+        return self.result
+
+
+def _note_failures(lacking: dict, failed: dict, where: str) -> None:
+    """A stage's storage failures by rank, the first one of each rank kept, saying where."""
+    for rank, why in failed.items():
+        lacking.setdefault(rank, StorageFailure(f"{where}: {why}"))
+
+
 class SavePipeline:
     """(all ranks) Runs snapshots through the level stack (levels/base.py's LevelStack).
     `make_manifest(snapshot, shard_infos, levels)` builds the commit record; `arrays` are the
@@ -186,6 +214,10 @@ class SavePipeline:
         self.room = RoomMaker(self.rank, self.node_local, self.global_levels, settings.keep_best, log,
                               remove_node_local=self._remove_node_local, prune=self._prune)
         self.health = LevelHealth(settings.max_unprotected, log)
+        # Versions the node-local levels committed while this rank's node could not take its
+        # part: they count toward its node-local retention as on the other ranks, or it would
+        # keep an older version there that no other rank keeps.
+        self.committed_without_me: set[int] = set()
         # L4 at its own pace needs threads and L1's files to copy from; otherwise each version
         # due waits for L4 in the persist.
         self.flush: AsyncFlush | None = None
@@ -340,14 +372,14 @@ class SavePipeline:
         names = tuple(level.name for level in due)
         node_local = [level for level in due if level.node_local]
         global_due = [level for level in due if not level.node_local]
-        node_local_failure = None
+        node_local_failure, lacking = None, {}
         if node_local:
+            room = _RoomOnce(lambda: self.room.on_node_local(self.comm, version, self.node_local_label,
+                                                            self.flush.flushing if self.flush else None))
             try:
-                manifest = self._once_more_after_making_room(
+                manifest, lacking = self._once_more_after_making_room(
                     lambda: self._persist_node_local(snapshot, version, node_local, shard_infos, names, report,
-                                                     started),
-                    lambda: self.room.on_node_local(self.comm, version, self.node_local_label,
-                                                    self.flush.flushing if self.flush else None))
+                                                     started, room), room)
             except CheckpointError as exc:
                 if not is_storage_failure(exc):
                     raise  # memory, a codec, a file in the way: not for degrading
@@ -358,23 +390,35 @@ class SavePipeline:
                 if self.flush is not None:
                     self.flush.wait()  # L4 takes this version here, not beside a copy of its own
                 global_due, node_local = list(self.global_levels), []
-                names = tuple(level.name for level in global_due)
-        held_by = [level.label for level in node_local]
-        if self.flush is not None and node_local:
+        held_by = [self._held_despite(node_local, lacking)] if lacking else [level.label for level in node_local]
+        if self.flush is not None and node_local and not lacking:
             if snapshot.final:
                 self.flush.copy_now(step, manifest, report, started)
             else:
                 self.flush.offer(self.comm, step, manifest, report, started, due=bool(global_due))
         else:
-            manifest = self.make_manifest(snapshot, shard_infos, names) if global_due else None
+            if lacking and self.flush is not None and (global_due or self.flush.owed):
+                # Those ranks have no L1 file for L4 to copy at its own pace: L4 takes this
+                # version here, from the snapshot, after the copy in flight.
+                self.flush.wait()
+                global_due = list(self.global_levels)
+            names_now = tuple(dict.fromkeys((*(level.name for level in node_local),
+                                             *(level.name for level in global_due))))
+            manifest = self.make_manifest(snapshot, shard_infos, names_now) if global_due else None
+            took = False
             for level in global_due:
                 if self._store_global(level, version, manifest, report, started, tuple(held_by), self.comm):
                     held_by.append(level.label)
-            if node_local_failure is not None and self.flush is not None:
-                self.flush.owed = not held_by
+                    took = True
+            if global_due and self.flush is not None:
+                self.flush.owed = not took
                 self._prune_global(step)
         if node_local_failure is not None:
             self.health.failed(self.node_local_label, step, node_local_failure, tuple(held_by))
+        elif lacking:
+            report.failed["node-local"] = self._partial_failure(step, lacking)
+            self.health.failed(self.node_local_label, step, report.failed["node-local"], tuple(held_by),
+                               ranks=sorted(lacking))
         elif self.node_local and node_local:
             self.health.succeeded(self.node_local_label, step)
         self.health.version_held(step, bool(held_by))
@@ -387,15 +431,27 @@ class SavePipeline:
         return "node-local " + " ".join(level.label.split()[0] for level in self.node_local)
 
     def _persist_node_local(self, snapshot: Snapshot, version: VersionImage, levels: list, shard_infos,
-                            names: tuple, report: PersistReport, started: float) -> Manifest:
-        """(all ranks) The node-local levels due store the version and commit it together, or
-        none keeps it (agreed: a failure on any rank withdraws it everywhere)."""
+                            names: tuple, report: PersistReport, started: float, room: "_RoomOnce"):
+        """(all ranks) The node-local levels due store the version and commit it together.
+        Returns (the commit record, {rank: why} of the ranks whose node could not take its
+        part, the same on every rank). A rank whose node failed keeps nothing of the version
+        there and commits nothing; the version stands while the others' redundancy (L2, L3)
+        still supplies those ranks' shards, else none keeps it (agreed: withdrawn everywhere)."""
         step = version.step
         try:
-            self._store_node_local(version, levels, report, started)
+            lacking = self._store_node_local(version, levels, report, started)
+            self._raise_unless_supplied(step, levels, lacking, room)
             manifest = self.make_manifest(snapshot, shard_infos, names)
             self.faults.strike(step, "commit")
-            self._stage(step, "L1-L3 commit", lambda: [level.commit(manifest) for level in levels], phase="commit")
+
+            def commit():
+                if self.rank not in lacking:
+                    self.faults.storage_fault(step, "node-local commit")
+                    for level in levels:
+                        level.commit(manifest)
+            _, failed = agree_per_rank(self.comm, "L1-L3 commit", commit, step=step)
+            _note_failures(lacking, failed, "commit record")
+            self._raise_unless_supplied(step, levels, lacking, room)
         except CheckpointError as exc:
             self._withdraw(step, levels)
             if is_storage_failure(exc):
@@ -404,7 +460,38 @@ class SavePipeline:
                 # no level wrote: it stays for the operator to see.)
                 self._prune("node-local", lambda: self._remove_node_local(step))
             raise
-        return manifest
+        if self.rank in lacking:
+            self._withdraw(step, levels)
+            self._prune("node-local", lambda: self._remove_node_local(step))
+            self.committed_without_me.add(step)
+        return manifest, lacking
+
+    def _raise_unless_supplied(self, step: int, levels: list, lacking: dict, room: "_RoomOnce") -> None:
+        """(all ranks) The version stands with some ranks' node-local parts missing while the
+        redundancy levels due supply those ranks' shards from the others' files, and no level
+        that ran out of space can make room to take it whole; else the node-local store fails,
+        agreed (a storage failure, which degrades, or makes room and tries once more)."""
+        if not lacking:
+            return
+        lost = frozenset(lacking)
+        supplied = frozenset().union(*(level.supplies(lost) for level in levels))
+        failure = CheckpointError(self._partial_failure(step, lacking), lacking)
+        failure.collective = True
+        if lost <= supplied and not (out_of_space(failure) and not room.tried and room()):
+            return
+        raise failure
+
+    def _partial_failure(self, step: int, lacking: dict) -> str:
+        first = lacking[min(lacking)]
+        who = f"rank(s) {sorted(lacking)}" if len(lacking) < self.world_size else f"all {self.world_size} ranks"
+        return f"{self.node_local_label} write of step {step} failed on {who}: {first}"
+
+    def _held_despite(self, levels: list, lacking: dict) -> str:
+        """Where a version stands that some ranks' nodes could not take (for the warning)."""
+        lost = frozenset(lacking)
+        supplying = [level.label for level in levels if level.supplies(lost)]
+        return (f"{self.node_local_label} (the shard of rank(s) {sorted(lost)} by {' and '.join(supplying)} "
+                "from other nodes)")
 
     @staticmethod
     def _once_more_after_making_room(attempt: Callable, make_room: Callable[[], bool]):
@@ -487,24 +574,46 @@ class SavePipeline:
                 self.log.warning(f"cannot remove the partial {level.label} copy of step {step}: "
                                  f"{exc.strerror or exc}; it has no commit record, so no restart loads it")
 
-    def _store_node_local(self, version: VersionImage, levels: list, report: PersistReport, started: float) -> None:
-        """The first node-local level (L1's file) stores on the writer thread while the others
-        send and encode the same bytes; with one write at a time it finishes first."""
+    def _store_node_local(self, version: VersionImage, levels: list, report: PersistReport,
+                          started: float) -> dict:
+        """(all ranks) The first node-local level (L1's file) stores on the writer thread while
+        the others send and encode the same bytes; with one write at a time it finishes first.
+        Returns {rank: why} of the ranks whose node's storage failed in some level (each rank
+        goes on with the others' transfers: they need its bytes); any other failure raises."""
         step = version.step
+        lacking: dict = {}
         first, rest = levels[0], levels[1:]
         report.started_s[first.name] = time.perf_counter() - started
         writing = self._start_background_store(first, version)
         try:
             if self.settings.one_write_at_a_time:
-                self._finish_background_store(first, step, writing, report, started)
+                self._finish_background_store(first, step, writing, report, started, lacking)
             for level in rest:
                 report.started_s[level.name] = time.perf_counter() - started
-                stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name)
-                self._mark(report, step, level.name, started, stored)
+                stored, failed = self._store_per_rank(step, level, version)
+                _note_failures(lacking, failed, level.stage_label)
+                if self.rank not in failed:
+                    self._mark(report, step, level.name, started, stored)
             if not self.settings.one_write_at_a_time:
-                self._finish_background_store(first, step, writing, report, started)
+                self._finish_background_store(first, step, writing, report, started, lacking)
         finally:
             writing.done.wait()  # never leave while the writer still reads the snapshot
+        return lacking
+
+    def _store_per_rank(self, step: int, level, version: VersionImage) -> tuple[int | None, dict]:
+        """(all ranks) One node-local level's store, its storage failures by rank. An injected
+        fault of a collective level strikes after its transfers, where it writes its file,
+        as a full or read-only directory would: its peers never wait for it."""
+        self.faults.strike(step, level.name)
+
+        def store():
+            if not level.collective:
+                self.faults.storage_fault(step, level.name)
+            stored = level.store(version)
+            if level.collective:
+                self.faults.storage_fault(step, level.name)
+            return stored
+        return agree_per_rank(self.comm, level.stage_label, store, step=step)
 
     def _start_background_store(self, level, version: VersionImage) -> _BackgroundWrite:
         self.faults.strike(version.step, level.name)
@@ -516,7 +625,7 @@ class SavePipeline:
                 self.faults.storage_fault(version.step, level.name)
                 writing.stored = level.store(version)
             except Exception as exc:  # agreed by every rank like any stage's error, never lost
-                writing.error = describe_failure(exc)
+                writing.error = exc
             finally:
                 writing.finished_at = time.perf_counter()
                 writing.cpu_s = time.thread_time() - cpu_started
@@ -526,12 +635,18 @@ class SavePipeline:
         return writing
 
     def _finish_background_store(self, level, step: int, writing: _BackgroundWrite, report: PersistReport,
-                                 started: float) -> None:
+                                 started: float, lacking: dict) -> None:
         """(all ranks) Wait for the writer thread's store and agree on it."""
         writing.done.wait()
         report.cpu_s["l1_write"] = writing.cpu_s
-        raise_if_any_failed(self.comm, level.stage_label, writing.error, step=step)
-        self._mark(report, step, level.name, started, writing.stored, finished=writing.finished_at)
+
+        def outcome():
+            if writing.error is not None:
+                raise writing.error
+        _, failed = agree_per_rank(self.comm, level.stage_label, outcome, step=step)
+        _note_failures(lacking, failed, level.stage_label)
+        if self.rank not in failed:
+            self._mark(report, step, level.name, started, writing.stored, finished=writing.finished_at)
 
     def _stage(self, step: int, label: str, action, phase: str, comm=None):
         """(all ranks) One stage of the persist; a failure on any rank fails it on all."""
@@ -576,9 +691,11 @@ class SavePipeline:
                 # Every node-local level's uncommitted files, and those of levels this job does
                 # not run, in one scan of the directory.
                 steps = self._deletable(first, self.settings.keep["node_local"], newest, set(first.stray_steps()),
-                                        pin_redundant=True, pinned={self.flush.flushing} if self.flush else ())
+                                        pin_redundant=True, pinned={self.flush.flushing} if self.flush else (),
+                                        also_committed=self.committed_without_me)
                 for step in steps:
                     self._remove_node_local(step)
+                    self.committed_without_me.discard(step)
             self._prune("node-local", prune_node_local)
         if self.flush is None:  # else L4's thread prunes after each copy: it alone writes there
             self._prune_global(newest)
@@ -601,15 +718,15 @@ class SavePipeline:
                                  "checkpoint's retention")
 
     def _deletable(self, level, keep: int, newest: int, leftovers: set[int] | None = None,
-                   pin_redundant: bool = False, pinned=()) -> list[int]:
-        committed = level.committed_steps()
+                   pin_redundant: bool = False, pinned=(), also_committed=()) -> list[int]:
+        committed = sorted(set(level.committed_steps()) | set(also_committed))
         manifests: dict[int, Manifest | None] = {}
 
         def manifest(step: int) -> Manifest | None:  # each commit record read once per retention
             if step not in manifests:
                 try:
                     manifests[step] = level.manifest(step)
-                except HpcckptError:
+                except (HpcckptError, OSError):  # OSError: none here (committed_without_me)
                     manifests[step] = None
             return manifests[step]
 

@@ -10,6 +10,8 @@ carrying the failures by rank; `on_root(comm, label, fn)` runs fn on one rank an
 result, or its error, to all. A rank that only saw another rank fail reports a typed
 PeerFailure, and the rank with its own error is the one named. Sizes per call: one
 allreduce of an int on the happy path; O(ranks) small messages gathered when something failed.
+`agree_per_rank` is the same agreement for stages that degrade rank by rank: storage failures
+come back as data, by rank, and only other failures raise.
 """
 
 from __future__ import annotations
@@ -106,6 +108,11 @@ def raise_if_any_failed(comm, label: str, failure: str | PeerFailure | None, *, 
     if not quiet_any(comm, failure is not None):
         return
     failures = {rank: f for rank, f in enumerate(quiet_allgather(comm, failure)) if f is not None}
+    _raise_agreed(comm, label, failures, step, error_type)
+
+
+def _raise_agreed(comm, label: str, failures: dict, step: int | None, error_type: type) -> None:
+    """The same exception on every rank for the gathered `failures` (rank -> its report)."""
     # Ranks that only saw a peer fail are named when no rank has its own error to tell.
     own = {rank: f for rank, f in failures.items() if not isinstance(f, PeerFailure)}
     failures = own or {rank: f.message for rank, f in failures.items()}
@@ -139,6 +146,30 @@ def agree(comm, label: str, fn: Callable[[], T], *, step: int | None = None,
         failure = describe_failure(exc)
     raise_if_any_failed(comm, label, failure, step=step, error_type=error_type)
     return result
+
+
+def agree_per_rank(comm, label: str, fn: Callable[[], T], *, step: int | None = None) -> tuple[T | None, dict]:
+    """(all ranks of comm) Like agree, for a stage whose storage may fail on some ranks while
+    the others' work stands (a node-local level: each rank writes its own node's files):
+    returns (fn's result here, or None where it failed; {rank: StorageFailure} of the ranks
+    whose own storage failed, the same on every rank). Any other failure, or a rank that
+    only saw a peer fail (a collective transfer that never happened), raises on every rank as
+    agree does. One allreduce round when no rank failed, as agree."""
+    failure, result = None, None
+    try:
+        result = fn()
+    except HpcckptError as exc:
+        if getattr(exc, "agreed_on", None) is comm:
+            raise
+        failure = describe_failure(exc)
+    except Exception as exc:
+        failure = describe_failure(exc)
+    if not quiet_any(comm, failure is not None):
+        return result, {}
+    failures = {rank: f for rank, f in enumerate(quiet_allgather(comm, failure)) if f is not None}
+    if not all(isinstance(f, StorageFailure) for f in failures.values()):
+        _raise_agreed(comm, label, failures, step, CheckpointError)
+    return result, failures
 
 
 def agree_before_exchange(comm, failure: BaseException | None, label: str) -> None:

@@ -14,6 +14,8 @@ Every level answers the same questions, and one conformance suite holds all four
                        reading it (L1, L4), fetching it from a peer (L2) or rebuilding it
                        from the group's survivors (L3); collective where `collective`
     remove(step)       delete this rank's files of a version; a level owns its files only
+    supplies(lost)     (node-local levels) of the ranks whose node-local files of a version
+                       are gone, those it still supplies from the others' (L2, L3)
 
 A level never imports another level, nor anything above levels/: the engine composes them.
 """
@@ -200,6 +202,11 @@ class NodeLocalFiles:
 
     def own_files(self, step: int) -> list[Path]:
         raise NotImplementedError
+
+    def supplies(self, lost: frozenset[int]) -> frozenset[int]:
+        """Of the ranks whose node-local files of a version are gone, those this level still
+        supplies from the other ranks' files (a redundancy level); L1 supplies none."""
+        return frozenset()
 
     def has_own_files(self, step: int) -> bool:
         return any(p.is_file() for p in self.own_files(step))

@@ -42,10 +42,11 @@ class ErasureLevel(NodeLocalFiles):
 
     def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
                  direct_io: bool = False, spares: SpareFiles | None = None, file_mode: int = 0o666,
-                 bandwidth_mb: float = 0.0):
+                 bandwidth_mb: float = 0.0, groups: tuple[tuple[int, ...], ...] | None = None):
         super().__init__(root, rank, spares, file_mode, bandwidth_mb)
         self.direct_io = direct_io  # write parity files with O_DIRECT (io/direct_io.py)
         self.members = tuple(members)
+        self.groups = tuple(tuple(g) for g in groups) if groups else (self.members,)  # every group of the job
         self.me = self.members.index(rank)
         self.comm = group_comm  # ranks ordered as `members`
         self.n = len(self.members)
@@ -68,6 +69,13 @@ class ErasureLevel(NodeLocalFiles):
         """Steps whose parity pieces this member holds, cut for this group: with p-1 other
         members' pieces, any member's shard can be rebuilt."""
         return {step: frozenset(self.members) for step in self.committed_steps() if self.has_parity(step)}
+
+    def supplies(self, lost: frozenset[int]) -> frozenset[int]:
+        """Of the ranks whose node-local files of a version are gone (shard and parity), those
+        their groups rebuild from the others': every lost member of a group that lost at
+        most `parity`."""
+        return frozenset(rank for group in self.groups if len(lost & set(group)) <= self.p
+                         for rank in lost & set(group))
 
     def store(self, version: VersionImage) -> int:
         """(group) This version's parity pieces."""

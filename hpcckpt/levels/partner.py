@@ -53,6 +53,11 @@ class PartnerLevel(NodeLocalFiles):
     def holdings(self) -> dict[int, frozenset[int]]:
         return {step: frozenset(self.held(step)) for step in self.committed_steps()}
 
+    def supplies(self, lost: frozenset[int]) -> frozenset[int]:
+        """Of the ranks whose node-local files of a version are gone (their shard and the
+        replicas they hold), those whose partner still holds their replica."""
+        return frozenset(rank for rank in lost if self.partner_of[rank] not in lost and self.partner_of[rank] != rank)
+
     def store(self, version: VersionImage) -> int:
         """(all ranks) This version's replicas: every rank's bytes travel to its partner."""
         started = time.perf_counter()
