@@ -312,3 +312,65 @@ def test_copy_strided_equals_copyto_for_transposed_views(shape):
     back = np.empty(shape, np.float32)
     copy_strided(back, np.moveaxis(out, 0, 1))
     assert np.array_equal(back, source)
+
+
+def _bounds_before_27(specs, world_size, threshold):
+    """plan_layout as it listed bounds per rank before layouts became rules (format 1)."""
+    from hpcckpt.format.layout import _even_bounds, _split_axis
+
+    out, load, whole = [None] * len(specs), [0] * world_size, []
+    for index, spec in enumerate(specs):
+        if spec.shape and spec.nbytes >= threshold:
+            axis = _split_axis(spec.shape)
+            bounds = _even_bounds(spec.shape[axis], world_size)
+            out[index] = (axis, bounds)
+            row = spec.nbytes // spec.shape[axis] if spec.shape[axis] else 0
+            for rank, (start, stop) in enumerate(bounds):
+                load[rank] += (stop - start) * row
+        else:
+            whole.append(index)
+    for index in sorted(whole, key=lambda i: (-specs[i].nbytes, i)):
+        spec = specs[index]
+        owner = min(range(world_size), key=lambda rank: (load[rank], rank))
+        axis = _split_axis(spec.shape)
+        dim = spec.shape[axis] if spec.shape else 1
+        out[index] = (axis, tuple((0, dim) if rank == owner else (0, 0) for rank in range(world_size)))
+        load[owner] += spec.nbytes
+    return out
+
+
+def test_layout_rules_plan_and_read_back_what_format_1_listed():
+    """The rule-based plan gives every rank the rows the bounds-listing plan gave it, and a
+    format-1 record of it reads back as an equal layout (a restart compares the two)."""
+    rng = np.random.default_rng(27)
+    for world_size in (1, 2, 3, 5, 8, 13):
+        for _ in range(20):
+            specs = [TensorSpec(f"t{i}", rng.choice(["float32", "int8", "float64"]),
+                                tuple(int(d) for d in rng.integers(0, 9, size=rng.integers(0, 4))))
+                     for i in range(int(rng.integers(1, 12)))]
+            threshold = int(rng.choice([0, 1, 16, 64, 1 << 20]))
+            layout = plan_layout(specs, world_size, split_threshold_bytes=threshold)
+            before = _bounds_before_27(specs, world_size, threshold)
+            assert [(t.axis, t.bounds) for t in layout.tensors] == before
+            format_1 = {"format": 1, "world_size": world_size, "tensors": [
+                {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "axis": axis, "bounds": [list(b) for b in bounds]}
+                for s, (axis, bounds) in zip(specs, before)]}
+            assert Layout.from_dict(format_1) == layout
+            assert Layout.from_json(layout.to_json()) == layout
+            for t in layout.tensors:
+                for start in range(t.dim + 1):
+                    for stop in range(start + 1, t.dim + 1):
+                        brute = [r for r, (s, e) in enumerate(t.bounds) if e > s and s < stop and e > start]
+                        assert list(t.holders(start, stop)) == brute, (t, start, stop)
+
+
+def test_a_layout_record_does_not_grow_with_the_rank_count():
+    specs = [TensorSpec(f"block{i}.w", "float32", (4096, 1024)) for i in range(20)] + \
+        [TensorSpec(f"block{i}.b", "float32", (1024,)) for i in range(20)]
+    small, large = plan_layout(specs, 64).to_json(), plan_layout(specs, 16384).to_json()
+    assert len(large) <= len(small) + 20 * 4  # owners' digits only
+    explicit = {"format": 1, "world_size": 3, "tensors": [
+        {"name": "w", "dtype": "float32", "shape": [6], "axis": 0, "bounds": [[0, 1], [1, 5], [5, 6]]}]}
+    odd = Layout.from_dict(explicit)  # bounds no rule makes are kept as they are
+    assert odd.tensor("w").cut == "explicit" and odd.tensor("w").bounds == ((0, 1), (1, 5), (5, 6))
+    assert Layout.from_json(odd.to_json()) == odd

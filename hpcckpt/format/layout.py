@@ -14,21 +14,29 @@ Conventions every other module relies on:
   number of ranks read exactly the bytes it needs (see `read_requests`).
 - Tensors smaller than the split threshold are not cut: one rank holds all of it. They are
   described the same way, with bounds (0, dim) on the owner and (0, 0) everywhere else.
+- A cut is kept as its rule (even over the world size, or whole on one owner), not as a
+  list of bounds per rank: a layout's size and the time to plan, store and read it do not
+  grow with the rank count (#27); `bounds` expands it where a caller wants them all.
 - A 0-d tensor is handled as a tensor of logical shape (1,) cut along axis 0.
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from hpcckpt.errors import ConfigError, FormatError, IncompatibleCheckpointError
 
-LAYOUT_FORMAT = 1
+# 2: each tensor's cut as its rule (an even cut over the world size, or whole on one owner),
+# expanded on demand; 1: bounds listed for every (tensor, rank) pair, still read.
+LAYOUT_FORMAT = 2
+READABLE_LAYOUT_FORMATS = (1, 2)
 
 
 def _canonical_dtype(dtype: Any) -> str:
@@ -88,23 +96,79 @@ def _split_axis(shape: tuple[int, ...]) -> int:
 
 
 def _even_bounds(dim: int, world_size: int) -> tuple[tuple[int, int], ...]:
+    return tuple(_even_bound(dim, world_size, rank) for rank in range(world_size))
+
+
+def _even_bound(dim: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank's (start, stop) in an even cut of `dim` rows: the first dim % world_size ranks
+    take one row more."""
     base, extra = divmod(dim, world_size)
-    bounds = []
-    start = 0
-    for rank in range(world_size):
-        stop = start + base + (1 if rank < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return tuple(bounds)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
-@dataclass(frozen=True)
+def _even_ranks_overlapping(dim: int, world_size: int, start: int, stop: int) -> range:
+    """The ranks whose rows of an even cut of `dim` overlap [start, stop)."""
+    if stop <= start:
+        return range(0)
+    base, extra = divmod(dim, world_size)
+
+    def rank_of_row(row: int) -> int:
+        wide = extra * (base + 1)  # rows held by the ranks with one row more
+        if row < wide:
+            return row // (base + 1)
+        return extra + (row - wide) // base if base else world_size - 1
+    return range(rank_of_row(start), rank_of_row(stop - 1) + 1)
+
+
 class TensorLayout:
-    """How one tensor is spread over ranks: bounds[r] = (start, stop) along `axis`."""
+    """How one tensor is spread over ranks along `axis`: an even cut over `world_size` ranks,
+    whole on `owner`, or (read from elsewhere) explicit `bounds`. bounds_of(r) and rows(r)
+    answer for one rank without expanding the rule; `bounds` lists them all."""
 
-    spec: TensorSpec
-    axis: int
-    bounds: tuple[tuple[int, int], ...]
+    __slots__ = ("spec", "axis", "world_size", "owner", "_explicit")
+
+    def __init__(self, spec: TensorSpec, axis: int, bounds: Sequence[Sequence[int]] | None = None, *,
+                 world_size: int | None = None, owner: int | None = None):
+        self.spec = spec
+        self.axis = int(axis)
+        self.owner: int | None = None
+        self._explicit: tuple[tuple[int, int], ...] | None = None
+        if bounds is None:
+            if world_size is None:
+                raise ValueError("a TensorLayout needs bounds or a world size")
+            self.world_size = int(world_size)
+            # One canonical rule per set of bounds (an owner of nothing, or of the only rank,
+            # is an even cut), so equal layouts compare equal however they were made or read.
+            if owner is not None and self.dim > 0 and self.world_size > 1:
+                self.owner = int(owner)
+            return
+        bounds = tuple((int(start), int(stop)) for start, stop in bounds)
+        self.world_size = len(bounds)
+        dim = self.logical_shape[self.axis] if 0 <= self.axis < len(self.logical_shape) else None
+        # Bounds that follow a rule are kept as the rule: equal layouts compare equal however made.
+        if dim is not None and bounds == _even_bounds(dim, len(bounds)):
+            return
+        held = [rank for rank, (start, stop) in enumerate(bounds) if stop > start]
+        if dim is not None and len(held) == 1 and bounds[held[0]] == (0, dim) and \
+                all(b == (0, 0) for r, b in enumerate(bounds) if r != held[0]):
+            self.owner = held[0]
+            return
+        self._explicit = bounds
+
+    def _key(self):
+        return (self.spec, self.axis, self.world_size, self.owner, self._explicit)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TensorLayout) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        cut = (f"bounds={self._explicit}" if self._explicit is not None
+               else f"owner={self.owner}" if self.owner is not None else "even")
+        return f"TensorLayout({self.spec!r}, axis={self.axis}, world_size={self.world_size}, {cut})"
 
     @property
     def name(self) -> str:
@@ -116,6 +180,43 @@ class TensorLayout:
         return self.spec.shape if self.spec.shape else (1,)
 
     @property
+    def dim(self) -> int:
+        """Rows along the cut axis."""
+        return self.logical_shape[self.axis]
+
+    @property
+    def cut(self) -> str:
+        """"even", "whole" (on `owner`) or "explicit"."""
+        return "explicit" if self._explicit is not None else "whole" if self.owner is not None else "even"
+
+    def bounds_of(self, rank: int) -> tuple[int, int]:
+        if self._explicit is not None:
+            return self._explicit[rank]
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"rank {rank} out of range for world size {self.world_size}")
+        if self.owner is not None:
+            return (0, self.dim) if rank == self.owner else (0, 0)
+        return _even_bound(self.dim, self.world_size, rank)
+
+    @property
+    def bounds(self) -> tuple[tuple[int, int], ...]:
+        """Every rank's (start, stop): O(world size), for callers that want them all."""
+        if self._explicit is not None:
+            return self._explicit
+        return tuple(self.bounds_of(rank) for rank in range(self.world_size))
+
+    def holders(self, start: int = 0, stop: int | None = None) -> Iterator[int]:
+        """The ranks holding rows of [start, stop) (default: all rows), in rank order, found
+        without walking every rank where the rule allows."""
+        stop = self.dim if stop is None else stop
+        if self._explicit is not None:
+            return (rank for rank, (s, e) in enumerate(self._explicit) if e > s and s < stop and e > start)
+        if self.owner is not None:
+            return iter((self.owner,) if stop > start and self.dim > 0 else ())
+        return (rank for rank in _even_ranks_overlapping(self.dim, self.world_size, start, stop)
+                if self.rows(rank) > 0)
+
+    @property
     def row_bytes(self) -> int:
         """Bytes of one index along the cut axis; a piece's rows are this size each."""
         shape = self.logical_shape
@@ -123,10 +224,12 @@ class TensorLayout:
 
     @property
     def is_split(self) -> bool:
-        return sum(1 for start, stop in self.bounds if stop > start) > 1
+        if self._explicit is not None:
+            return sum(1 for start, stop in self._explicit if stop > start) > 1
+        return self.owner is None and min(self.dim, self.world_size) > 1
 
     def rows(self, rank: int) -> int:
-        start, stop = self.bounds[rank]
+        start, stop = self.bounds_of(rank)
         return stop - start
 
     def piece_shape(self, rank: int) -> tuple[int, ...]:
@@ -136,6 +239,22 @@ class TensorLayout:
 
     def piece_nbytes(self, rank: int) -> int:
         return self.rows(rank) * self.row_bytes
+
+    def to_dict(self) -> dict:
+        entry = {"name": self.name, "dtype": self.spec.dtype, "shape": list(self.spec.shape), "axis": self.axis}
+        if self._explicit is not None:
+            entry["bounds"] = [list(b) for b in self._explicit]
+        elif self.owner is not None:
+            entry["owner"] = self.owner
+        return entry
+
+    @classmethod
+    def from_dict(cls, entry: Mapping, world_size: int, layout_format: int) -> "TensorLayout":
+        spec = TensorSpec(str(entry["name"]), str(entry["dtype"]), tuple(entry["shape"]))
+        if layout_format == 1 or "bounds" in entry:
+            return cls(spec, int(entry["axis"]), entry["bounds"])
+        owner = entry.get("owner")
+        return cls(spec, int(entry["axis"]), world_size=world_size, owner=None if owner is None else int(owner))
 
 
 @dataclass(frozen=True)
@@ -151,11 +270,15 @@ class Layout:
             duplicates = sorted({n for n in names if names.count(n) > 1})
             raise ConfigError(f"tensor names must be unique; repeated: {duplicates}")
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, TensorLayout]:
+        return {t.name: t for t in self.tensors}
+
     def tensor(self, name: str) -> TensorLayout:
-        for tensor_layout in self.tensors:
-            if tensor_layout.name == name:
-                return tensor_layout
-        raise KeyError(f"no tensor named {name!r} in this layout")
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in this layout") from None
 
     def piece_shape(self, name: str, rank: int) -> tuple[int, ...]:
         return self.tensor(name).piece_shape(self._check_rank(rank))
@@ -200,34 +323,19 @@ class Layout:
         return problems
 
     def to_dict(self) -> dict:
-        return {
-            "format": LAYOUT_FORMAT,
-            "world_size": self.world_size,
-            "tensors": [
-                {
-                    "name": t.name,
-                    "dtype": t.spec.dtype,
-                    "shape": list(t.spec.shape),
-                    "axis": t.axis,
-                    "bounds": [list(b) for b in t.bounds],
-                }
-                for t in self.tensors
-            ],
-        }
+        return {"format": LAYOUT_FORMAT, "world_size": self.world_size,
+                "tensors": [t.to_dict() for t in self.tensors]}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Layout":
         try:
-            if data["format"] != LAYOUT_FORMAT:
-                raise FormatError(f"layout format {data['format']!r} is not supported "
-                                  f"(supported: {LAYOUT_FORMAT})")
+            layout_format = data["format"]
+            if layout_format not in READABLE_LAYOUT_FORMATS:
+                raise FormatError(f"layout format {layout_format!r} is not supported "
+                                  f"(supported: {', '.join(map(str, READABLE_LAYOUT_FORMATS))})")
             world_size = int(data["world_size"])
-            tensors = []
-            for entry in data["tensors"]:
-                spec = TensorSpec(str(entry["name"]), str(entry["dtype"]), tuple(entry["shape"]))
-                bounds = tuple((int(start), int(stop)) for start, stop in entry["bounds"])
-                tensors.append(TensorLayout(spec, int(entry["axis"]), bounds))
-            layout = cls(world_size, tuple(tensors))
+            tensors = tuple(TensorLayout.from_dict(entry, world_size, layout_format) for entry in data["tensors"])
+            layout = cls(world_size, tensors)
         except FormatError:
             raise
         except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError
@@ -247,16 +355,22 @@ class Layout:
         return cls.from_dict(data)
 
     def _validate(self) -> None:
-        """Reject a decoded layout whose pieces do not tile their tensors exactly."""
+        """Reject a decoded layout whose pieces do not tile their tensors exactly (a rule
+        tiles by construction; explicit bounds are checked)."""
         if self.world_size < 1:
             raise FormatError(f"layout world size {self.world_size} must be at least 1")
         for t in self.tensors:
             shape = t.logical_shape
             if not 0 <= t.axis < len(shape):
                 raise FormatError(f"layout of {t.name!r}: axis {t.axis} out of range for shape {shape}")
-            if len(t.bounds) != self.world_size:
-                raise FormatError(f"layout of {t.name!r}: {len(t.bounds)} bounds for "
+            if t.world_size != self.world_size:
+                raise FormatError(f"layout of {t.name!r}: {t.world_size} bounds for "
                                   f"{self.world_size} ranks")
+            if t.owner is not None and not 0 <= t.owner < self.world_size:
+                raise FormatError(f"layout of {t.name!r}: owner {t.owner} out of range for "
+                                  f"{self.world_size} ranks")
+            if t.cut != "explicit":
+                continue
             covered = sorted(b for b in t.bounds if b[1] > b[0])
             position = 0
             for start, stop in covered:
@@ -286,26 +400,33 @@ def plan_layout(specs: Sequence[TensorSpec], world_size: int,
         raise ConfigError(f"split threshold {split_threshold_bytes} must not be negative")
 
     layouts: list[TensorLayout | None] = [None] * len(specs)
-    load = [0] * world_size
+    # Bytes per rank of the cut tensors, as a difference array: an even cut gives every rank
+    # `base` rows and the first `extra` ranks one more, so each tensor costs O(1), not O(ranks).
+    base_load = 0
+    more = [0] * (world_size + 1)
     whole: list[int] = []
     for index, spec in enumerate(specs):
         if spec.shape and spec.nbytes >= split_threshold_bytes:
-            axis = _split_axis(spec.shape)
-            tensor_layout = TensorLayout(spec, axis, _even_bounds(spec.shape[axis], world_size))
+            tensor_layout = TensorLayout(spec, _split_axis(spec.shape), world_size=world_size)
             layouts[index] = tensor_layout
-            for rank in range(world_size):
-                load[rank] += tensor_layout.piece_nbytes(rank)
+            base, extra = divmod(tensor_layout.dim, world_size)
+            base_load += base * tensor_layout.row_bytes
+            more[0] += tensor_layout.row_bytes if extra else 0
+            more[extra] -= tensor_layout.row_bytes if extra else 0
         else:
             whole.append(index)
 
+    # The least loaded rank (lowest on ties) takes the next small tensor: a heap of (load, rank).
+    loads, running = [], 0
+    for rank in range(world_size):
+        running += more[rank]
+        loads.append((base_load + running, rank))
+    heapq.heapify(loads)
     for index in sorted(whole, key=lambda i: (-specs[i].nbytes, i)):
         spec = specs[index]
-        owner = min(range(world_size), key=lambda rank: (load[rank], rank))
-        axis = _split_axis(spec.shape)
-        dim = spec.shape[axis] if spec.shape else 1
-        bounds = tuple((0, dim) if rank == owner else (0, 0) for rank in range(world_size))
-        layouts[index] = TensorLayout(spec, axis, bounds)
-        load[owner] += spec.nbytes
+        load, owner = heapq.heappop(loads)
+        layouts[index] = TensorLayout(spec, _split_axis(spec.shape), world_size=world_size, owner=owner)
+        heapq.heappush(loads, (load + spec.nbytes, owner))
 
     return Layout(world_size, tuple(layouts))
 
@@ -317,7 +438,7 @@ def piece_view_slices(tensor_layout: TensorLayout, rank: int) -> tuple[slice, ..
     0-d tensors), so a CuPy caller can do: `xp.ascontiguousarray(xp.moveaxis(
     a.reshape(tl.logical_shape)[slices], tl.axis, 0))`.
     """
-    start, stop = tensor_layout.bounds[rank]
+    start, stop = tensor_layout.bounds_of(rank)
     index = [slice(None)] * len(tensor_layout.logical_shape)
     index[tensor_layout.axis] = slice(start, stop)
     return tuple(index)
@@ -403,11 +524,11 @@ def read_requests(old: Layout, new: Layout, new_rank: int) -> list[ReadRequest]:
     requests = []
     for new_tl in new.rank_pieces(new_rank):
         old_tl = old.tensor(new_tl.name)
-        new_start, new_stop = new_tl.bounds[new_rank]
-        for old_rank, (old_start, old_stop) in enumerate(old_tl.bounds):
-            if old_stop <= old_start:
-                continue
-            if old_tl.axis != new_tl.axis:
+        new_start, new_stop = new_tl.bounds_of(new_rank)
+        same_axis = old_tl.axis == new_tl.axis
+        for old_rank in old_tl.holders(new_start, new_stop) if same_axis else old_tl.holders():
+            old_start, old_stop = old_tl.bounds_of(old_rank)
+            if not same_axis:
                 requests.append(ReadRequest(new_tl.name, old_rank, 0, old_tl.piece_nbytes(old_rank),
                                             0, new_stop - new_start, reslice=True))
                 continue
@@ -447,8 +568,8 @@ def place_read(new_piece: np.ndarray, request: ReadRequest, data, old: Layout, n
     old_piece = values.reshape(old_tl.piece_shape(request.old_rank))
     old_global = np.moveaxis(old_piece, 0, old_tl.axis)
     new_global = np.moveaxis(new_piece, 0, new_tl.axis)
-    old_start, old_stop = old_tl.bounds[request.old_rank]
-    new_start, new_stop = new_tl.bounds[new_rank]
+    old_start, old_stop = old_tl.bounds_of(request.old_rank)
+    new_start, new_stop = new_tl.bounds_of(new_rank)
     source = [slice(None)] * len(logical)
     target = [slice(None)] * len(logical)
     source[new_tl.axis] = slice(new_start, new_stop)      # old piece spans all of new_axis
