@@ -408,7 +408,24 @@ def _shared_manifest(ctx, step: int, mine: Holdings) -> Manifest | None:
         return None
     root = have.index(True)
     data = ctx.comm.bcast(manifest.to_bytes() if ctx.rank == root else None, root=root)
-    return manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
+    shared = manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
+    return _whole_table(ctx, shared, manifest)
+
+
+def _whole_table(ctx, shared: Manifest, mine: Manifest | None) -> Manifest:
+    """(all ranks) The version's record with every shard listed that some rank's copy lists:
+    node-local copies list their node's part (Manifest.for_rank). Rank 0 gathers what each
+    rank read (O(group) records each) and hands the merged table to all, as one record was
+    before. Every shard a node-local level can deliver is listed by a surviving copy: its own
+    rank's, its replica holder's or its group's."""
+    if quiet_allgather(ctx.comm, shared.lists_every_shard) == [True] * ctx.world_size:
+        return shared
+    records = mine.shards if mine is not None and mine.identity == shared.identity else ()
+    gathered = ctx.comm.gather(records, root=0)
+    table = None
+    if ctx.rank == 0:
+        table = shared.with_shards(record for part in gathered for record in part).shards
+    return shared.with_shards(ctx.comm.bcast(table, root=0))
 
 
 def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) -> RestoreResult | None:
@@ -504,7 +521,7 @@ def _from_redundancy(ctx, manifest: Manifest, everyone: list[Holdings], needy: s
     holders send replicas, groups rebuild from survivors; what a needy rank gets becomes its
     L1 copy again and is verified there. Returns (pieces, source, the ranks still needy)."""
     step = manifest.step
-    sizes = tuple(record.size for record in manifest.shards)
+    sizes = manifest.shard_sizes()
     lacking = frozenset(_lacking_node_local_pieces(ctx, everyone, step))
     for level in ctx.levels:
         if not (needy and level.collective):
@@ -610,7 +627,7 @@ def _reprotect(ctx, manifest: Manifest) -> None:
     restored either way, so a failure here is a warning: the next checkpoint protects the run."""
     step = manifest.step
     shard = _LazyShard(ctx, step)  # read only by ranks that have something to send
-    sizes = [record.size for record in manifest.shards]
+    sizes = list(manifest.shard_sizes())
     stages = []
     if ctx.partner is not None and "partner" in manifest.levels:
         stages.append(("L2 partner copy", lambda: ctx.partner.protect(step, shard, only_missing=True)))

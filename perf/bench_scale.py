@@ -3,10 +3,12 @@ for large rank counts without launching them. For a model of --tensors tensors (
 blocks of 12 weights, each with one optimizer slot), per rank count:
 
   plan_s       plan_layout(): which rank stores which piece of which tensor
-  record_mib   one commit record as each rank writes it (Manifest.to_bytes())
-  job_gib      every rank's node-local copy plus L4's one, per version
-  write_s      Manifest.to_bytes() on one rank
-  parse_s      Manifest.from_bytes() on one rank (each restart, inspect, retention)
+  record_mib   one rank's node-local commit record (Manifest.for_rank(rank).to_bytes()),
+               the largest of ranks 0, one in the middle and the last
+  job_gib      every rank's node-local record plus L4's one, per version
+  write_s      for_rank() and to_bytes() of one node-local record
+  parse_s      Manifest.from_bytes() of one node-local record (each restart, inspect, retention)
+  l4_mib       L4's one record of the version (every shard listed)
 
 Medians of --repeats runs (1 for rows above 1,024 ranks: they take seconds each). No MPI,
 no files: the sizes and times are those of the functions the engine calls.
@@ -22,8 +24,10 @@ import gc
 import time
 
 from harness import median, write_json
+
+from hpcckpt.cluster.topology import Topology
 from hpcckpt.format.layout import TensorSpec, plan_layout
-from hpcckpt.format.manifest import Manifest, ShardRecord
+from hpcckpt.format.manifest import Manifest, ShardRecord, shard_digest, version_id_of
 
 HIDDEN = 1024
 RANKS_PER_NODE = 4
@@ -55,23 +59,27 @@ def one_version(specs: list[TensorSpec], ranks: int) -> dict:
     shards = tuple(ShardRecord(rank, layout.bytes_of_rank(rank) + 4096,
                                {piece.name: digest for piece in layout.rank_pieces(rank)})
                    for rank in range(ranks))
-    nodes = ranks // RANKS_PER_NODE or 1
+    node_of_rank = tuple(rank // RANKS_PER_NODE for rank in range(ranks))
+    topology = Topology(node_of_rank)  # the engine's partners and groups for this placement
     manifest = Manifest(
         step=1000, world_size=ranks, layout=layout, shards=shards, state={"step": 1000, "epoch": 3},
-        metrics={"val_loss": 0.1}, node_of_rank=tuple(rank // RANKS_PER_NODE for rank in range(ranks)),
-        local_dirs=tuple(f"/local/scratch/hpcckpt-user/1234567/node{n:05d}" for n in range(nodes)),
+        metrics={"val_loss": 0.1}, node_of_rank=node_of_rank,
+        # jobs/cluster.toml's "/tmp/hpcckpt-{user}/{job}/{host}", one per rank, as the engine records them
+        local_dirs=tuple(f"/tmp/hpcckpt-user/1234567/nid{node + 1000:06d}" for node in node_of_rank),
         levels=("local", "partner", "erasure", "pfs"), created=time.time(), run_id="0123456789abcdef",
-        partner_of=tuple((rank + RANKS_PER_NODE) % ranks for rank in range(ranks)),
-        groups=tuple(tuple(range(first, min(first + GROUP_SIZE, ranks))) for first in range(0, ranks, GROUP_SIZE)),
-        parity=2)
+        partner_of=topology.partner_of(), groups=topology.erasure_groups(GROUP_SIZE, 2), parity=2,
+        # Each rank hashes its own shard's record; the version id combines them (engine._manifest).
+        version_id=version_id_of(1000, ranks, [shard_digest(r.size, r.checksums) for r in shards]))
     started = time.perf_counter()
-    data = manifest.to_bytes()
+    data = manifest.for_rank(0).to_bytes()
     write_s = time.perf_counter() - started
     started = time.perf_counter()
     Manifest.from_bytes(data)
     parse_s = time.perf_counter() - started
-    return {"plan_s": plan_s, "write_s": write_s, "parse_s": parse_s, "record_mib": len(data) / 2**20,
-            "job_gib": len(data) * (ranks + 1) / 2**30}
+    record = max(len(data), *(len(manifest.for_rank(rank).to_bytes()) for rank in (ranks // 2, ranks - 1)))
+    l4 = len(manifest.to_bytes())
+    return {"plan_s": plan_s, "write_s": write_s, "parse_s": parse_s, "record_mib": record / 2**20,
+            "job_gib": (record * ranks + l4) / 2**30, "l4_mib": l4 / 2**20}
 
 
 def main() -> None:
@@ -87,7 +95,8 @@ def main() -> None:
     if args.wide[0]:
         rows.append(tuple(args.wide))
     results = []
-    print(f"{'ranks':>7} {'tensors':>8} {'record MiB':>11} {'job GiB':>9} {'plan s':>8} {'write s':>8} {'parse s':>8}")
+    print(f"{'ranks':>7} {'tensors':>8} {'record KiB':>11} {'job GiB':>9} {'plan s':>8} {'write s':>8} {'parse s':>8} "
+          f"{'L4 MiB':>8}")
     for ranks, tensors in rows:
         specs = model_specs(tensors)
         runs = []
@@ -96,8 +105,8 @@ def main() -> None:
             gc.collect()
         row = {"ranks": ranks, "tensors": tensors, **{key: median([r[key] for r in runs]) for key in runs[0]}}
         results.append(row)
-        print(f"{ranks:>7,d} {tensors:>8,d} {row['record_mib']:>11.1f} {row['job_gib']:>9.2f} {row['plan_s']:>8.2f} "
-              f"{row['write_s']:>8.2f} {row['parse_s']:>8.2f}", flush=True)
+        print(f"{ranks:>7,d} {tensors:>8,d} {row['record_mib'] * 1024:>11.1f} {row['job_gib']:>9.3f} "
+              f"{row['plan_s']:>8.3f} {row['write_s']:>8.3f} {row['parse_s']:>8.3f} {row['l4_mib']:>8.1f}", flush=True)
     if args.json:
         write_json(args.json, {"args": vars(args), "rows": results})
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_mpi, run_script, small_job
 
+from hpcckpt.format.manifest import Manifest
+
 RANKS = 4
 OTHER_USER = "hpcckpt-other"
 
@@ -119,7 +121,7 @@ def test_init_from_starts_a_new_run_at_step_0_with_the_loaded_weights(tmp_path):
     assert final_record(new.parent / "run")["step"] == 20
     manifests = sorted((new.parent / "run" / "pfs").glob("v*/manifest.json"))
     assert [p.parent.name for p in manifests] == ["v000000000010", "v000000000020"]
-    assert all(json.loads(json.loads(p.read_text())["body"])["run_id"] == run_id(new) for p in manifests)
+    assert all(Manifest.read(p).run_id == run_id(new) for p in manifests)
     assert run_id(source) != run_id(new)
     # The same run from scratch is far worse after 10 steps than one that started trained.
     fresh = job(tmp_path / "fresh", tmp_path / "fresh" / "local", run={"steps": 20}, optimizer={"lr": 0.01})
@@ -174,7 +176,7 @@ def test_init_from_loads_exactly_the_selected_arrays_onto_another_rank_count(tmp
     for rank in range(3):
         assert f"rank {rank} from 12 weights equal True moments untouched True" in loaded.stdout, loaded.stdout
     new_id = json.loads((tmp_path / "new" / "run.json").read_text())["run_id"]
-    record = json.loads(json.loads((tmp_path / "new" / "pfs" / "v000000000001" / "manifest.json").read_text())["body"])
+    record = json.loads((tmp_path / "new" / "pfs" / "v000000000001" / "manifest.json").read_text())["body"]
     assert record["run_id"] == new_id and record["world_size"] == 3
 
 

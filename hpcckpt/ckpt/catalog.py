@@ -258,14 +258,34 @@ def resolve_version(config, spec: str) -> int:
 
 
 def manifest_of(config, step: int) -> Manifest:
-    candidates = [pfs_root(config) / version_dir_name(step) / PFS_COMMIT_NAME]
-    for local_root in local_roots(config):
-        candidates.extend(sorted((local_root / version_dir_name(step)).glob(COMMIT_GLOB)))
-    for path in candidates:
+    """A version's record with its whole table: L4's, else the node-local copies merged (each
+    lists its node's part)."""
+    manifest = _try_manifest(pfs_root(config) / version_dir_name(step) / PFS_COMMIT_NAME)
+    if manifest is not None and manifest.lists_every_shard:
+        return manifest
+    paths = [path for local_root in local_roots(config)
+             for path in sorted((local_root / version_dir_name(step)).glob(COMMIT_GLOB))]
+    merged = _merged_records(paths, manifest)
+    if merged is None:
+        raise UnrecoverableError(f"no readable commit record for version {step}")
+    return merged
+
+
+def _merged_records(paths, first: Manifest | None = None) -> Manifest | None:
+    """The commit records at `paths` of the same writing as the first readable one, their
+    shard tables merged."""
+    merged = first
+    for path in paths:
+        if merged is not None and merged.lists_every_shard:
+            break
         manifest = _try_manifest(path)
-        if manifest is not None:
-            return manifest
-    raise UnrecoverableError(f"no readable commit record for version {step}")
+        if manifest is None:
+            continue
+        if merged is None:
+            merged = manifest
+        elif manifest.identity == merged.identity:
+            merged = merged.with_shards(manifest.shards)
+    return merged
 
 
 def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
@@ -276,7 +296,7 @@ def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
     name = shard_file_name(rank)
     version = version_dir_name(manifest.step)
     paths = [root / version / name for root in local_roots(config) if (root / version / name).is_file()]
-    if not paths and rank < len(manifest.local_dirs):
+    if not paths and rank < len(manifest.local_dirs) and manifest.local_dirs[rank]:
         paths.append(Path(manifest.local_dirs[rank]) / version / name)
     paths.append(pfs_root(config) / version / name)
     return paths
@@ -298,7 +318,7 @@ def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
                 with open(path, "rb") as f:
                     read = {tl.name: read_tensor(f, table, tl.name) for tl in pieces}
                 for tl in pieces:
-                    if manifest.shards[rank].checksums.get(tl.name) != table.entry(tl.name).checksum:
+                    if manifest.shard(rank).checksums.get(tl.name) != table.entry(tl.name).checksum:
                         raise CheckpointError(f"{path}: {tl.name} differs from the commit record")
                 for tl in pieces:
                     insert_piece(tensors[tl.name], tl, rank, read[tl.name])
@@ -352,7 +372,8 @@ def verify_all(config) -> tuple[int, list[str], list[str]]:
                                      "read (the file still loads; check the storage device)")
                     if kind != "parity":  # parity pieces are checked by their own checksums alone
                         rank = writer if kind == "shard" else source
-                        expected = manifest.shards[rank].checksums if rank < len(manifest.shards) else {}
+                        listed = {record.rank: record for record in manifest.shards}
+                        expected = listed[rank].checksums if rank in listed else {}
                         found.extend(f"{e.name}: checksum differs from the commit record"
                                      for e in table.entries if expected.get(e.name) != e.checksum)
                 if kind == "shard":
@@ -377,11 +398,11 @@ def _plan_for_incomplete(config, entry: VersionEntry, surveys: list[dict], on_l4
 def _entry_manifest(entry: VersionEntry) -> Manifest:
     """The commit record of one level's copy of a version (not another level's: two runs may
     have written the same step)."""
-    for directory in entry.location.split(", "):
-        names = ([PFS_COMMIT_NAME] if entry.level == "pfs"
-                 else sorted(p.name for p in Path(directory).glob(COMMIT_GLOB)))
-        for name in names:
-            manifest = _try_manifest(Path(directory) / name)
-            if manifest is not None:
-                return manifest
+    if entry.level == "pfs":
+        manifest = _try_manifest(Path(entry.location) / PFS_COMMIT_NAME)
+    else:
+        manifest = _merged_records([path for directory in entry.location.split(", ")
+                                    for path in sorted(Path(directory).glob(COMMIT_GLOB))])
+    if manifest is not None:
+        return manifest
     raise UnrecoverableError(f"{entry.level} version {entry.step}: no readable commit record in {entry.location}")

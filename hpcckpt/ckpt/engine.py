@@ -38,7 +38,7 @@ from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
-from hpcckpt.format.manifest import Manifest, ShardRecord
+from hpcckpt.format.manifest import Manifest, ShardRecord, version_id_of
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY"]
 
@@ -386,7 +386,7 @@ class Checkpointer:
             step=snapshot.step,
             world_size=self.world_size,
             layout=self.arrays.layout,
-            shards=tuple(ShardRecord(r, size, checksums) for r, (size, checksums) in enumerate(shard_infos)),
+            shards=tuple(ShardRecord(r, size, checksums) for r, (size, checksums, _) in enumerate(shard_infos)),
             state=snapshot.state,
             metrics=snapshot.metrics,
             node_of_rank=self.topology.node_of_rank,
@@ -399,4 +399,5 @@ class Checkpointer:
             partner_of=self.partner_of,
             groups=self.groups,
             parity=self.storage.redundancy.parity if self.groups else 0,
+            version_id=version_id_of(snapshot.step, self.world_size, (digest for _, _, digest in shard_infos)),
         )

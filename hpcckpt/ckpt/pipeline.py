@@ -51,7 +51,7 @@ from hpcckpt.cluster.collectives import (
     raise_if_any_failed,
 )
 from hpcckpt.errors import CheckpointError, HpcckptError
-from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.manifest import Manifest, shard_digest
 from hpcckpt.format.shardfile import plan_shard, verify_shard
 from hpcckpt.io import direct_io
 from hpcckpt.levels.base import VersionImage
@@ -181,7 +181,8 @@ def _note_failures(lacking: dict, failed: dict, where: str) -> None:
 
 class SavePipeline:
     """(all ranks) Runs snapshots through the level stack (levels/base.py's LevelStack).
-    `make_manifest(snapshot, shard_infos, levels)` builds the commit record; `arrays` are the
+    `make_manifest(snapshot, shard_infos, levels)` builds the commit record from every rank's
+    (size, checksums, shard_digest) of its shard; `arrays` are the
     protected arrays (ckpt/snapshot.py), whose buffers the snapshot's pieces live in: its
     shard-shaped host buffer, its GPU copies and the shard's extra record; `faults` injects
     failures by stage."""
@@ -366,8 +367,9 @@ class SavePipeline:
         image = self._stage(step, "shard layout", lambda: plan_shard(
             step, self.rank, self.world_size, snapshot.pieces, self.arrays.shard_extra,
             str(where.shard_path(step))), phase="layout")
-        shard_infos = quiet_allgather(self.comm, (image.size, image.checksums))
-        version = VersionImage(step, self.world_size, tuple(size for size, _ in shard_infos),
+        shard_infos = quiet_allgather(self.comm, (image.size, image.checksums,
+                                                  shard_digest(image.size, image.checksums)))
+        version = VersionImage(step, self.world_size, tuple(size for size, _, _ in shard_infos),
                                functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image)
         names = tuple(level.name for level in due)
         node_local = [level for level in due if level.node_local]
@@ -550,7 +552,7 @@ class SavePipeline:
         lost = self.lease is not None and self.lease.lost_to is not None
         raise_if_any_failed(comm, "copy to L4", str(self.lease.lost_error()) if lost else None, step=step)
         source = self.node_local[0]
-        sizes = tuple(record.size for record in sorted(manifest.shards, key=lambda record: record.rank))
+        sizes = manifest.shard_sizes()
         # Mapped, not read: the file's pages come from the page cache (L1 just wrote them)
         # without a second shard-sized buffer beside the snapshot's.
         version = VersionImage(step, self.world_size, sizes, functools.cache(
@@ -766,6 +768,11 @@ class SavePipeline:
         dropped = set(steps_to_delete(sorted(set(manifests) | on_target), keep, metrics, keep_best))
         copied = [step for step in sorted(manifests) if step not in dropped]
         for step in copied:
+            # L4's one record lists every shard; each rank's node-local copy lists its node's part.
+            gathered = self.comm.gather(manifests[step].shard(self.rank), root=0)
+            if self.rank == 0:
+                manifests[step] = manifests[step].with_shards(gathered)
+
             def copy_shard(step=step):
                 data = np.fromfile(source.shard_path(step), dtype=np.uint8)
                 target.store(VersionImage(step, self.world_size, (), lambda: data))

@@ -6,6 +6,7 @@ processes. A node is a failure domain: its ranks die together and its local stor
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,12 +47,29 @@ class Topology:
     def node_count(self) -> int:
         return len(set(self.node_of_rank))
 
+    @functools.cached_property
+    def _ranks_by_node(self) -> dict[int, tuple[int, ...]]:
+        """Each node's ranks, found in one pass: the maps below are O(ranks), not O(ranks^2),
+        which at 16,384 ranks is the difference between milliseconds and half a minute."""
+        by_node: dict[int, list[int]] = {}
+        for rank, node in enumerate(self.node_of_rank):
+            by_node.setdefault(node, []).append(rank)
+        return {node: tuple(ranks) for node, ranks in by_node.items()}
+
+    @functools.cached_property
+    def _local_indices(self) -> tuple[int, ...]:
+        indices = [0] * self.world_size
+        for ranks in self._ranks_by_node.values():
+            for index, rank in enumerate(ranks):
+                indices[rank] = index
+        return tuple(indices)
+
     def ranks_on_node(self, node: int) -> tuple[int, ...]:
-        return tuple(r for r, n in enumerate(self.node_of_rank) if n == node)
+        return self._ranks_by_node.get(node, ())
 
     def local_index(self, rank: int) -> int:
         """Position of `rank` among the ranks of its node."""
-        return self.ranks_on_node(self.node_of_rank[rank]).index(rank)
+        return self._local_indices[rank]
 
     def partner_of(self) -> tuple[int, ...]:
         """partner_of()[r] stores rank r's replica: same local index on the next node (wrapping
@@ -63,9 +81,10 @@ class Topology:
                 "partner replication needs ranks on at least 2 nodes, but all ranks run on one node; "
                 "remove 'partner' from resilience.levels or set cluster.simulated_nodes >= 2"
             )
+        following = {node: nodes[(i + 1) % len(nodes)] for i, node in enumerate(nodes)}
         partners = []
         for rank, node in enumerate(self.node_of_rank):
-            next_node = nodes[(nodes.index(node) + 1) % len(nodes)]
+            next_node = following[node]
             candidates = self.ranks_on_node(next_node)
             partners.append(candidates[self.local_index(rank) % len(candidates)])
         return tuple(partners)
@@ -87,7 +106,7 @@ class Topology:
                 f"has {self.node_count} node(s); lower group_size or run on more nodes"
             )
         group_count = self.world_size // group_size
-        busiest = max(len(self.ranks_on_node(n)) for n in set(self.node_of_rank))
+        busiest = max(len(ranks) for ranks in self._ranks_by_node.values())
         if group_count == 0 or busiest > group_count:
             raise TopologyError(
                 f"cannot build erasure groups of {group_size} ranks on distinct nodes: a node holds {busiest} "

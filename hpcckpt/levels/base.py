@@ -217,7 +217,7 @@ class NodeLocalFiles:
         covers L1-L3."""
         path = self.commit_path(manifest.step)
         if not path.is_file():
-            manifest.write(path, self.file_mode)
+            manifest.for_rank(self.rank).write(path, self.file_mode)
 
     def withdraw(self, step: int) -> None:
         self.commit_path(step).unlink(missing_ok=True)

@@ -1,7 +1,9 @@
 """L1: node-local storage. Each rank writes its shard into its node's directory.
 
     <local_dir>/v<step>/shard-r<rank>.hck     the shard
-    <local_dir>/v<step>/commit-r<rank>.json   this rank's copy of the commit record
+    <local_dir>/v<step>/commit-r<rank>.json   this rank's copy of the commit record (the shard
+                                              records a restore from this node needs:
+                                              Manifest.for_rank)
 
 Every rank keeps its own copy of the commit record, so a version stays readable from L1 as
 long as the rank's node survives, whichever other nodes are lost. A rank only ever creates or
@@ -30,7 +32,7 @@ class LocalLevel(ShardFileLevel, NodeLocalFiles):
     def commit(self, manifest) -> None:
         """This rank's commit record of the version; an existing one (a stale record of a
         step written again) is refused, never silently kept (invariant 3)."""
-        manifest.write(self.commit_path(manifest.step), self.file_mode)
+        manifest.for_rank(self.rank).write(self.commit_path(manifest.step), self.file_mode)
 
     def own_files(self, step: int) -> list[Path]:
         # The commit record first, so a half-deleted version never looks complete.

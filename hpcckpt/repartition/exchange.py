@@ -170,7 +170,7 @@ class RepartitionJob:
         return piece.reshape(-1).view(np.uint8)
 
     def _segment(self, rebuild) -> int:
-        sizes = [self.manifest.shards[m].size for m in rebuild.members]
+        sizes = [self.manifest.shard(m).size for m in rebuild.members]
         return segment_length(sizes, len(rebuild.members), rebuild.parity)
 
     # -- rebuild -------------------------------------------------------------------------
@@ -242,7 +242,7 @@ class RepartitionJob:
                 member = rebuild.members[stripe.contributors[block]]
                 seg = stripe.segments[block]
                 shards[member][seg * segment:(seg + 1) * segment] = rebuilt[block]
-        return {m: data[:self.manifest.shards[m].size] for m, data in shards.items()}
+        return {m: data[:self.manifest.shard(m).size] for m, data in shards.items()}
 
     # -- move ----------------------------------------------------------------------------
     def _move(self, plan: RepartitionPlan, held: dict):
