@@ -12,6 +12,27 @@ PeerFailure, and the rank with its own error is the one named. Sizes per call: o
 allreduce of an int on the happy path; O(ranks) small messages gathered when something failed.
 `agree_per_rank` is the same agreement for stages that degrade rank by rank: storage failures
 come back as data, by rank, and only other failures raise.
+
+The job's collectives and what each rank sends and receives (W ranks, T tensors per shard, G
+the erasure group size, V versions stored), for #27's rule "O(1) or O(group) per rank, or
+O(W) at one root, never O(W^2) in total". Marked [W^2] where that does not hold yet.
+  per checkpoint (ckpt/pipeline.py, ckpt/flush.py):
+    snapshot, every stage, commit: agree / agree_per_rank, 1 allreduce of an int
+    shard sizes and checksums: allgather of (size, T checksums, digest)      [W^2 x T]
+    L2 store: point-to-point, one shard to the partner; L3 store: within the group, O(G)
+    L4 at its own pace: 1 allreduce (is a copy running anywhere)
+    end-of-run drain: allgather of each rank's committed steps [W^2 x V], each rank's
+      shard record gathered at rank 0 (O(W x T) at the root)
+    making room (ckpt/room.py): allgather of steps and counts [W^2 x V]; L4 listing: bcast
+  per restart (recovery.py):
+    discovery: allgather of each rank's holdings [W^2 x V]
+    the commit record: bcast of one node-local record (O(G x T)); the whole table gathered
+      at rank 0 (O(G x T) per rank) and broadcast [W^2 x T]
+    who still needs a shard, where it came from: allgather of a flag each [W^2]
+    L2 delivery: allgather of offers [W^2]; L3: within the group, O(G)
+    ledger, claim, L4 directory work: on_root, one bcast of a small result
+  at start (ckpt/job_storage.py, cluster/placement.py): allgather of each rank's directory
+    and host name [W^2], once per job
 """
 
 from __future__ import annotations
