@@ -3,11 +3,12 @@ each node-local copy lists its node's part of the shard table; format 1 records 
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import xxhash
-from conftest import assert_ok, final_record, run_mpi, small_job
+from conftest import assert_ok, final_record, run_mpi, run_script, script_results, small_job
 
 from hpcckpt.cluster.topology import Topology
 from hpcckpt.errors import FormatError
@@ -144,3 +145,43 @@ def test_a_checkpoint_written_in_format_1_keeps_loading_after_a_node_loss(tmp_pa
     assert_ok(resumed)
     assert "restored version 20: 2 rank(s) from L1 local, 2 rank(s) from L2 partner" in resumed.stdout, resumed.stdout
     assert final_record(tmp_path / "run")["weights_digest"] == final_record(reference / "run")["weights_digest"]
+
+
+SCALE_SCRIPT = Path(__file__).parent / "scripts" / "scale_restart.py"
+
+
+def _version_records(run_dir: Path, version: str) -> list[Path]:
+    return sorted((run_dir / "local").glob(f"node*/run-*/{version}/commit-r*.json"))
+
+
+def test_64_ranks_lose_a_node_and_restart_bit_identical_with_records_that_do_not_grow(tmp_path):
+    """64 ranks on 16 nodes (and 16 ranks on the same 16 nodes, groups of 4 both): each
+    node-local record lists the same number of shards and is the same size within a few
+    digits; after losing node 5 and version 60, the restart takes version 40 from the
+    survivors' L1 files and node 5's ranks from their replicas or their groups' parity, and
+    ends with the array of the uninterrupted run."""
+    small, large = tmp_path / "small" / "run", tmp_path / "run"
+    assert_ok(run_script(16, SCALE_SCRIPT, [str(small), "run"], cwd=tmp_path))
+    ran = run_script(64, SCALE_SCRIPT, [str(large), "run"], cwd=tmp_path)
+    assert_ok(ran)
+    uninterrupted = {r["digest"] for r in script_results(ran)}
+    assert len(uninterrupted) == 1
+    listed = {}
+    for run_dir in (small, large):
+        records = [Manifest.read(path) for path in _version_records(run_dir, "v000000000040")]
+        assert len(records) == records[0].world_size
+        listed[run_dir] = ({len(r.shards) for r in records},
+                           max(path.stat().st_size for path in _version_records(run_dir, "v000000000040")))
+    assert listed[small][0] == listed[large][0] and max(listed[large][0]) <= 4 + 2, listed
+    assert abs(listed[large][1] - listed[small][1]) <= 64, listed
+    for version in list(large.rglob("v000000000060")):
+        shutil.rmtree(version)
+    shutil.rmtree(large / "local" / "node5")
+    resumed = run_script(64, SCALE_SCRIPT, [str(large), "resume"], cwd=tmp_path)
+    assert_ok(resumed)
+    results = script_results(resumed)
+    assert {r["restored"] for r in results} == {40}
+    assert {r["digest"] for r in results} == uninterrupted
+    node5 = {20, 21, 22, 23}
+    assert {r["source"] for r in results if r["rank"] not in node5} == {"local"}
+    assert {r["source"] for r in results if r["rank"] in node5} <= {"partner", "erasure"}

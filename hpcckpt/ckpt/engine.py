@@ -38,7 +38,7 @@ from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
-from hpcckpt.format.manifest import Manifest, ShardRecord, version_id_of
+from hpcckpt.format.manifest import Manifest, ShardRecord, record_peers, version_id_of
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY"]
 
@@ -79,7 +79,9 @@ class Checkpointer:
             self._copies: BackgroundCopies | None = None
             self.pipeline = SavePipeline(self.comm, self.rank, self.world_size, self.storage.levels,
                                          PipelineSettings.from_config(config), self._manifest, self.arrays, faults, log,
-                                         threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease)
+                                         threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
+                                         record_peers=record_peers(self.rank, self.partner_of,
+                                                                   self.topology.node_of_rank, self.groups))
             self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
             self.restore_traffic: tuple = ()  # (bytes read, bytes received) by a repartitioning restart
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
@@ -386,7 +388,7 @@ class Checkpointer:
             step=snapshot.step,
             world_size=self.world_size,
             layout=self.arrays.layout,
-            shards=tuple(ShardRecord(r, size, checksums) for r, (size, checksums, _) in enumerate(shard_infos)),
+            shards=tuple(ShardRecord(r, size, checksums) for r, (size, checksums) in sorted(shard_infos.records.items())),
             state=snapshot.state,
             metrics=snapshot.metrics,
             node_of_rank=self.topology.node_of_rank,
@@ -399,5 +401,5 @@ class Checkpointer:
             partner_of=self.partner_of,
             groups=self.groups,
             parity=self.storage.redundancy.parity if self.groups else 0,
-            version_id=version_id_of(snapshot.step, self.world_size, (digest for _, _, digest in shard_infos)),
+            version_id=version_id_of(snapshot.step, self.world_size, shard_infos.digests),
         )

@@ -46,8 +46,10 @@ from hpcckpt.cluster.collectives import (
     StorageFailure,
     agree,
     agree_per_rank,
+    exchange_objects,
     is_storage_failure,
     quiet_allgather,
+    quiet_gather,
     raise_if_any_failed,
 )
 from hpcckpt.errors import CheckpointError, HpcckptError
@@ -55,6 +57,7 @@ from hpcckpt.format.manifest import Manifest, shard_digest
 from hpcckpt.format.shardfile import plan_shard, verify_shard
 from hpcckpt.io import direct_io
 from hpcckpt.levels.base import VersionImage
+from hpcckpt.levels.pfs import COORDINATOR
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,20 @@ class _BackgroundWrite:
         self.cpu_s = 0.0
 
 
+TAG_RECORDS = 401  # and 402: shard records to the ranks whose node-local record lists them
+
+
+@dataclass(frozen=True)
+class ShardInfos:
+    """Every rank's shard size and digest (format/manifest.py's shard_digest), and (size,
+    checksums) by rank of the shards this rank's commit records list: its node-local part,
+    or all of them on L4's coordinator."""
+
+    sizes: tuple[int, ...]
+    digests: tuple[str, ...]
+    records: dict
+
+
 class _RoomOnce:
     """Making room for one version (ckpt/room.py), at most once: later calls answer as the
     first did."""
@@ -181,14 +198,15 @@ def _note_failures(lacking: dict, failed: dict, where: str) -> None:
 
 class SavePipeline:
     """(all ranks) Runs snapshots through the level stack (levels/base.py's LevelStack).
-    `make_manifest(snapshot, shard_infos, levels)` builds the commit record from every rank's
-    (size, checksums, shard_digest) of its shard; `arrays` are the
+    `make_manifest(snapshot, shard_infos, levels)` builds the commit record (ShardInfos: what
+    this rank's records list); `record_peers` are format/manifest.py's for this rank; `arrays` are the
     protected arrays (ckpt/snapshot.py), whose buffers the snapshot's pieces live in: its
     shard-shaped host buffer, its GPU copies and the shard's extra record; `faults` injects
     failures by stage."""
 
     def __init__(self, comm, rank: int, world_size: int, levels, settings: PipelineSettings,
-                 make_manifest: Callable, arrays, faults, log, threaded: bool, lease=None):
+                 make_manifest: Callable, arrays, faults, log, threaded: bool, lease=None,
+                 record_peers: tuple = ((), ())):
         self.comm = comm
         self.rank = rank
         self.world_size = world_size
@@ -202,6 +220,8 @@ class SavePipeline:
         self.threaded = threaded
         self.lease = lease
         self.arrays = arrays
+        # (ranks whose node-local record lists this rank's shard, ranks whose shards its lists)
+        self.record_peers = record_peers
         self.bytes_stored: dict[str, int] = {}  # level -> bytes this rank stored on it, this run
         self.last_report: PersistReport | None = None
         self.worker_error: BaseException | None = None
@@ -367,9 +387,8 @@ class SavePipeline:
         image = self._stage(step, "shard layout", lambda: plan_shard(
             step, self.rank, self.world_size, snapshot.pieces, self.arrays.shard_extra,
             str(where.shard_path(step))), phase="layout")
-        shard_infos = quiet_allgather(self.comm, (image.size, image.checksums,
-                                                  shard_digest(image.size, image.checksums)))
-        version = VersionImage(step, self.world_size, tuple(size for size, _, _ in shard_infos),
+        shard_infos = self._share_shard_infos(image.size, image.checksums)
+        version = VersionImage(step, self.world_size, shard_infos.sizes,
                                functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image)
         names = tuple(level.name for level in due)
         node_local = [level for level in due if level.node_local]
@@ -425,6 +444,20 @@ class SavePipeline:
             self.health.succeeded(self.node_local_label, step)
         self.health.version_held(step, bool(held_by))
         self.apply_retention(step)
+
+    def _share_shard_infos(self, size: int, checksums: dict) -> "ShardInfos":
+        """(all ranks) What the commit records need of every rank's shard, each rank told only
+        what it writes (#27): every size and digest (O(ranks) numbers each), the checksums of
+        the shards its node-local record lists from those ranks (O(group)), and all of them at
+        L4's coordinator, which writes the one record listing every shard."""
+        sizes_and_digests = quiet_allgather(self.comm, (size, shard_digest(size, checksums)))
+        send_to, receive_from = self.record_peers
+        records = exchange_objects(self.comm, (size, checksums), send_to, receive_from, TAG_RECORDS)
+        records[self.rank] = (size, checksums)
+        everyone = quiet_gather(self.comm, (size, checksums), root=COORDINATOR)
+        if everyone is not None:
+            records = dict(enumerate(everyone))
+        return ShardInfos(tuple(s for s, _ in sizes_and_digests), tuple(d for _, d in sizes_and_digests), records)
 
     @property
     def node_local_label(self) -> str:

@@ -18,7 +18,9 @@ the erasure group size, V versions stored), for #27's rule "O(1) or O(group) per
 O(W) at one root, never O(W^2) in total". Marked [W^2] where that does not hold yet.
   per checkpoint (ckpt/pipeline.py, ckpt/flush.py):
     snapshot, every stage, commit: agree / agree_per_rank, 1 allreduce of an int
-    shard sizes and checksums: allgather of (size, T checksums, digest)      [W^2 x T]
+    shard sizes and digests: allgather of two numbers each [W^2, small]; checksums: to the
+      O(G) ranks whose node-local record lists them, point to point, and gathered at L4's
+      coordinator (O(W x T) at the root), which writes the record listing every shard
     L2 store: point-to-point, one shard to the partner; L3 store: within the group, O(G)
     L4 at its own pace: 1 allreduce (is a copy running anywhere)
     end-of-run drain: allgather of each rank's committed steps [W^2 x V], each rank's
@@ -243,6 +245,43 @@ def quiet_allgather(comm, value):
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
     wait_all([comm.Iallgatherv(payload, [gathered, sizes, offsets, MPI.BYTE])])
     return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+
+def quiet_gather(comm, value, root: int = 0):
+    """gather of picklable values to `root` that sleeps while it waits: the list there, None
+    elsewhere. O(1) sent per rank, the sum at the root."""
+    from mpi4py import MPI
+
+    payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    is_root = comm.Get_rank() == root
+    sizes = np.empty(comm.Get_size() if is_root else 0, dtype=np.int64)
+    wait_all([comm.Igather(np.array([payload.size], dtype=np.int64), sizes if is_root else None, root=root)])
+    if not is_root:
+        wait_all([comm.Igatherv(payload, None, root=root)])
+        return None
+    offsets = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+    wait_all([comm.Igatherv(payload, [gathered, sizes, offsets, MPI.BYTE], root=root)])
+    return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+
+def exchange_objects(comm, value, send_to, receive_from, tag: int) -> dict:
+    """Send the picklable `value` to each rank of `send_to` and receive one from each rank of
+    `receive_from` (the two sides must agree), sleeping while waiting: {source: value}. Two
+    point-to-point rounds (sizes, then payloads); O(peers) per rank, nothing global."""
+    from mpi4py import MPI
+
+    payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    send_to, receive_from = list(send_to), list(receive_from)
+    size = np.array([payload.size], dtype=np.int64)
+    sizes = {source: np.empty(1, dtype=np.int64) for source in receive_from}
+    wait_all([comm.Irecv(sizes[source], source=source, tag=tag) for source in receive_from]
+             + [comm.Isend(size, dest=dest, tag=tag) for dest in send_to])
+    buffers = {source: np.empty(int(sizes[source][0]), dtype=np.uint8) for source in receive_from}
+    wait_all([comm.Irecv([buffers[source], MPI.BYTE], source=source, tag=tag + 1) for source in receive_from]
+             + [comm.Isend([payload, MPI.BYTE], dest=dest, tag=tag + 1) for dest in send_to])
+    return {source: pickle.loads(buffer) for source, buffer in buffers.items()}
 
 
 def quiet_barrier(comm) -> None:

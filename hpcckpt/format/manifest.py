@@ -54,6 +54,26 @@ def version_id_of(step: int, world_size: int, digests) -> str:
     return xxhash.xxh3_64_hexdigest(json.dumps([step, world_size, list(digests)]).encode())
 
 
+def record_peers(rank: int, partner_of, node_of_rank, groups) -> tuple[list[int], list[int]]:
+    """(the ranks whose node-local record lists `rank`'s shard, the ranks whose shards
+    `rank`'s record lists), each without `rank` itself. A record lists its own rank's shard,
+    its L3 group's, those whose L2 replica it holds, and those whose records it keeps a
+    second copy of on another node (_metadata_buddies: a node whose records are unreadable
+    still has its shards checked against them): a restore of any of them that relies on
+    this node finds their checksums here. O(group) of them, not O(ranks)."""
+    buddies = _metadata_buddies(node_of_rank)
+    group = next((set(g) for g in groups if rank in g), set())
+    holders = set(group)
+    if partner_of:
+        holders.add(partner_of[rank])
+    if buddies:
+        holders.add(buddies[rank])
+    listed = set(group)
+    listed.update(source for source, holder in enumerate(partner_of) if holder == rank)
+    listed.update(source for source, buddy in enumerate(buddies) if buddy == rank)
+    return sorted(holders - {rank}), sorted(listed - {rank})
+
+
 def _metadata_buddies(node_of_rank) -> list[int]:
     """rank -> the rank on the next node (by node number, the same position among its node's
     ranks, wrapping) whose node-local record also lists this rank's shard; itself on one node."""
@@ -128,18 +148,8 @@ class Manifest:
         return tuple(sizes)
 
     def record_ranks(self, rank: int) -> list[int]:
-        """The ranks whose shard records `rank`'s node-local copy carries: its own, its L3
-        group's, those whose L2 replica it holds, and those whose records it keeps a second
-        copy of on another node (_metadata_buddies: a node whose records are unreadable still
-        has its shards checked against them). A restore of any of them that relies on this
-        node finds their checksums here. O(group) of them, not O(ranks)."""
-        ranks = {rank}
-        ranks.update(source for source, holder in enumerate(self.partner_of) if holder == rank)
-        ranks.update(source for source, buddy in enumerate(_metadata_buddies(self.node_of_rank)) if buddy == rank)
-        for group in self.groups:
-            if rank in group:
-                ranks.update(group)
-        return sorted(ranks)
+        """The ranks whose shard records `rank`'s node-local copy carries (record_peers)."""
+        return sorted({rank, *record_peers(rank, self.partner_of, self.node_of_rank, self.groups)[1]})
 
     def for_rank(self, rank: int) -> "Manifest":
         """This version's record as `rank` keeps it on its node (see record_ranks)."""
