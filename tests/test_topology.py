@@ -2,7 +2,13 @@ import itertools
 
 import pytest
 
-from hpcckpt.cluster.topology import Topology, job_id, node_ids_from_hostnames, simulated_node_of_rank
+from hpcckpt.cluster.topology import (
+    Topology,
+    job_id,
+    node_ids_from_hostnames,
+    node_losses_survived,
+    simulated_node_of_rank,
+)
 from hpcckpt.errors import TopologyError
 
 SHAPES = [(w, n) for w in range(1, 33) for n in range(1, w + 1)]
@@ -180,3 +186,14 @@ def test_fitted_redundancy_names_what_protection_is_left():
     alone = fit_redundancy(Topology((0, 0)), True, True, 4, 2)
     assert not alone.partner and alone.group_size == 0
     assert [w.split(":")[0] for w in alone.warnings] == ["partner copies (L2) are off", "erasure coding (L3) is off"]
+
+
+def test_losses_survived_count_the_ranks_already_missing():
+    """A version one rank's node could not take (4 nodes, partners, a group of 4 with parity
+    2): it survives one more node loss, not two, and none where a group lost too many."""
+    nodes = (0, 1, 2, 3)
+    assert node_losses_survived(nodes, partner=True, group_size=4, parity=2) == 2
+    assert node_losses_survived(nodes, partner=True, group_size=4, parity=2, missing={2}) == 1
+    assert node_losses_survived(nodes, partner=False, group_size=4, parity=2, missing={1, 2}) == 0
+    assert node_losses_survived(nodes, partner=False, group_size=4, parity=2, missing={0, 1, 2}) == 0
+    assert node_losses_survived(nodes, partner=True, missing={2}) == 0  # only L2: its holder is the next loss

@@ -185,10 +185,31 @@ def version_overview(config) -> list[VersionOverview]:
             plan = assembly_plan(config, step, manifest, surveys, "pfs" in complete)
             assembled = plan.summary() if plan.complete else ""
             ranks = str(manifest.world_size) if manifest.local_arrays else "any"
+            local = next((e for e in entries if e.level == "local"), None)
+            if assembled and not levels and local is not None:
+                survives = _further_losses_survived(manifest, local)
         overview.append(VersionOverview(step, tuple(levels), first.world_size or (manifest and manifest.world_size),
                                         sum(e.size for e in entries), survives,
                                         first.metrics or (manifest.metrics if manifest else {}), assembled, ranks))
     return overview
+
+
+def _further_losses_survived(manifest: Manifest, entry: VersionEntry) -> int:
+    """For a node-local version some ranks' files are missing from (a node lost, or one that
+    could not take it): the further node losses its L2 and L3 pieces still cover."""
+    from hpcckpt.cluster.topology import node_losses_survived
+    from hpcckpt.errors import TopologyError
+
+    committed = {int(COMMIT_NAME.match(p.name).group(1)) for d in entry.location.split(", ")
+                 for p in Path(d).glob(COMMIT_GLOB)}
+    try:
+        return node_losses_survived(
+            manifest.node_of_rank, partner="partner" in manifest.levels,
+            group_size=min(map(len, manifest.groups)) if "erasure" in manifest.levels and manifest.groups else 0,
+            parity=manifest.parity if "erasure" in manifest.levels else 0,
+            missing=set(range(manifest.world_size)) - committed) or 0
+    except TopologyError:
+        return 0
 
 
 def l4_lag(versions: list[VersionOverview]) -> str:

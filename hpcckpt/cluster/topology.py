@@ -198,11 +198,14 @@ def job_id(environ) -> str:
 
 
 def node_losses_survived(node_of_rank: Sequence[int], *, partner: bool = False, group_size: int = 0,
-                         parity: int = 0, pfs: bool = False, max_nodes_checked: int = 16) -> int | None:
+                         parity: int = 0, pfs: bool = False, max_nodes_checked: int = 16,
+                         missing: Sequence[int] = ()) -> int | None:
     """How many simultaneous node losses ANY choice of lost nodes leaves recoverable, given the
-    node-local levels a version has (L1 always; L2 partner copies; L3 groups with `parity`).
+    node-local levels a version has (L1 always; L2 partner copies; L3 groups with `parity`)
+    and the ranks whose node-local files of it are `missing` already (a node lost, or one that
+    could not take the version): 0 where it survives no further loss, or none is recoverable.
     None: any number (an L4 copy). Exact by enumeration up to `max_nodes_checked` nodes, beyond
-    that the per-level guarantee (L2: 1, L3: parity)."""
+    that the per-level guarantee (L2: 1, L3: parity) when nothing is missing."""
     from itertools import combinations
 
     if pfs:
@@ -211,22 +214,27 @@ def node_losses_survived(node_of_rank: Sequence[int], *, partner: bool = False, 
     nodes = sorted(set(node_of_rank))
     partners = topology.partner_of() if partner and len(nodes) > 1 else None
     groups = topology.erasure_groups(group_size, parity) if group_size and parity else ()
+    missing = set(missing)
     if len(nodes) > max_nodes_checked:
-        return max(1 if partners else 0, parity if groups else 0)
+        return 0 if missing else max(1 if partners else 0, parity if groups else 0)
 
     def recoverable(lost: set[int]) -> bool:
+        def gone(rank: int) -> bool:
+            return node_of_rank[rank] in lost or rank in missing
         for group_index, group in enumerate(groups or [[r] for r in range(len(node_of_rank))]):
-            lost_members = sum(node_of_rank[m] in lost for m in group)
+            lost_members = sum(gone(m) for m in group)
             for rank in group:
-                if node_of_rank[rank] not in lost:
+                if not gone(rank):
                     continue
-                if partners is not None and node_of_rank[partners[rank]] not in lost:
+                if partners is not None and not gone(partners[rank]):
                     continue
                 if groups and lost_members <= parity:
                     continue
                 return False
         return True
 
+    if not recoverable(set()):
+        return 0
     survived = 0
     for count in range(1, len(nodes) + 1):
         if not all(recoverable(set(lost)) for lost in combinations(nodes, count)):
