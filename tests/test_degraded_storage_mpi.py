@@ -111,11 +111,10 @@ def _pages(path: Path) -> int:
     return sum(-(-f.stat().st_size // 4096) * 4096 for f in path.rglob("*") if f.is_file())
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real file system of 1 MiB (tmpfs) for the PFS directory: ENOSPC as the kernel gives it."""
-    mount_point = tmp_path / "pfs-disk"
-    mount_point.mkdir()
+def _tmpfs_of_1_mib(mount_point: Path):
+    """A real file system of 1 MiB (tmpfs) at `mount_point`: ENOSPC as the kernel gives it;
+    the test is skipped, saying why, where one cannot be mounted."""
+    mount_point.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
@@ -124,6 +123,12 @@ def small_disk(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs for the PFS directory."""
+    yield from _tmpfs_of_1_mib(tmp_path / "pfs-disk")
 
 
 def _fill_leaving(disk: Path, reference_run: Path, versions: float) -> Path:
@@ -374,16 +379,7 @@ def test_a_read_only_node_while_l4_copies_at_its_own_pace_gives_l4_the_version_f
 def full_node_disk(tmp_path):
     """Node 2's local directory on a 1 MiB tmpfs of its own, the other nodes' on the test's
     disk: ENOSPC from the kernel on one node only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "local" / "node2"
-    mount_point.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    yield from _tmpfs_of_1_mib(tmp_path / "local" / "node2")
 
 
 def test_one_full_node_keeps_training_protected_by_the_other_nodes(tmp_path, full_node_disk, reference_run,

@@ -153,20 +153,25 @@ def _raise_agreed(comm, label: str, failures: dict, step: int | None, error_type
     raise exc
 
 
+def _run_here(comm, fn: Callable[[], T]) -> tuple[T | None, str | PeerFailure | None]:
+    """fn's result here, or this rank's report of its failure for an agreement on `comm`; an
+    error every rank of `comm` already agreed on inside fn is raised as it is."""
+    try:
+        return fn(), None
+    except HpcckptError as exc:
+        if getattr(exc, "agreed_on", None) is comm:
+            raise
+        return None, describe_failure(exc)
+    except Exception as exc:
+        return None, describe_failure(exc)
+
+
 def agree(comm, label: str, fn: Callable[[], T], *, step: int | None = None,
           error_type: type = CheckpointError) -> T:
     """(all ranks of comm) Run fn here; its result, or the same error on every rank. An error
     that every rank of this same communicator already agreed on inside fn passes through as
     it is (one agreed on a smaller one, an erasure group's, is agreed again here)."""
-    failure, result = None, None
-    try:
-        result = fn()
-    except HpcckptError as exc:
-        if getattr(exc, "agreed_on", None) is comm:
-            raise
-        failure = describe_failure(exc)
-    except Exception as exc:
-        failure = describe_failure(exc)
+    result, failure = _run_here(comm, fn)
     raise_if_any_failed(comm, label, failure, step=step, error_type=error_type)
     return result
 
@@ -178,15 +183,7 @@ def agree_per_rank(comm, label: str, fn: Callable[[], T], *, step: int | None = 
     whose own storage failed, the same on every rank). Any other failure, or a rank that
     only saw a peer fail (a collective transfer that never happened), raises on every rank as
     agree does. One allreduce round when no rank failed, as agree."""
-    failure, result = None, None
-    try:
-        result = fn()
-    except HpcckptError as exc:
-        if getattr(exc, "agreed_on", None) is comm:
-            raise
-        failure = describe_failure(exc)
-    except Exception as exc:
-        failure = describe_failure(exc)
+    result, failure = _run_here(comm, fn)
     if not quiet_any(comm, failure is not None):
         return result, {}
     failures = {rank: f for rank, f in enumerate(quiet_allgather(comm, failure)) if f is not None}

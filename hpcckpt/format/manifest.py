@@ -21,6 +21,7 @@ still read.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -126,6 +127,10 @@ class Manifest:
         shards = [[s.rank, s.size, sorted(s.checksums.items())] for s in self.shards]
         return xxhash.xxh3_64_hexdigest(json.dumps([self.step, self.world_size, shards]).encode())
 
+    @functools.cached_property
+    def _by_rank(self) -> dict[int, ShardRecord]:
+        return {record.rank: record for record in self.shards}
+
     @property
     def lists_every_shard(self) -> bool:
         return len(self.shards) == self.world_size
@@ -133,9 +138,9 @@ class Manifest:
     def shard(self, rank: int) -> ShardRecord:
         """The record of `rank`'s shard; an error naming what is missing where this copy does
         not list it (a node-local record lists its node's part of the table)."""
-        for record in self.shards:
-            if record.rank == rank:
-                return record
+        record = self._by_rank.get(rank)
+        if record is not None:
+            return record
         raise FormatError(f"the commit record of step {self.step} does not list rank {rank}'s shard (this copy "
                           f"lists ranks {[r.rank for r in self.shards][:8]}...; L4's or another node's lists it)")
 
