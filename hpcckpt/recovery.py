@@ -1,7 +1,8 @@
 """The restore flow: discover -> agree -> fetch -> verify -> load (all ranks, collectively).
 
 discover: every rank lists the versions committed on the levels it can reach.
-agree:    one allgather; the newest version for which every rank has a source wins.
+agree:    rank 0 gathers what every rank holds and decides (recovery_plan.py): the newest
+          version for which every rank has a source wins; each rank is told its own sources.
 fetch:    each rank reads only its own shard, from the cheapest level that holds it: its own
           L1 file, else what the redundancy levels deliver (levels/base.py: a partner's
           replica, an erasure rebuild, each collective over its peers), else L4; on a
@@ -30,18 +31,33 @@ import numpy as np
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
-from hpcckpt.cluster.collectives import agree, on_root, quiet_allgather, quiet_barrier, wait_all
+from hpcckpt.cluster.collectives import (
+    agree,
+    allgather_compact,
+    decide_at_root,
+    failing_ranks,
+    first_of_each,
+    fold_at_root,
+    on_root,
+    quiet_any,
+    quiet_barrier,
+    quiet_bcast,
+    quiet_gather,
+    quiet_scatter,
+    wait_all,
+)
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
 from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
-from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.levels.base import DeliveryRequest, LevelStack, remove_tree
 from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, commit_file_name, list_version_steps, version_dir_name
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 from hpcckpt.levels.survey import NodeLocalView, Writing, survey
+from hpcckpt.recovery_plan import Candidate, Holdings, plan_restore
 from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
-from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
+from hpcckpt.repartition.plan import RepartitionPlan
 
 RESTART_MODES = ("auto", "require", "never")
 _RANK0_WORK = "rank 0's storage work"  # what an OSError in the ledger's upkeep on rank 0 is called
@@ -97,31 +113,6 @@ class RestoreResult:
     geometry_changed: bool = False  # written by another rank count or placement: older node-local versions go too
     metrics: dict = field(default_factory=dict)  # the version's metrics, written again with it
     traffic: tuple = ()  # repartitioned: (shard bytes this rank read from files, bytes it received)
-
-
-@dataclass(frozen=True)
-class Holdings:
-    """What one rank can reach, per level: the committed versions and who wrote them."""
-
-    local: dict  # step -> world size that wrote it (own shard + commit record here)
-    replicas: dict  # step -> source ranks whose replica this rank holds
-    parity: tuple  # steps whose parity pieces this rank holds
-    pfs: dict  # step -> world size
-    # The rank's node-local directory holds version directories (complete or not) or spares:
-    # its node survived, even if nothing on it is committed (a lost node's directory is gone).
-    node_files: bool = False
-    # step -> (Manifest.identity, created) of the commit record read, per level: which run's
-    # writing of that step this rank holds.
-    local_writings: dict = field(default_factory=dict)
-    pfs_writings: dict = field(default_factory=dict)
-    # Steps whose shard this rank wrote but never committed: the job stopped between its L1
-    # write and the commit (the only way a rank lacks a record of a version others committed
-    # without anything being lost, since the commit follows every rank's agreed L1 write).
-    interrupted: tuple = ()
-    # step -> what this rank's node-local directory holds of every old rank (levels/survey.py),
-    # for a restart onto another rank count or other nodes; L4's writings by step.
-    views: dict = field(default_factory=dict)
-    pfs_geometry: dict = field(default_factory=dict)
 
 
 def _node_files(ctx) -> bool:
@@ -189,167 +180,27 @@ def _survey(ctx, read: dict) -> dict[int, NodeLocalView]:
     return {step: view for step, view in views.items() if view.writing is None or view.writing.run_id == ctx.run_id}
 
 
-def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
-    """Where two runs wrote the same step (a job resumed on fewer ranks rewrites steps whose
-    older files other ranks' directories still hold), ranks could load different writings,
-    and follow different paths into a deadlock. The newest writing of each step counts; the
-    holdings of any other are dropped, with their replicas and parity."""
-    writings = [(step, writing) for h in everyone for held in (h.local_writings, h.pfs_writings)
-                for step, writing in held.items()]
-    writings += [(step, (view.writing.identity, view.writing.created)) for h in everyone
-                 for step, view in h.views.items() if view.writing is not None]
-    newest = {}
-    for step, (identity, created) in writings:
-        if step not in newest or created > newest[step][1]:
-            newest[step] = (identity, created)
-    stale = {step for step, (identity, _) in writings if identity != newest[step][0]}
-    if not stale:
-        return everyone
-    if ctx.rank == 0:
-        _warn(ctx, f"step(s) {sorted(stale)} were written by more than one run (a job resumed with another "
-                    "rank count rewrote them): only the newest writing is used, older copies are ignored")
-
-    def keep(h: Holdings) -> Holdings:
-        local = {s: w for s, w in h.local.items() if h.local_writings[s][0] == newest[s][0]}
-        return replace(h, local=local,
-                       replicas={s: r for s, r in h.replicas.items() if s in local},
-                       parity=tuple(s for s in h.parity if s in local),
-                       pfs={s: w for s, w in h.pfs.items() if h.pfs_writings[s][0] == newest[s][0]},
-                       views={s: v for s, v in h.views.items()
-                              if v.writing is None or v.writing.identity == newest[s][0]})
-    return [keep(h) for h in everyone]
-
-
-def _erasure_lost(ctx, everyone: list[Holdings], rank: int, step: int) -> list[int]:
-    """Members of rank's group whose pieces of `step` are not all there."""
-    group = set(ctx.groups[ctx.topology.group_of(ctx.groups, rank)])
-    return [m for m in _lacking_node_local_pieces(ctx, everyone, step) if m in group]
-
-
-def _sources(ctx, everyone: list[Holdings], rank: int, step: int) -> list[str]:
-    """Levels from which `rank` can get its shard of `step`, cheapest first."""
-    mine = everyone[rank]
-    sources = []
-    if mine.local.get(step) == ctx.world_size:
-        sources.append("local")
-    if ctx.partner is not None and rank in everyone[ctx.partner_of[rank]].replicas.get(step, ()):
-        sources.append("partner")
-    if ctx.erasure is not None and any(step in h.parity for h in everyone):
-        if len(_erasure_lost(ctx, everyone, rank, step)) <= ctx.parity:
-            sources.append("erasure")
-    if step in mine.pfs:
-        sources.append("pfs")
-    return sources
-
-
-def _surviving_nodes(ctx, everyone: list[Holdings]) -> set[int]:
-    """Nodes whose directory still holds checkpoint files (a lost node's directory is gone)."""
-    return {ctx.topology.node_of_rank[r] for r, h in enumerate(everyone) if h.node_files}
-
-
-def _never_completed(ctx, everyone: list[Holdings], step: int) -> bool:
-    """Every rank that has no copy of `step` on any level wrote its shard and stopped before
-    committing it: the version never was complete, so skipping it loses nothing. A rank
-    without even its shard (a lost or replaced node, deleted files) or with an unreadable
-    commit record is damage, not this case; nor is a version of another rank count, which
-    _missing_message explains."""
-    if any(h.local.get(step, ctx.world_size) != ctx.world_size for h in everyone):
-        return False
-    missing = [r for r in range(ctx.world_size) if not _sources(ctx, everyone, r, step)]
-    return bool(missing) and all(step in everyone[r].interrupted for r in missing)
-
-
-def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
-    steps = set()
-    for h in everyone:
-        steps.update(h.local)
-        steps.update(h.pfs)
-        steps.update(h.views)
-    if wanted is not None:
-        steps &= {wanted}
-    steps -= set(excluded)
-    return [s for s in sorted(steps, reverse=True) if _route(ctx, everyone, s)]
-
-
-def _writing(everyone: list[Holdings], step: int) -> Writing | None:
-    """The writing of `step` that counts (one per step: _one_writing_per_step), as any rank's
-    node-local commit record or L4's tells it."""
-    for h in everyone:
-        view = h.views.get(step)
-        if view is not None and view.writing is not None:
-            return view.writing
-    return next((h.pfs_geometry[step] for h in everyone if step in h.pfs), None)
-
-
-def _repartition_plan(ctx, everyone: list[Holdings], step: int) -> RepartitionPlan | None:
-    """Where every old rank's shard of `step` comes from, for a restart onto another rank
-    count or other nodes (repartition/plan.py)."""
-    writing = _writing(everyone, step)
-    if writing is None:
-        return None
-    return plan_repartition(step, writing, [h.views.get(step) for h in everyone],
-                            all(step in h.pfs for h in everyone))
-
-
-def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
-    """How `step` can be loaded: "same" (each rank its own shard, from its own copy or its
-    redundancy, as the job that wrote it ran), "repartition" (over the old job's shards,
-    wherever they survived), or None."""
-    writing = _writing(everyone, step)
-    if writing is None or writing.world_size == ctx.world_size:
-        if all(_sources(ctx, everyone, r, step) for r in range(ctx.world_size)):
-            return "same"
-    if _never_completed(ctx, everyone, step):
-        return None
-    plan = _repartition_plan(ctx, everyone, step)
-    return "repartition" if plan is not None and plan.complete else None
-
-
-def _failed_versions(ctx, ledger: RestartLedger) -> dict[int, str]:
-    """(all ranks) Versions that made a restart crash; the previous restart's pending entry,
-    if any, is one of them now."""
-    settled, failed = on_root(ctx.comm, _RANK0_WORK, lambda: (ledger.settle_pending(), ledger.failed_steps()))
-    if settled is not None:
-        _warn(ctx, f"version {settled[0]} is marked failed: {settled[1]}; falling back to an older version "
-                    f"(the record is in {ledger.path})")
-    return failed
-
-
 def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) -> RestoreResult | None:
     """(all ranks) The newest version every rank can load, loaded into ctx's arrays: its step,
     where each rank's shard came from and its registered state; None for a fresh start."""
     if mode not in RESTART_MODES:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
-    comm = ctx.comm
-    everyone = _one_writing_per_step(ctx, quiet_allgather(comm, _discover(ctx)))
-    stored = {s for h in everyone for s in (*h.local, *h.pfs)}
-    unfinished = sorted(s for s in stored if _never_completed(ctx, everyone, s))
-    if unfinished and ctx.rank == 0:
-        _warn(ctx, f"version(s) {unfinished} were never complete (the job stopped after some ranks wrote "
-                    "their shards and before they committed them): skipped, and written again")
-    newest_anywhere = max(stored - set(unfinished), default=None)
-    if mode == "never":
-        if newest_anywhere is not None:
-            raise _collective(ConfigError(
-                f"--restart never, but the storage already holds checkpoint versions (newest: step "
-                f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir"))
-        _clear_unfinished(ctx, unfinished)
-        return None
+    mine = _discover(ctx)
     # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
     # restart crashed and records the one it tries, so a crash while loading is not repeated.
     ledger = RestartLedger(ledger_path(ctx.run_dir)) if wanted is None else None
-    failed = _failed_versions(ctx, ledger) if ledger is not None else {}
-    candidates = _candidates(ctx, everyone, wanted, excluded=failed)
-    if not candidates:
-        _raise_if_nothing_loadable(ctx, everyone, mode, wanted, newest_anywhere, failed, ledger)
-        _clear_unfinished(ctx, unfinished)
+    outlook, my_sources = decide_at_root(ctx.comm, _RANK0_WORK, mine,
+                                         lambda everyone: plan_restore(ctx, everyone, mode, wanted, ledger))
+    if not outlook.candidates:
+        _clear_unfinished(ctx, list(outlook.unfinished))
         return None
-    for step in candidates:
+    for candidate in outlook.candidates:
+        step = candidate.step
         if ledger is not None:
             on_root(ctx.comm, _RANK0_WORK, lambda: ledger.begin(step))
         ctx.faults.strike(step, "restore")
         try:
-            loaded = _try_restore(ctx, step, everyone, repair=wanted is None)
+            loaded = _try_restore(ctx, candidate, mine, my_sources.get(step, ()), repair=wanted is None)
         except HpcckptError as exc:
             # A clean error every rank agreed on (e.g. an incompatible model) is not a crash:
             # the version is not to blame. Any other failure ends the job like a crash.
@@ -358,38 +209,20 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
             raise
         if loaded is not None:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
-                _clear_newer(ctx, step, failed, ledger)
+                _clear_newer(ctx, step, outlook.failed, ledger)
                 return replace(loaded, unconfirmed=ledger)
             return loaded
     if ledger is not None:
         on_root(ctx.comm, _RANK0_WORK, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
     raise _collective(UnrecoverableError(
-        f"no checkpoint version could be loaded: every candidate ({candidates}) failed verification; "
-        "see the rank logs for the pieces that were bad"))
+        f"no checkpoint version could be loaded: every candidate ({[c.step for c in outlook.candidates]}) failed "
+        "verification; see the rank logs for the pieces that were bad"))
 
 
-def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted: int | None,
-                               newest_anywhere: int | None, failed: dict, ledger) -> None:
-    """(all ranks) No candidate version: why, unless this is a fresh start (mode auto and
-    nothing stored)."""
-    loadable_but_failed = [s for s in _candidates(ctx, everyone, wanted) if s in failed]
-    if loadable_but_failed:
-        raise _collective(UnrecoverableError(
-            f"every recoverable version ({loadable_but_failed}) is marked failed after crashed restarts "
-            f"(see {ledger.path}); fix the cause (rank logs), then delete a step's entry under \"failed\" "
-            "there to try it again"))
-    if wanted is not None or newest_anywhere is not None:
-        step = wanted if wanted is not None else newest_anywhere
-        raise _collective(UnrecoverableError(_missing_message(ctx, everyone, step)))
-    if mode == "require":
-        raise _collective(CheckpointError(
-            "--restart require, but no checkpoint version exists under "
-            f"{ctx.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh"))
-
-
-def _shared_manifest(ctx, step: int, mine: Holdings) -> Manifest | None:
+def _shared_manifest(ctx, step: int, mine: Holdings, whole: bool) -> Manifest | None:
     """(all ranks) The commit record of `step`: read locally where possible, else sent by a
-    rank that has it (a rank on a replacement node has no local copy)."""
+    rank that has it (a rank on a replacement node has no local copy); with the shard records
+    this rank needs (_table_for_this_rank)."""
     manifest = None
     for level, holds in ((ctx.local, step in mine.local), (ctx.pfs, step in mine.pfs)):
         if manifest is None and level is not None and holds:
@@ -403,53 +236,59 @@ def _shared_manifest(ctx, step: int, mine: Holdings) -> Manifest | None:
             manifest = Manifest.read(Path(view.directory) / commit_file_name(min(view.commits)))
         except (HpcckptError, OSError):
             manifest = None
-    have = quiet_allgather(ctx.comm, manifest is not None)
-    if not any(have):
+    # The first rank that read one shares it (with several pieces of one table, any will do).
+    root = fold_at_root(ctx.comm, manifest is not None, lambda have: have.index(True) if any(have) else None)
+    if root is None:
         return None
-    root = have.index(True)
-    data = ctx.comm.bcast(manifest.to_bytes() if ctx.rank == root else None, root=root)
+    data = quiet_bcast(ctx.comm, manifest.to_bytes() if ctx.rank == root else None, root=root)
     shared = manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
-    return _whole_table(ctx, shared, manifest)
+    return _table_for_this_rank(ctx, shared, manifest, whole)
 
 
-def _whole_table(ctx, shared: Manifest, mine: Manifest | None) -> Manifest:
-    """(all ranks) The version's record with every shard listed that some rank's copy lists:
-    node-local copies list their node's part (Manifest.for_rank). Rank 0 gathers what each
-    rank read (O(group) records each) and hands the merged table to all, as one record was
-    before. Every shard a node-local level can deliver is listed by a surviving copy: its own
-    rank's, its replica holder's or its group's."""
-    if quiet_allgather(ctx.comm, shared.lists_every_shard) == [True] * ctx.world_size:
+def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bool) -> Manifest:
+    """(all ranks) The version's record with the shards listed that this rank's restore
+    reads: node-local copies list their node's part (Manifest.for_rank), so rank 0 gathers
+    what each rank read (O(group) records each) and hands each rank back what its own
+    node-local copy lists (its shard, its group's, the replicas it held: O(group)), or, to
+    re-partition (`whole`), the table of every shard. Every shard a node-local level can
+    deliver is listed by a surviving copy: its own rank's, its replica holder's or its group's."""
+    if not quiet_any(ctx.comm, not shared.lists_every_shard):
         return shared
     records = mine.shards if mine is not None and mine.identity == shared.identity else ()
-    gathered = ctx.comm.gather(records, root=0)
-    table = None
-    if ctx.rank == 0:
-        table = shared.with_shards(record for part in gathered for record in part).shards
-    return shared.with_shards(ctx.comm.bcast(table, root=0))
+    gathered = quiet_gather(ctx.comm, records, root=0)
+    if whole:
+        table = shared.with_shards(r for part in gathered for r in part).shards if gathered is not None else None
+        return shared.with_shards(quiet_bcast(ctx.comm, table, root=0))
+    parts = None
+    if gathered is not None:
+        table = shared.with_shards(r for part in gathered for r in part)
+        wanted = records_listed(shared.world_size, shared.partner_of, shared.node_of_rank, shared.groups)
+        parts = [table.listed(wanted[rank]) for rank in range(ctx.world_size)]
+    return shared.with_shards(quiet_scatter(ctx.comm, parts, root=0))
 
 
-def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) -> RestoreResult | None:
-    """(all ranks) Get every rank's shard of `step` from the cheapest source, verify, load.
-    With `repair` (a resuming job), copies that were missing or bad on node-local levels are
-    put back; reading an explicit version (evaluate) writes nothing."""
+def _try_restore(ctx, candidate: Candidate, mine: Holdings, my_sources: tuple, repair: bool = True
+                 ) -> RestoreResult | None:
+    """(all ranks) Get every rank's shard of the candidate version from the cheapest source,
+    verify, load. With `repair` (a resuming job), copies that were missing or bad on
+    node-local levels are put back; reading an explicit version (evaluate) writes nothing."""
     comm = ctx.comm
-    mine = everyone[ctx.rank]
-    my_sources = _sources(ctx, everyone, ctx.rank, step)
-    manifest = _shared_manifest(ctx, step, mine)
+    step = candidate.step
+    manifest = _shared_manifest(ctx, step, mine, whole=candidate.route == "repartition")
     if manifest is None:
         return None
     agree(comm, f"checking version {step} against this job", lambda: _check_compatible(ctx, manifest),
           error_type=IncompatibleCheckpointError)
-    if _route(ctx, everyone, step) == "repartition":
-        return _try_repartition(ctx, manifest, everyone, repair)
+    if candidate.route == "repartition":
+        return _try_repartition(ctx, manifest, candidate, repair)
 
     pieces, source = None, None
     if "local" in my_sources:
         pieces = _attempt(ctx, ctx.local, manifest)
         source = "local" if pieces is not None else None
-    needy = {r for r, ok in enumerate(quiet_allgather(comm, pieces is not None)) if not ok}
+    needy = failing_ranks(comm, pieces is not None)
     lost_initially = set(needy)
-    pieces, source, needy = _from_redundancy(ctx, manifest, everyone, needy, pieces, source)
+    pieces, source, needy = _from_redundancy(ctx, manifest, candidate.lacking, needy, pieces, source)
     if needy and ctx.rank in needy and "pfs" in my_sources:
         if ctx.local is not None and manifest.world_size == ctx.world_size and manifest.layout == ctx.layout:
             # Same layout: read and verify from L4, then put the same file back as this rank's
@@ -460,7 +299,7 @@ def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) 
         else:
             pieces = _attempt(ctx, ctx.pfs, manifest)
         source = "pfs" if pieces is not None else None
-    outcomes = quiet_allgather(comm, source)
+    outcomes = allgather_compact(comm, source)
     failed = [r for r, s in enumerate(outcomes) if s is None]
     if failed:
         if ctx.rank == 0:
@@ -474,18 +313,17 @@ def _try_restore(ctx, step: int, everyone: list[Holdings], repair: bool = True) 
     return RestoreResult(step, tuple(outcomes), manifest.state)
 
 
-def _try_repartition(ctx, manifest: Manifest, everyone: list[Holdings], repair: bool) -> RestoreResult | None:
+def _try_repartition(ctx, manifest: Manifest, candidate: Candidate, repair: bool) -> RestoreResult | None:
     """(all ranks) Load a version over the old job's shards, wherever they survived: each from
     its cheapest surviving level, lost ones rebuilt from L3 parity, L4 only for what no
     node-local level holds (repartition/). A resuming job then writes the version again under
     this job's geometry (RestoreResult.protect_again), so a second loss is survived at once."""
     step = manifest.step
-    pfs_holds = all(step in h.pfs for h in everyone)
-    job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names,
-                         [h.views.get(step) for h in everyone],
+    pfs_holds = candidate.pfs_holds
+    job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names, candidate.views,
                          (lambda old_rank: ctx.pfs.shard_path(step, old_rank)) if ctx.pfs is not None else None,
                          lambda message: _warn(ctx, message))
-    outcome = job.run(_writing(everyone, step), pfs_holds)
+    outcome = job.run(candidate.writing, pfs_holds)
     if isinstance(outcome, RepartitionPlan):
         if ctx.rank == 0:
             _warn(ctx, f"version {step} cannot be assembled: old rank(s) {list(outcome.missing)} have no usable "
@@ -493,14 +331,13 @@ def _try_repartition(ctx, manifest: Manifest, everyone: list[Holdings], repair: 
         return None
     _load(ctx, manifest, outcome.pieces)
     plan = outcome.plan
-    moved = quiet_allgather(ctx.comm, (outcome.bytes_read, outcome.bytes_received))
+    most_read, most_received = fold_at_root(ctx.comm, (outcome.bytes_read, outcome.bytes_received),
+                                            lambda moved: tuple(map(max, zip(*moved))))
     if ctx.log:
         ctx.log.info(f"restored version {step}, written by {manifest.world_size} rank(s), onto {ctx.world_size}: "
                      f"old shards {plan.summary()}; this rank read {outcome.bytes_read} and received "
                      f"{outcome.bytes_received} bytes", console=False)
         if ctx.rank == 0:
-            most_read = max(r for r, _ in moved)
-            most_received = max(m for _, m in moved)
             ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.world_size} "
                          f"rank(s): old shards {plan.summary()}; at most {most_read / 1e6:.1f} MB read and "
                          f"{most_received / 1e6:.1f} MB received by one rank", console=True)
@@ -516,13 +353,12 @@ def _try_repartition(ctx, manifest: Manifest, everyone: list[Holdings], repair: 
                          traffic=(outcome.bytes_read, outcome.bytes_received))
 
 
-def _from_redundancy(ctx, manifest: Manifest, everyone: list[Holdings], needy: set[int], pieces, source):
+def _from_redundancy(ctx, manifest: Manifest, lacking: frozenset, needy: set[int], pieces, source):
     """(all ranks) The redundancy levels, cheapest first, each collective over its peers:
     holders send replicas, groups rebuild from survivors; what a needy rank gets becomes its
     L1 copy again and is verified there. Returns (pieces, source, the ranks still needy)."""
     step = manifest.step
     sizes = manifest.shard_sizes()
-    lacking = frozenset(_lacking_node_local_pieces(ctx, everyone, step))
     for level in ctx.levels:
         if not (needy and level.collective):
             continue
@@ -537,7 +373,7 @@ def _from_redundancy(ctx, manifest: Manifest, everyone: list[Holdings], needy: s
             if pieces is None:
                 path.unlink(missing_ok=True)  # a bad copy (checksum) counts as missing
             source = level.name if pieces is not None else None
-        needy = {r for r, ok in enumerate(quiet_allgather(ctx.comm, pieces is not None)) if not ok}
+        needy = failing_ranks(ctx.comm, pieces is not None)
     return pieces, source, needy
 
 
@@ -596,12 +432,6 @@ def _adopt(ctx, manifest: Manifest, data: np.ndarray, what: str) -> Path | None:
         _warn(ctx, f"version {manifest.step}: cannot store the shard from {what}: {exc}")
         return None
     return path
-
-
-def _lacking_node_local_pieces(ctx, everyone: list[Holdings], step: int) -> list[int]:
-    """Ranks whose node-local pieces of `step` (their L1 shard written by this rank count, and
-    their parity) are not all there: an erasure group rebuilds those members too."""
-    return [r for r, h in enumerate(everyone) if not (h.local.get(step) == ctx.world_size and step in h.parity)]
 
 
 def _shard_bytes(ctx, step: int) -> np.ndarray:
@@ -860,7 +690,7 @@ def clear_old_geometry(ctx, which) -> list[int]:
     its versions (the engine writes the version there first where L4 lacks it). Returns the
     steps deleted."""
     where = (ctx.local_dir, ctx.node)
-    first = quiet_allgather(ctx.comm, where).index(where) == ctx.rank
+    first = first_of_each(ctx.comm, where)
     steps = [s for s in list_version_steps(ctx.local_dir) if which(s)] if first and ctx.levels.node_local else []
     for step in steps:
         remove_tree(Path(ctx.local_dir) / version_dir_name(step))
@@ -910,37 +740,6 @@ def _free_name(directory, suffix: str):
         count += 1
         candidate = directory.with_name(f"{directory.name}{suffix}.{count}")
     return candidate
-
-
-def _missing_message(ctx, everyone: list[Holdings], step: int) -> str:
-    missing = [r for r in range(ctx.world_size) if not _sources(ctx, everyone, r, step)]
-    writing = _writing(everyone, step)
-    if writing is not None and writing.world_size != ctx.world_size:
-        plan = _repartition_plan(ctx, everyone, step)
-        lost = list(plan.missing) if plan is not None else []
-        return (f"checkpoint version {step} (written by {writing.world_size} ranks) cannot be assembled onto "
-                f"{ctx.world_size}: the shards of old rank(s) {lost} are on no surviving level (their node-local "
-                "copies are gone, not enough replicas or parity are left, and L4 has no copy); restart from an "
-                "older version (see hpcckpt inspect) or enable the pfs level")
-    node_of = ctx.topology.node_of_rank
-    # A node whose directory still holds checkpoint files survived; a rank there that lacks this
-    # version usually was still writing it when the job stopped. Calling that a lost node would
-    # send the operator looking for a failure that did not happen.
-    surviving = _surviving_nodes(ctx, everyone)
-    unfinished = [r for r in missing if node_of[r] in surviving]
-    lost = [r for r in missing if node_of[r] not in surviving]
-    parts = []
-    if lost:
-        parts.append(f"the shards of rank(s) {lost} on node(s) {sorted({node_of[r] for r in lost})} are on no "
-                     "surviving level (those nodes' local copies are gone, not enough replicas or parity are "
-                     "left (parity serves only the resilience.group_size and parity that wrote it), and L4 has "
-                     "no copy)")
-    if unfinished:
-        parts.append(f"rank(s) {unfinished} on surviving node(s) {sorted({node_of[r] for r in unfinished})} hold "
-                     "no copy of it and no other level has one (most likely the job stopped while they were "
-                     "writing it)")
-    return (f"checkpoint version {step} cannot be recovered: " + ", and ".join(parts)
-            + "; restart from an older version or enable the pfs level")
 
 
 def _collective(exc: HpcckptError) -> HpcckptError:

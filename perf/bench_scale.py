@@ -10,6 +10,16 @@ blocks of 12 weights, each with one optimizer slot), per rank count:
   parse_s      Manifest.from_bytes() of one node-local record (each restart, inspect, retention)
   l4_mib       L4's one record of the version (every shard listed)
 
+And a restart after one node is lost (recovery_plan.py), per rank count, 3 versions on
+L1-L3 and one on L4:
+
+  holdings_mib  what each rank received when every rank's holdings were allgathered (before)
+  outlook_kib   what each rank receives now: rank 0's decision (broadcast) and its own
+                sources (scattered)
+  table_kib     the shard records each rank is handed back to verify and rebuild its shard
+                (before: the whole table, l4_mib)
+  decide_s      plan_restore() at rank 0, over every rank's holdings
+
 Medians of --repeats runs (1 for rows above 1,024 ranks: they take seconds each). No MPI,
 no files: the sizes and times are those of the functions the engine calls.
 
@@ -25,9 +35,16 @@ import time
 
 from harness import median, write_json
 
+import copyreg
+import io
+import pickle
+from types import SimpleNamespace
+
 from hpcckpt.cluster.topology import Topology
 from hpcckpt.format.layout import TensorSpec, plan_layout
 from hpcckpt.format.manifest import Manifest, ShardRecord, shard_digest, version_id_of
+from hpcckpt.levels.survey import NodeLocalView, Writing
+from hpcckpt.recovery_plan import Holdings, plan_restore
 
 HIDDEN = 1024
 RANKS_PER_NODE = 4
@@ -79,7 +96,63 @@ def one_version(specs: list[TensorSpec], ranks: int) -> dict:
     record = max(len(data), *(len(manifest.for_rank(rank).to_bytes()) for rank in (ranks // 2, ranks - 1)))
     l4 = len(manifest.to_bytes())
     return {"plan_s": plan_s, "write_s": write_s, "parse_s": parse_s, "record_mib": record / 2**20,
-            "job_gib": (record * ranks + l4) / 2**30, "l4_mib": l4 / 2**20}
+            "job_gib": (record * ranks + l4) / 2**30, "l4_mib": l4 / 2**20, **one_restart(manifest),
+            "table_kib": record / 1024}
+
+
+def _pickled_size(value, writings_as_rules: bool = True) -> int:
+    """Bytes of `value` pickled; without `writings_as_rules`, a Writing carries its groups
+    rank by rank, as it did before #27."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    if not writings_as_rules:
+        pickler.dispatch_table = copyreg.dispatch_table.copy()
+        pickler.dispatch_table[Writing] = lambda w: (Writing, (w.identity, w.created, w.world_size, w.run_id,
+                                                               w.groups, w.parity))
+    pickler.dump(value)
+    return buffer.tell()
+
+
+def one_restart(manifest: Manifest) -> dict:
+    """Every rank's holdings as recovery._discover lists them after node 1 is lost, and rank
+    0's decision over them."""
+    ranks = manifest.world_size
+    writing = Writing.of(manifest)
+    steps = (800, 900, 1000)
+    node_of = manifest.node_of_rank
+    on_node: dict[int, list[int]] = {}
+    for rank, node in enumerate(node_of):
+        on_node.setdefault(node, []).append(rank)
+    sources_of = {holder: [] for holder in range(ranks)}
+    for source, holder in enumerate(manifest.partner_of):
+        sources_of[holder].append(source)
+    views = {node: {step: NodeLocalView(step, f"/local/n{node}/v{step}", writing, frozenset(members),
+                                        frozenset(members),
+                                        frozenset((s, h) for h in members for s in sources_of[h]),
+                                        frozenset(members)) for step in steps}
+             for node, members in on_node.items()}
+    everyone = []
+    for rank in range(ranks):
+        if node_of[rank] == 1:  # lost: its directory is gone
+            everyone.append(Holdings({}, {}, (), {1000: ranks}, pfs_writings={1000: (writing.identity, 0.0)},
+                                     pfs_geometry={1000: writing}))
+            continue
+        everyone.append(Holdings(
+            local={s: ranks for s in steps}, replicas={s: tuple(sources_of[rank]) for s in steps}, parity=steps,
+            pfs={1000: ranks}, node_files=True, local_writings={s: (writing.identity, 0.0) for s in steps},
+            pfs_writings={1000: (writing.identity, 0.0)}, views=views[node_of[rank]],
+            pfs_geometry={1000: writing}))
+    topology = Topology(node_of)
+    ctx = SimpleNamespace(rank=0, world_size=ranks, topology=topology, partner=object(), erasure=object(),
+                          partner_of=manifest.partner_of, groups=manifest.groups, parity=manifest.parity, log=None,
+                          pfs_dir="/pfs")
+    started = time.perf_counter()
+    outlook, answers = plan_restore(ctx, everyone, "auto", None, None)
+    decide_s = time.perf_counter() - started
+    assert outlook.candidates[0].step == 1000 and outlook.candidates[0].route == "same", outlook.candidates[:1]
+    holdings = sum(_pickled_size(h, writings_as_rules=False) for h in everyone)
+    received = _pickled_size((None, outlook)) + max(_pickled_size(a) for a in answers)
+    return {"holdings_mib": holdings / 2**20, "outlook_kib": received / 1024, "decide_s": decide_s}
 
 
 def main() -> None:
@@ -107,6 +180,11 @@ def main() -> None:
         results.append(row)
         print(f"{ranks:>7,d} {tensors:>8,d} {row['record_mib'] * 1024:>11.1f} {row['job_gib']:>9.3f} "
               f"{row['plan_s']:>8.3f} {row['write_s']:>8.3f} {row['parse_s']:>8.3f} {row['l4_mib']:>8.1f}", flush=True)
+    print(f"\nrestart after one node lost:\n{'ranks':>7} {'tensors':>8} {'holdings MiB':>13} {'outlook KiB':>12} "
+          f"{'table MiB':>10} {'table KiB':>10} {'decide s':>9}")
+    for row in results:
+        print(f"{row['ranks']:>7,d} {row['tensors']:>8,d} {row['holdings_mib']:>13.2f} {row['outlook_kib']:>12.1f} "
+              f"{row['l4_mib']:>10.1f} {row['table_kib']:>10.1f} {row['decide_s']:>9.3f}")
     if args.json:
         write_json(args.json, {"args": vars(args), "rows": results})
 

@@ -2,6 +2,7 @@
 each node-local copy lists its node's part of the shard table; format 1 records still load."""
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from hpcckpt.cluster.topology import Topology
 from hpcckpt.errors import FormatError
 from hpcckpt.format.compact import pack_dirs, pack_groups, pack_ints, unpack_dirs, unpack_groups, unpack_ints
 from hpcckpt.format.layout import TensorSpec, plan_layout
-from hpcckpt.format.manifest import Manifest, ShardRecord, shard_digest, version_id_of
+from hpcckpt.format.manifest import Manifest, ShardRecord, record_peers, records_listed, shard_digest, version_id_of
+from hpcckpt.levels.survey import Writing
 
 
 def test_per_rank_maps_round_trip_whatever_they_hold():
@@ -185,3 +187,27 @@ def test_64_ranks_lose_a_node_and_restart_bit_identical_with_records_that_do_not
     node5 = {20, 21, 22, 23}
     assert {r["source"] for r in results if r["rank"] not in node5} == {"local"}
     assert {r["source"] for r in results if r["rank"] in node5} <= {"partner", "erasure"}
+
+
+@pytest.mark.parametrize("ranks, per_node, group", [(64, 4, 8), (12, 3, 4), (10, 3, 3), (5, 5, 0)])
+def test_the_records_every_rank_lists_are_each_ranks_record_peers(ranks, per_node, group):
+    # Rank 0 hands each rank the records its own node-local copy lists (recovery.py): all
+    # ranks at once must be what record_peers says for each.
+    topology = Topology(tuple(r // per_node for r in range(ranks)))
+    partner_of = topology.partner_of() if topology.node_count > 1 else ()
+    groups = topology.erasure_groups(group, 1) if group and topology.node_count >= group else ()
+    listed = records_listed(ranks, partner_of, topology.node_of_rank, groups)
+    for rank in range(ranks):
+        assert listed[rank] == sorted({rank, *record_peers(rank, partner_of, topology.node_of_rank, groups)[1]})
+
+
+def test_a_writing_travels_with_its_groups_as_a_rule():
+    # Rank 0 broadcasts the writing of each candidate at a restart: not O(ranks) bytes.
+    topology = Topology(tuple(r // 4 for r in range(4096)))
+    groups = topology.erasure_groups(8, 2)
+    writing = Writing("id", 1.0, 4096, "run", groups, 2)
+    data = pickle.dumps(writing)
+    assert pickle.loads(data) == writing
+    assert len(data) < 1024, len(data)
+    irregular = Writing("id", 1.0, 6, "run", ((0, 5), (1, 2, 3), (4,)), 1)
+    assert pickle.loads(pickle.dumps(irregular)) == irregular

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from hpcckpt.recovery import Holdings, _missing_message
+from hpcckpt.recovery_plan import Holdings, _missing_message
 
 
 def holdings(local=()):

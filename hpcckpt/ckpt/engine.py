@@ -38,7 +38,7 @@ from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
-from hpcckpt.format.manifest import Manifest, ShardRecord, record_peers, version_id_of
+from hpcckpt.format.manifest import Manifest, ShardRecord, record_peers
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY"]
 
@@ -401,5 +401,5 @@ class Checkpointer:
             partner_of=self.partner_of,
             groups=self.groups,
             parity=self.storage.redundancy.parity if self.groups else 0,
-            version_id=version_id_of(snapshot.step, self.world_size, shard_infos.digests),
+            version_id=shard_infos.version_id,
         )

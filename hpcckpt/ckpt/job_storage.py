@@ -18,10 +18,11 @@ from hpcckpt.ckpt.run_identity import (
     pfs_owner,
     read_run_identity,
 )
-from hpcckpt.cluster.collectives import on_root, quiet_any, raise_if_any_failed
+from hpcckpt.cluster.collectives import decide_at_root, fold_at_root, on_root, quiet_any, raise_if_any_failed
 from hpcckpt.cluster.placement import local_dir_of, pfs_dir_of, user_name
 from hpcckpt.cluster.topology import fit_redundancy, job_id
 from hpcckpt.errors import ConfigError, HpcckptError, StorageError
+from hpcckpt.format.compact import pack_dirs, unpack_dirs
 from hpcckpt.levels import dir_safety
 from hpcckpt.levels.base import LevelStack
 from hpcckpt.levels.erasure import ErasureLevel
@@ -118,7 +119,10 @@ class JobStorage:
         # so runs that share a node-local directory never see each other's versions.
         self.local_base = local_dir_of(config.storage.local_dir, run_dir, topology, self.rank)
         self.local_dir = str(Path(self.local_base) / run.local_subdir)
-        self.local_dirs = tuple(comm.allgather(self.local_dir))
+        # Gathered at rank 0 and handed out as a rule (a template with {node}), not every
+        # rank's path to every rank.
+        self.local_dirs = tuple(unpack_dirs(fold_at_root(comm, self.local_dir, lambda dirs: pack_dirs(
+            dirs, topology.node_of_rank)), topology.node_of_rank))
         self.dir_mode, self.file_mode = dir_safety.modes(config.storage.share_with_group)
         # Ranks whose node-local directory is this rank's: on its node, under the same path (the
         # same path on two nodes is two directories, as with a plain /local/scratch/ckpt).
@@ -246,8 +250,14 @@ class JobStorage:
         partners and erasure groups really span nodes (hosts, or simulated nodes on one host);
         each rank logs its own line, rank 0 prints a summary."""
         others = other_runs_in(self.local_base, self.run.local_subdir) if self.local_base else []
-        seen = self.comm.allgather((socket.gethostname(), others))
-        hosts = [host for host, _ in seen]
+        simulated = bool(self.config.simulated_nodes)
+        node_of = self.topology.node_of_rank
+        # Rank 0 gathers every rank's host and the other runs it saw; each rank is told the
+        # hosts of its partner and group (O(group)), not every rank's.
+        mine = (socket.gethostname(), others)
+        peers = sorted({*([self.partner_of[self.rank]] if self.partner_of else []),
+                        *(self.groups[self.topology.group_of(self.groups, self.rank)] if self.groups else [])})
+        summary, hosts = decide_at_root(self.comm, "describing the placement", (mine, peers), self._placement_summary)
         if self.log is None:
             return
         if self.rank == 0:
@@ -255,22 +265,32 @@ class JobStorage:
                 self.log.warning(warning)
         if others:
             self.log.info(f"{self.local_base} also holds {', '.join(others)}: other runs' versions, left alone")
-        others_anywhere = sorted({name for _, names in seen for name in names})
+        others_anywhere, summary = summary
         if others_anywhere:
             self.log.info(f"node-local directories also hold other runs' versions ({', '.join(others_anywhere[:4])}"
                           f"{', ...' if len(others_anywhere) > 4 else ''}): never loaded, deleted or overwritten "
                           f"by this run ({self.run.local_subdir})", console=True)
-        simulated = bool(self.config.simulated_nodes)
-        node_of = self.topology.node_of_rank
-        where = [f"simulated node {node_of[r]}" if simulated else f"host {hosts[r]}" for r in range(self.world_size)]
-        parts = [f"node-local directory {self.local_dir} on {where[self.rank]}"]
+
+        def where(rank: int) -> str:
+            return f"simulated node {node_of[rank]}" if simulated else f"host {hosts[rank]}"
+        parts = [f"node-local directory {self.local_dir} on {where(self.rank)}"]
         if self.partner_of:
             partner = self.partner_of[self.rank]
-            parts.append(f"L2 partner copy on rank {partner} ({where[partner]})")
+            parts.append(f"L2 partner copy on rank {partner} ({where(partner)})")
         if self.groups:
             members = self.groups[self.topology.group_of(self.groups, self.rank)]
-            parts.append(f"L3 erasure group {list(members)} on {[where[m] for m in members]}")
+            parts.append(f"L3 erasure group {list(members)} on {[where(m) for m in members]}")
         self.log.info("placement: " + "; ".join(parts))
+        self.log.info(summary, console=True)
+
+    def _placement_summary(self, gathered: list) -> tuple:
+        """(rank 0) From every rank's (host, other runs seen) and the ranks it asks about: the
+        other runs anywhere and the job's placement line, shared; each rank's answer, the
+        hosts of the ranks it asked about (its own included)."""
+        hosts = [host for (host, _), _ in gathered]
+        others_anywhere = sorted({name for (_, names), _ in gathered for name in names})
+        simulated = bool(self.config.simulated_nodes)
+        node_of = self.topology.node_of_rank
         names = sorted(set(hosts))
         summary = (f"placement: {self.world_size} rank(s) on {self.topology.node_count} simulated node(s) of host(s) "
                    if simulated else f"placement: {self.world_size} rank(s) on {len(names)} host(s) ")
@@ -282,4 +302,5 @@ class JobStorage:
         if self.groups:
             spread = min(len({domain[m] for m in g}) for g in self.groups)
             summary += f"; L3 {len(self.groups)} erasure group(s), each across {spread}+ node(s)"
-        self.log.info(summary, console=True)
+        answers = [{peer: hosts[peer] for peer in (rank, *asked)} for rank, (_, asked) in enumerate(gathered)]
+        return (others_anywhere, summary), answers

@@ -40,20 +40,21 @@ from hpcckpt.ckpt.flush import AsyncFlush
 from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.policy import levels_due
 from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
-from hpcckpt.ckpt.room import RoomMaker, out_of_space
+from hpcckpt.ckpt.room import RoomMaker, bytes_to_write, out_of_space
 from hpcckpt.ckpt.worker import Worker
 from hpcckpt.cluster.collectives import (
     StorageFailure,
     agree,
     agree_per_rank,
     exchange_objects,
+    fold_at_root,
     is_storage_failure,
-    quiet_allgather,
+    quiet_bcast,
     quiet_gather,
     raise_if_any_failed,
 )
 from hpcckpt.errors import CheckpointError, HpcckptError
-from hpcckpt.format.manifest import Manifest, shard_digest
+from hpcckpt.format.manifest import Manifest, shard_digest, version_id_of
 from hpcckpt.format.shardfile import plan_shard, verify_shard
 from hpcckpt.io import direct_io
 from hpcckpt.levels.base import VersionImage
@@ -163,13 +164,19 @@ TAG_RECORDS = 401  # and 402: shard records to the ranks whose node-local record
 
 @dataclass(frozen=True)
 class ShardInfos:
-    """Every rank's shard size and digest (format/manifest.py's shard_digest), and (size,
-    checksums) by rank of the shards this rank's commit records list: its node-local part,
-    or all of them on L4's coordinator."""
+    """What this rank's commit records need of the version's shards: (size, checksums) by rank
+    of the shards they list (its node-local part, or all of them on L4's coordinator), the
+    version id (a hash of every rank's shard_digest) and the bytes all ranks' files take."""
 
-    sizes: tuple[int, ...]
-    digests: tuple[str, ...]
     records: dict
+    version_id: str
+    version_bytes: int
+
+    @property
+    def sizes(self) -> dict[int, int]:
+        """The shard sizes of the ranks listed: this rank's, its L3 group's and the replica
+        sources it holds, which are the ones its levels need."""
+        return {rank: size for rank, (size, _) in self.records.items()}
 
 
 class _RoomOnce:
@@ -387,9 +394,10 @@ class SavePipeline:
         image = self._stage(step, "shard layout", lambda: plan_shard(
             step, self.rank, self.world_size, snapshot.pieces, self.arrays.shard_extra,
             str(where.shard_path(step))), phase="layout")
-        shard_infos = self._share_shard_infos(image.size, image.checksums)
+        shard_infos = self._share_shard_infos(image.size, image.checksums, step)
         version = VersionImage(step, self.world_size, shard_infos.sizes,
-                               functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image)
+                               functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image,
+                               version_bytes=shard_infos.version_bytes)
         names = tuple(level.name for level in due)
         node_local = [level for level in due if level.node_local]
         global_due = [level for level in due if not level.node_local]
@@ -445,19 +453,23 @@ class SavePipeline:
         self.health.version_held(step, bool(held_by))
         self.apply_retention(step)
 
-    def _share_shard_infos(self, size: int, checksums: dict) -> "ShardInfos":
+    def _share_shard_infos(self, size: int, checksums: dict, step: int) -> ShardInfos:
         """(all ranks) What the commit records need of every rank's shard, each rank told only
-        what it writes (#27): every size and digest (O(ranks) numbers each), the checksums of
-        the shards its node-local record lists from those ranks (O(group)), and all of them at
-        L4's coordinator, which writes the one record listing every shard."""
-        sizes_and_digests = quiet_allgather(self.comm, (size, shard_digest(size, checksums)))
+        what it writes (#27): the checksums of the shards its node-local record lists, point
+        to point from those O(group) ranks; all of them at L4's coordinator, which writes the
+        record listing every shard and hands every rank the version id and total size."""
         send_to, receive_from = self.record_peers
         records = exchange_objects(self.comm, (size, checksums), send_to, receive_from, TAG_RECORDS)
         records[self.rank] = (size, checksums)
-        everyone = quiet_gather(self.comm, (size, checksums), root=COORDINATOR)
+        mine = (size, checksums, shard_digest(size, checksums))
+        everyone = quiet_gather(self.comm, mine, root=COORDINATOR)
+        summary = None
         if everyone is not None:
-            records = dict(enumerate(everyone))
-        return ShardInfos(tuple(s for s, _ in sizes_and_digests), tuple(d for _, d in sizes_and_digests), records)
+            records = {rank: (size, checksums) for rank, (size, checksums, _) in enumerate(everyone)}
+            summary = (version_id_of(step, self.world_size, [digest for _, _, digest in everyone]),
+                       bytes_to_write(size for size, _, _ in everyone))
+        version_id, version_bytes = quiet_bcast(self.comm, summary, root=COORDINATOR)
+        return ShardInfos(records, version_id, version_bytes)
 
     @property
     def node_local_label(self) -> str:
@@ -588,8 +600,10 @@ class SavePipeline:
         sizes = manifest.shard_sizes()
         # Mapped, not read: the file's pages come from the page cache (L1 just wrote them)
         # without a second shard-sized buffer beside the snapshot's.
+        # The coordinator's record lists every shard: it is the rank that measures L4's room.
         version = VersionImage(step, self.world_size, sizes, functools.cache(
-            lambda: np.memmap(source.shard_path(step), dtype=np.uint8, mode="r")))
+            lambda: np.memmap(source.shard_path(step), dtype=np.uint8, mode="r")),
+            version_bytes=bytes_to_write(sizes))
         held_by = tuple(level.label for level in self.node_local if level.name in manifest.levels)
         took = False
         for level in self.global_levels:
@@ -786,7 +800,7 @@ class SavePipeline:
         """(all ranks) Copy to the global level `target` the committed versions of `source`
         (L1) that its retention would keep but that skipped it; each copy is verified against
         its checksums before its commit record is written. Returns the steps copied."""
-        common = set.intersection(*(set(s) for s in quiet_allgather(self.comm, source.committed_steps())))
+        common = fold_at_root(self.comm, source.committed_steps(), lambda held: set.intersection(*map(set, held)))
         on_target = set(self.comm.bcast(target.committed_steps() if self.rank == 0 else None, root=0))
         manifests = {}
         for step in sorted(common - on_target - self.room.dropped.get(target.name, set())):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from hpcckpt.ckpt.retention import best_step
-from hpcckpt.cluster.collectives import on_root, quiet_allgather
+from hpcckpt.cluster.collectives import fold_at_root, on_root
 from hpcckpt.errors import HpcckptError
 
 PAGE = 4096
@@ -108,7 +108,7 @@ class RoomMaker:
             committed = level.committed_steps()
             candidates = droppable(committed, node_local, max({step, *node_local, *committed}),
                                    self._best(level, committed), pinned=())
-            count = how_many_to_drop(free_bytes(level.root), bytes_to_write(version.shard_sizes),
+            count = how_many_to_drop(free_bytes(level.root), version.version_bytes,
                                      [allocated_bytes(level.version_dir(s)) for s in candidates])
             return candidates[:count] if count else []
         try:
@@ -135,7 +135,7 @@ class RoomMaker:
                 s for level in self.global_levels for s in level.committed_steps()})
         except HpcckptError:
             on_global = set()  # then nothing here is held elsewhere: nothing to drop
-        pinned = {s for s in quiet_allgather(comm, copying) if s is not None}
+        pinned = fold_at_root(comm, copying, lambda copies: {s for s in copies if s is not None})
         # The version being written is complete nowhere yet: the newest complete one stays.
         candidates = droppable(node_local, on_global, max({*node_local, *on_global}, default=None),
                                self._best(first, node_local), pinned)
@@ -145,10 +145,11 @@ class RoomMaker:
                   else 3 * bytes_to_write([version.shard_sizes[self.rank]]))
         count = how_many_to_drop(free_bytes(first.root), needed,
                                  [allocated_bytes(first.version_dir(s)) for s in candidates])
-        counts = quiet_allgather(comm, count)
-        if None in counts or not max(counts):
+        # The node shortest of space decides; one that cannot make room stops it everywhere.
+        most = fold_at_root(comm, count, lambda counts: None if None in counts else max(counts))
+        if not most:
             return False
-        dropped = candidates[:max(counts)]
+        dropped = candidates[:most]
         for dropped_step in dropped:
             self.prune("node-local", lambda dropped_step=dropped_step: self.remove_node_local(dropped_step))
         self._say(label, step, dropped, "L4 holds")
@@ -162,7 +163,7 @@ class RoomMaker:
             mine = self.node_local[0].committed_steps()
         except OSError:
             mine = []  # nothing counts as held there: nothing is dropped for it
-        return set.intersection(*(set(s) for s in quiet_allgather(comm, mine)))
+        return fold_at_root(comm, mine, lambda held: set.intersection(*map(set, held)))
 
     def _best(self, level, committed) -> int | None:
         """The version retention keeps as the best by checkpoint.keep_best, among `committed`."""

@@ -15,26 +15,44 @@ come back as data, by rank, and only other failures raise.
 
 The job's collectives and what each rank sends and receives (W ranks, T tensors per shard, G
 the erasure group size, V versions stored), for #27's rule "O(1) or O(group) per rank, or
-O(W) at one root, never O(W^2) in total". Marked [W^2] where that does not hold yet.
+O(W) at one root, never O(W^2) in total". The tools: fold_at_root (gather at rank 0, fold,
+broadcast a small answer), decide_at_root (gather, decide, broadcast the shared part and
+scatter one answer per rank), allgather_compact (the distinct values and runs of ranks),
+point-to-point exchanges with the O(G) peers that need a rank's data.
+  every agreement (agree, agree_per_rank, raise_if_any_failed): 1 allreduce of an int; when
+    some rank failed, the reports gathered at rank 0 and the failing ones broadcast
   per checkpoint (ckpt/pipeline.py, ckpt/flush.py):
-    snapshot, every stage, commit: agree / agree_per_rank, 1 allreduce of an int
-    shard sizes and digests: allgather of two numbers each [W^2, small]; checksums: to the
-      O(G) ranks whose node-local record lists them, point to point, and gathered at L4's
-      coordinator (O(W x T) at the root), which writes the record listing every shard
-    L2 store: point-to-point, one shard to the partner; L3 store: within the group, O(G)
+    snapshot, every stage, commit: one agreement each
+    shard records: point to point to the O(G) ranks whose node-local record lists them;
+      gathered at L4's coordinator (O(W x T) at the root), which writes the record listing
+      every shard and broadcasts the version id and total size (O(1))
+    L2 store: one shard to the partner; L3 store: within the group, O(G)
     L4 at its own pace: 1 allreduce (is a copy running anywhere)
-    end-of-run drain: allgather of each rank's committed steps [W^2 x V], each rank's
-      shard record gathered at rank 0 (O(W x T) at the root)
-    making room (ckpt/room.py): allgather of steps and counts [W^2 x V]; L4 listing: bcast
-  per restart (recovery.py):
-    discovery: allgather of each rank's holdings [W^2 x V]
-    the commit record: bcast of one node-local record (O(G x T)); the whole table gathered
-      at rank 0 (O(G x T) per rank) and broadcast [W^2 x T]
-    who still needs a shard, where it came from: allgather of a flag each [W^2]
-    L2 delivery: allgather of offers [W^2]; L3: within the group, O(G)
+    end-of-run drain: committed steps folded at rank 0 (O(V) back); each shard record gathered
+      at rank 0 (O(W x T) at the root)
+    making room (ckpt/room.py): steps, counts and pinned steps folded at rank 0 (O(V) back);
+      L4 listing: on_root
+  per restart (recovery.py, recovery_plan.py):
+    discovery: each rank's holdings (O(V)) gathered at rank 0, which decides; the candidates
+      broadcast (O(V) each, plus the ranks whose node-local pieces are gone), each rank's own
+      sources scattered (O(V)). A restart onto another rank count or placement (repartition)
+      also broadcasts what each node-local directory holds, one object per node: O(W) per
+      rank [W^2, only then]
+    the commit record: bcast of one node-local record (O(G x T)); the table gathered at rank 0
+      (O(G x T) per rank) and each rank's part scattered back (O(G x T)); a repartition
+      broadcasts the whole table (O(W x T) per rank) [W^2 x T, only then]
+    who still needs a shard: 1 allreduce, and the needy ranks folded at rank 0 when some are
+    where each shard came from: allgather_compact (the levels, and runs of ranks)
+    L2 delivery: point to point, holder and needy rank; L3: within the group, O(G)
     ledger, claim, L4 directory work: on_root, one bcast of a small result
-  at start (ckpt/job_storage.py, cluster/placement.py): allgather of each rank's directory
-    and host name [W^2], once per job
+    one rank per node-local directory: decide_at_root, one answer per rank
+  at start (ckpt/job_storage.py, cluster/placement.py): host names and node-local directories
+    gathered at rank 0 and handed back as rules (node of each rank, a {node} template: O(1)
+    for the usual placements); the placement log: each rank is told its partner's and
+    group's hosts (O(G))
+  at the end (train/loop.py): the weights digest by allgather_compact (one distinct value
+    where the ranks agree), bytes stored folded at rank 0
+  only under fault injection (faults.py): an allgather of each rank's host and pid, once
 """
 
 from __future__ import annotations
@@ -48,6 +66,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from hpcckpt.errors import CheckpointError, HpcckptError, PeerFailed, StorageError
+from hpcckpt.format.compact import pack_ints, unpack_ints
 
 T = TypeVar("T")
 
@@ -130,8 +149,14 @@ def raise_if_any_failed(comm, label: str, failure: str | PeerFailure | None, *, 
     One allreduce round when no rank failed; the failures are gathered only when one did."""
     if not quiet_any(comm, failure is not None):
         return
-    failures = {rank: f for rank, f in enumerate(quiet_allgather(comm, failure)) if f is not None}
+    failures = _failures_by_rank(comm, failure)
     _raise_agreed(comm, label, failures, step, error_type)
+
+
+def _failures_by_rank(comm, failure: str | PeerFailure | None) -> dict:
+    """{rank: its report} of the ranks that failed, on every rank: gathered at rank 0, and
+    only the failures handed back (O(failing ranks) each)."""
+    return fold_at_root(comm, failure, lambda reports: {r: f for r, f in enumerate(reports) if f is not None})
 
 
 def _raise_agreed(comm, label: str, failures: dict, step: int | None, error_type: type) -> None:
@@ -186,7 +211,7 @@ def agree_per_rank(comm, label: str, fn: Callable[[], T], *, step: int | None = 
     result, failure = _run_here(comm, fn)
     if not quiet_any(comm, failure is not None):
         return result, {}
-    failures = {rank: f for rank, f in enumerate(quiet_allgather(comm, failure)) if f is not None}
+    failures = _failures_by_rank(comm, failure)
     if not all(isinstance(f, StorageFailure) for f in failures.values()):
         _raise_agreed(comm, label, failures, step, CheckpointError)
     return result, failures
@@ -261,6 +286,105 @@ def quiet_gather(comm, value, root: int = 0):
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
     wait_all([comm.Igatherv(payload, [gathered, sizes, offsets, MPI.BYTE], root=root)])
     return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
+
+
+def quiet_bcast(comm, value, root: int = 0):
+    """bcast of a picklable value from `root` that sleeps while it waits (two rounds: size,
+    then payload): `value` there, the root's everywhere else."""
+    from mpi4py import MPI
+
+    is_root = comm.Get_rank() == root
+    # A writable copy: MPI's bcast takes one buffer for both sides.
+    payload = np.frombuffer(bytearray(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)), dtype=np.uint8) \
+        if is_root else None
+    size = np.array([payload.size if is_root else 0], dtype=np.int64)
+    wait_all([comm.Ibcast(size, root=root)])
+    if not is_root:
+        payload = np.empty(int(size[0]), dtype=np.uint8)
+    wait_all([comm.Ibcast([payload, MPI.BYTE], root=root)])
+    return value if is_root else pickle.loads(payload)
+
+
+def fold_at_root(comm, value, fold: Callable[[list], T], root: int = 0) -> T:
+    """What `fold` makes of every rank's `value`, on every rank: gathered at `root` (O(ranks)
+    there), folded, and the result broadcast. For answers smaller than the inputs (a union,
+    an intersection, the ranks that failed), where an allgather would send every value to
+    every rank (O(ranks^2) in all)."""
+    gathered = quiet_gather(comm, value, root=root)
+    return quiet_bcast(comm, fold(gathered) if gathered is not None else None, root=root)
+
+
+def quiet_scatter(comm, values: list | None, root: int = 0):
+    """scatter of picklable values from `root` (one per rank, in rank order; None elsewhere)
+    that sleeps while it waits: this rank's value. O(1) received per rank."""
+    from mpi4py import MPI
+
+    is_root = comm.Get_rank() == root
+    size = np.empty(1, dtype=np.int64)
+    if is_root:
+        payloads = [pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL) for v in values]
+        sizes = np.array([len(p) for p in payloads], dtype=np.int64)
+        offsets = np.zeros_like(sizes)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        packed = np.frombuffer(bytearray(b"".join(payloads)), dtype=np.uint8)
+        wait_all([comm.Iscatter(sizes, size, root=root)])
+    else:
+        wait_all([comm.Iscatter(None, size, root=root)])
+    received = np.empty(int(size[0]), dtype=np.uint8)
+    wait_all([comm.Iscatterv([packed, sizes, offsets, MPI.BYTE] if is_root else None, [received, MPI.BYTE],
+                             root=root)])
+    return pickle.loads(received)
+
+
+def decide_at_root(comm, label: str, value, decide: Callable[[list], tuple], root: int = 0):
+    """(all ranks) Every rank's `value` gathered at `root`, where `decide(values)` returns
+    (shared, [an answer per rank]); every rank gets (shared, its own answer), or the same
+    error raised. For a decision over every rank's state that the others need only a part
+    of: O(ranks) at the root, the shared part and one answer per rank elsewhere."""
+    gathered = quiet_gather(comm, value, root=root)
+    error, shared, answers = None, None, None
+    if gathered is not None:
+        try:
+            shared, answers = decide(gathered)
+        except HpcckptError as exc:
+            error = exc
+        except OSError as exc:
+            error = StorageError(f"{label} failed: {exc.strerror or exc}; fix the directory and restart")
+    error, shared = quiet_bcast(comm, (error, shared), root=root)
+    if error is not None:
+        error.collective = True
+        raise error
+    return shared, quiet_scatter(comm, answers, root=root)
+
+
+def allgather_compact(comm, value) -> list:
+    """Every rank's value on every rank, as an allgather gives them, sent as the distinct
+    values and which ranks hold each (runs of ranks: format/compact.py): O(distinct values)
+    per rank where most ranks agree (the level each rank restored from), where an allgather
+    sends every rank's value to every rank."""
+    def distinct(values: list):
+        table: dict = {}
+        index = [table.setdefault(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL), len(table)) for v in values]
+        return [pickle.loads(key) for key in table], pack_ints(index)
+    table, packed = fold_at_root(comm, value, distinct)
+    return [table[i] for i in unpack_ints(packed)]
+
+
+def first_of_each(comm, key) -> bool:
+    """(all ranks) Whether this rank is the lowest one with its `key` (e.g. one rank per
+    node-local directory): decided at rank 0, one answer sent to each rank."""
+    def decide(keys: list):
+        seen: dict = {}
+        return None, [seen.setdefault(k, r) == r for r, k in enumerate(keys)]
+    return decide_at_root(comm, "choosing one rank per key", key, decide)[1]
+
+
+def failing_ranks(comm, ok: bool) -> set[int]:
+    """(all ranks) The ranks where `ok` is false: one allreduce when none is, else gathered
+    at rank 0 and the (short) list broadcast."""
+    if not quiet_any(comm, not ok):
+        return set()
+    return fold_at_root(comm, ok, lambda flags: {r for r, flag in enumerate(flags) if not flag})
 
 
 def exchange_objects(comm, value, send_to, receive_from, tag: int) -> dict:

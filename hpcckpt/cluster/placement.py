@@ -6,6 +6,7 @@ import os
 import pwd
 import socket
 
+from hpcckpt.cluster.collectives import fold_at_root
 from hpcckpt.cluster.topology import (
     Topology,
     expand_dir_template,
@@ -13,13 +14,15 @@ from hpcckpt.cluster.topology import (
     node_ids_from_hostnames,
     simulated_node_of_rank,
 )
+from hpcckpt.format.compact import pack_ints, unpack_ints
 
 
 def discover_topology(comm, simulated_nodes: int = 0) -> Topology:
     """(all ranks) Node of every rank: simulated blocks, or real shared-memory domains.
 
     On a cluster a node is what MPI calls a shared-memory domain; its name is the host name of
-    its first rank, gathered so every rank numbers nodes the same way.
+    its first rank, gathered at rank 0, which numbers the nodes and hands every rank the node
+    of each as a rule (format/compact.py: O(1) where a node's ranks are consecutive).
     """
     if simulated_nodes:
         return Topology(simulated_node_of_rank(comm.Get_size(), simulated_nodes))
@@ -30,7 +33,8 @@ def discover_topology(comm, simulated_nodes: int = 0) -> Topology:
         leader_name = node_comm.bcast(socket.gethostname() if node_comm.Get_rank() == 0 else None, root=0)
     finally:
         node_comm.Free()
-    return Topology(node_ids_from_hostnames(comm.allgather(leader_name)))
+    packed = fold_at_root(comm, leader_name, lambda names: pack_ints(node_ids_from_hostnames(names)))
+    return Topology(tuple(unpack_ints(packed)))
 
 
 def user_name() -> str:

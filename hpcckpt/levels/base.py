@@ -26,6 +26,7 @@ import errno
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -54,13 +55,16 @@ class VersionImage:
     """One version of this rank's shard on its way into the levels. `image` is the planned
     shard file (header, table, views of the snapshot's pieces); `file_bytes()` the same file
     as one contiguous buffer, made on first use by the levels that send it (L2, L3);
-    `shard_sizes` every rank's file size, agreed before any level stores."""
+    `shard_sizes` the file sizes by rank that this rank's levels need (its own, its L3
+    group's, the replica sources it holds), agreed before any level stores; `version_bytes`
+    what all ranks' files of the version take on disk."""
 
     step: int
     world_size: int
-    shard_sizes: tuple[int, ...]
+    shard_sizes: Mapping[int, int]
     file_bytes: Callable[[], np.ndarray]
     image: ShardImage | None = None  # None: the bytes of an existing file (drain copies L1's)
+    version_bytes: int = 0
 
 
 @dataclass

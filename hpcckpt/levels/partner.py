@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import agree_before_exchange, exchange, quiet_allgather
+from hpcckpt.cluster.collectives import agree_before_exchange, exchange
 from hpcckpt.io.direct_io import ReusedBuffers
 from hpcckpt.levels.base import DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import replica_file_name
@@ -23,6 +23,7 @@ from hpcckpt.levels.spares import SpareFiles
 
 TAG_PROTECT = 201
 TAG_FETCH = 202
+TAG_NUMBERS = 203  # the numbers a rank and its partner tell each other before a transfer
 
 
 class PartnerLevel(NodeLocalFiles):
@@ -75,9 +76,11 @@ class PartnerLevel(NodeLocalFiles):
         `only_missing`, which must ask who lacks what). Returns the bytes stored here.
         """
         ask = only_missing or shard_sizes is None
+        holder = self.partner_of[self.rank]
         if ask:
             wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
-            must_send = self.rank in quiet_allgather(self.comm, wanted)[self.partner_of[self.rank]]
+            told = self._tell({s: int(s in wanted) for s in self.sources}, [holder] if holder != self.rank else [])
+            must_send = bool(told.get(holder, 0))
         else:
             wanted = list(self.sources)
             must_send = self.partner_of[self.rank] != self.rank
@@ -88,7 +91,7 @@ class PartnerLevel(NodeLocalFiles):
         except Exception as exc:  # agreed below, so the others do not wait for this rank's bytes
             failure = exc
         if ask:
-            sizes = quiet_allgather(self.comm, int(shard.size) if must_send and failure is None else 0)
+            sizes = self._tell({holder: int(shard.size) if failure is None else 0} if must_send else {}, wanted)
         else:
             sizes = shard_sizes
         receives = []
@@ -113,12 +116,22 @@ class PartnerLevel(NodeLocalFiles):
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:
         """(all ranks) Holders send the replicas of `needy` ranks back to them; a needy rank
         gets its shard bytes (unverified) or None when its partner has no replica."""
-        offers = {s: self.replica_path(step, s).stat().st_size for s in self.held(step) if s in needy}
-        everyone = quiet_allgather(self.comm, offers)
-        sends = [(s, np.fromfile(self.replica_path(step, s), dtype=np.uint8)) for s in offers]
-        receives = []
+        held = set(self.held(step))
+        offers = {s: self.replica_path(step, s).stat().st_size if s in held else -1 for s in self.sources if s in needy}
         holder = self.partner_of[self.rank]
-        if self.rank in needy and self.rank in everyone[holder]:
-            receives.append((holder, np.empty(everyone[holder][self.rank], dtype=np.uint8)))
+        told = self._tell(offers, [holder] if self.rank in needy and holder != self.rank else [])
+        sends = [(s, np.fromfile(self.replica_path(step, s), dtype=np.uint8)) for s, size in offers.items() if size >= 0]
+        receives = []
+        if told.get(holder, -1) >= 0:
+            receives.append((holder, np.empty(told[holder], dtype=np.uint8)))
         exchange(self.comm, sends, receives, TAG_FETCH)
         return receives[0][1] if receives else None
+
+    def _tell(self, numbers: dict[int, int], sources: list[int]) -> dict[int, int]:
+        """(point to point) Send each rank in `numbers` its number; receive one from each of
+        `sources` (the two sides agree on who talks to whom): O(partners), nothing global."""
+        received = {source: np.empty(1, dtype=np.int64) for source in sources}
+        sends = [(dest, np.array([number], dtype=np.int64).view(np.uint8)) for dest, number in numbers.items()]
+        exchange(self.comm, sends, [(source, buffer.view(np.uint8)) for source, buffer in received.items()],
+                 TAG_NUMBERS)
+        return {source: int(buffer[0]) for source, buffer in received.items()}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcckpt.errors import HpcckptError
+from hpcckpt.format.compact import pack_groups, unpack_groups
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.levels.naming import (
     COMMIT_NAME,
@@ -46,6 +47,16 @@ class Writing:
     def of(cls, manifest: Manifest) -> "Writing":
         return cls(manifest.identity, manifest.created, manifest.world_size, manifest.run_id, manifest.groups,
                    manifest.parity)
+
+    def __reduce__(self):
+        # Pickled with its groups as their rule (format/compact.py), O(1) for the usual
+        # placements: a writing travels from rank 0 to every rank at a restart.
+        return (_unpack_writing, (self.identity, self.created, self.world_size, self.run_id,
+                                  pack_groups(self.groups, self.world_size), self.parity))
+
+
+def _unpack_writing(identity, created, world_size, run_id, groups, parity) -> Writing:
+    return Writing(identity, created, world_size, run_id, unpack_groups(groups), parity)
 
 
 @dataclass(frozen=True)

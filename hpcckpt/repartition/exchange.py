@@ -31,7 +31,7 @@ from hpcckpt.cluster.collectives import (
     agree_before_exchange,
     describe_failure,
     exchange,
-    quiet_allgather,
+    fold_at_root,
     raise_if_any_failed,
 )
 from hpcckpt.codec import ErasureCode
@@ -120,7 +120,7 @@ class RepartitionJob:
 
     def _agree_bad(self, bad: set, excluded: set) -> bool:
         """(all ranks) Add every rank's bad sources to `excluded`; True if there were any."""
-        everyone = set().union(*quiet_allgather(self.comm, bad))
+        everyone = fold_at_root(self.comm, bad, lambda each: set().union(*each))
         excluded |= everyone
         return bool(everyone)
 

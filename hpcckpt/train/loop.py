@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hpcckpt.ckpt.engine import Checkpointer
 from hpcckpt.ckpt.policy import IntervalPolicy
 from hpcckpt.cluster.backend import select_backend
+from hpcckpt.cluster.collectives import allgather_compact, fold_at_root
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector, current_attempt
@@ -266,7 +267,7 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer, injector, po
         _report_halt(log, checkpointer, trainer.step, halted)
     digest = trainer.weights_digest()
     # One small collective proves the data-parallel invariant: every rank holds the same weights.
-    digests = trainer.comm.allgather(digest)
+    digests = allgather_compact(trainer.comm, digest)  # one distinct value, sent once, where they agree
     identical = len(set(digests)) == 1
     if not identical:
         log.warning(f"weights differ across ranks after step {trainer.step}: {digests}")
@@ -289,8 +290,8 @@ def _summarise_checkpoints(comm, log: RunLog, checkpointer, blocking_times: list
 
     if checkpointer is None:
         return
-    stored = comm.allgather(checkpointer.bytes_stored)
-    per_level = {level: sum(s.get(level, 0) for s in stored) for level in checkpointer.levels_enabled}
+    per_level = fold_at_root(comm, checkpointer.bytes_stored, lambda stored: {
+        level: sum(s.get(level, 0) for s in stored) for level in checkpointer.levels_enabled})
     blocking = np.asarray(blocking_times or [0.0])
     overhead = 100.0 * blocking.sum() / seconds if seconds else 0.0
     labels = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
