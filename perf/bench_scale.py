@@ -14,6 +14,7 @@ And a restart after one node is lost (recovery_plan.py), per rank count, 3 versi
 L1-L3 and one on L4:
 
   holdings_mib  what each rank received when every rank's holdings were allgathered (before)
+  root_mib      what rank 0 receives now: every rank's holdings, gathered
   outlook_kib   what each rank receives now: rank 0's decision (broadcast) and its own
                 sources (scattered)
   table_kib     the shard records each rank is handed back to verify and rebuild its shard
@@ -151,8 +152,10 @@ def one_restart(manifest: Manifest) -> dict:
     decide_s = time.perf_counter() - started
     assert outlook.candidates[0].step == 1000 and outlook.candidates[0].route == "same", outlook.candidates[:1]
     holdings = sum(_pickled_size(h, writings_as_rules=False) for h in everyone)
+    at_root = sum(_pickled_size(h) for h in everyone)
     received = _pickled_size((None, outlook)) + max(_pickled_size(a) for a in answers)
-    return {"holdings_mib": holdings / 2**20, "outlook_kib": received / 1024, "decide_s": decide_s}
+    return {"holdings_mib": holdings / 2**20, "root_mib": at_root / 2**20, "outlook_kib": received / 1024,
+            "decide_s": decide_s}
 
 
 def main() -> None:
@@ -180,11 +183,11 @@ def main() -> None:
         results.append(row)
         print(f"{ranks:>7,d} {tensors:>8,d} {row['record_mib'] * 1024:>11.1f} {row['job_gib']:>9.3f} "
               f"{row['plan_s']:>8.3f} {row['write_s']:>8.3f} {row['parse_s']:>8.3f} {row['l4_mib']:>8.1f}", flush=True)
-    print(f"\nrestart after one node lost:\n{'ranks':>7} {'tensors':>8} {'holdings MiB':>13} {'outlook KiB':>12} "
-          f"{'table MiB':>10} {'table KiB':>10} {'decide s':>9}")
+    print(f"\nrestart after one node lost:\n{'ranks':>7} {'tensors':>8} {'holdings MiB':>13} {'root MiB':>9} "
+          f"{'outlook KiB':>12} {'table MiB':>10} {'table KiB':>10} {'decide s':>9}")
     for row in results:
-        print(f"{row['ranks']:>7,d} {row['tensors']:>8,d} {row['holdings_mib']:>13.2f} {row['outlook_kib']:>12.1f} "
-              f"{row['l4_mib']:>10.1f} {row['table_kib']:>10.1f} {row['decide_s']:>9.3f}")
+        print(f"{row['ranks']:>7,d} {row['tensors']:>8,d} {row['holdings_mib']:>13.2f} {row['root_mib']:>9.2f} "
+              f"{row['outlook_kib']:>12.1f} {row['l4_mib']:>10.1f} {row['table_kib']:>10.1f} {row['decide_s']:>9.3f}")
     if args.json:
         write_json(args.json, {"args": vars(args), "rows": results})
 
