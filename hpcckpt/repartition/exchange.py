@@ -13,8 +13,11 @@
               plan is made again without them (the same on every rank) and run again
 
 Every byte loaded was verified against the commit record's checksums: a rebuilt shard and a
-replica as much as an L1 file. Sizes: the survey and the bad sources are gathered (O(ranks)
-small values per round); shard bytes move once, from provider to the rank that needs them.
+replica as much as an L1 file. Sizes: every rank plans from the same survey, one view per
+node, which rank 0 broadcasts (O(ranks) to each rank: the one place where metadata still
+reaches every rank whole, and only on a restart onto another rank count or placement; see
+cluster/collectives.py); the bad sources are folded at rank 0 each round; shard bytes move
+once, from provider to the rank that needs them.
 Memory: a provider holds the old shards it serves (1-2 for an even loss), the decoder a
 group's blocks; bounded streaming is the bounded-memory issue's.
 """
