@@ -14,41 +14,37 @@ Or, to overlap the snapshot with the step (what the trainer does):
     ckpt.end_checkpoint(metrics)             # returns at once; copies finish behind the step
 
 Where each part of the flow lives: the protected arrays and their snapshot in
-ckpt/snapshot.py; the save behind training (levels due, agreement per stage, commit,
+ckpt/snapshot.py, the snapshot being filled in ckpt/capture.py, the commit records in
+ckpt/commit_record.py; the save behind training (levels due, agreement per stage, commit,
 retention) in ckpt/pipeline.py; this run's directories and level stack in
-ckpt/job_storage.py; the restore in recovery.py. Checkpoint traffic uses its own
-communicator (a duplicate), never interleaved with the application's collectives. A failure
-on any rank becomes the same CheckpointError on every rank (carrying the failures by rank)
-at the next call.
+ckpt/job_storage.py; the restore in recovery.py, and a version loaded over another job's
+shards written again in ckpt/resume.py. Checkpoint traffic uses its own communicator (a
+duplicate), never interleaved with the application's collectives. A failure on any rank
+becomes the same CheckpointError on every rank (carrying the failures by rank) at the next
+call.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from hpcckpt import recovery
+from hpcckpt.ckpt.capture import SnapshotCapture
+from hpcckpt.ckpt.commit_record import CommitRecords
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
-from hpcckpt.ckpt.pipeline import BackgroundCopies, PersistReport, PipelineSettings, SavePipeline, Snapshot
+from hpcckpt.ckpt.pipeline import PersistReport, PipelineSettings, SavePipeline, Snapshot
+from hpcckpt.ckpt.resume import protect_again
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
-from hpcckpt.format.manifest import Manifest, ShardRecord, record_peers
+from hpcckpt.format.manifest import record_peers
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY"]
-
-
-@dataclass
-class _PendingSnapshot:
-    step: int
-    opened: float
-    captured: set = field(default_factory=set)
-    capture_s: float = 0.0
 
 
 class Checkpointer:
@@ -75,10 +71,12 @@ class Checkpointer:
             self.arrays = ProtectedArrays(self.rank, self.world_size, config.checkpoint.split_threshold_kb * 1024,
                                           config.checkpoint.gpu_snapshot, shard_extra, log)
             self._ordinal = 0
-            self._pending: _PendingSnapshot | None = None
-            self._copies: BackgroundCopies | None = None
+            self.capture_state = SnapshotCapture(self.arrays)
+            records = CommitRecords(self.arrays, self.world_size, self.topology.node_of_rank, self.storage.local_dirs,
+                                    self.partner_of, self.groups, self.storage.redundancy.parity, self.run.run_id,
+                                    config.recorded)
             self.pipeline = SavePipeline(self.comm, self.rank, self.world_size, self.storage.levels,
-                                         PipelineSettings.from_config(config), self._manifest, self.arrays, faults, log,
+                                         PipelineSettings.from_config(config), records, self.arrays, faults, log,
                                          threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
                                          record_peers=record_peers(self.rank, self.partner_of,
                                                                    self.topology.node_of_rank, self.groups))
@@ -152,16 +150,12 @@ class Checkpointer:
         enqueued before capture(); before_update() then makes the GPU wait for the copy, not
         the host (without copy_in_background, capture() does so at once).
         """
-        if self._pending is not None:
-            raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._pending.step} is open")
+        self.capture_state.refuse_if_open(step)
         previous = self.pipeline.finish_in_flight()
         self.confirm_restart()
         self._ensure_layout()
         self.faults.strike(step, "snapshot")
-        self._pending = _PendingSnapshot(step, time.perf_counter())
-        self._copies = None
-        if copy_in_background and self.pipeline.threaded:
-            self._copies = BackgroundCopies(PersistReport(step))
+        self.capture_state.open(step, copy_in_background and self.pipeline.threaded)
         return previous
 
     def capture(self, name: str) -> None:
@@ -169,56 +163,19 @@ class Checkpointer:
         queue the copy, see begin_checkpoint); the array may change afterwards (after
         before_update(name) with background copies). No-op when no snapshot is open or it
         was captured."""
-        pending = self._pending
-        if pending is None or name in pending.captured:
-            return
-        if name not in self.arrays.arrays:
-            raise CheckpointError(f"capture({name!r}): no protected array has that name; protect() it first")
-        started = time.perf_counter()
-        self.arrays.take_or_queue(name, self._copies)
-        pending.captured.add(name)
-        pending.capture_s += time.perf_counter() - started
+        self.capture_state.capture(name)
 
     def before_update(self, name: str) -> None:
         """Wait until the snapshot's copy of `name` is taken, if it is queued in the
         background; call before changing a protected array in place. Cheap otherwise."""
-        copies = self._copies
-        if copies is None:
-            return
-        if self.arrays.device_snapshot is not None and self.arrays.on_gpu(name):
-            self.arrays.device_snapshot.guard(name)  # the GPU waits, not the host
-            return
-        event = copies.taken.get(name)
-        if event is None or event.is_set():
-            return
-        started = time.perf_counter()
-        if self._pending is not None:
-            # Changed again before end_checkpoint() (e.g. two updates in one step): the copier
-            # has not started, so the copy is taken here, with the value it had at capture().
-            self.arrays.copy_piece(name)
-            event.set()
-        else:
-            event.wait()
-        copies.report.copy_wait_s += time.perf_counter() - started
+        self.capture_state.before_update(name)
 
     def end_checkpoint(self, metrics: dict | None = None, final: bool = False) -> PersistReport:
         """(all ranks) Capture whatever is left, freeze the small state and hand the snapshot
         to the background persist. Returns the (still filling) report of this checkpoint."""
-        pending = self._pending
-        if pending is None:
-            raise CheckpointError("end_checkpoint() without begin_checkpoint()")
-        remaining_started = time.perf_counter()
-        for name in self.arrays.arrays:
-            if name not in pending.captured:
-                self.arrays.take_or_queue(name, self._copies)
         self._ordinal += 1
-        snapshot = self.arrays.freeze(pending.step, self._ordinal, metrics or {}, final)
-        self._pending = None
-        copies = self._copies
-        report = copies.report if copies is not None else PersistReport(pending.step)
-        report.snapshot_s = time.perf_counter() - remaining_started
-        report.captured_early_s = pending.capture_s
-        self.pipeline.submit(snapshot, report, remaining_started, copies, self.arrays.copy_piece)
+        snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final)
+        self.pipeline.submit(snapshot, report, started, self.capture_state.copies, self.arrays.copy_piece)
         return report
 
     @property
@@ -238,7 +195,7 @@ class Checkpointer:
         failed by the next restart. `confirm` None: clean means no exception is being handled
         where close() is called (sys.exc_info); a caller inside an `except` block that
         recovered passes True, one that knows the run went wrong passes False."""
-        self._pending = None  # a snapshot left open (an exception in the step) is abandoned
+        self.capture_state.abandon()
         try:
             self._finish_in_flight()
             if confirm if confirm is not None else sys.exc_info()[0] is None:
@@ -313,47 +270,12 @@ class Checkpointer:
         return result.step
 
     def _protect_again(self, result: recovery.RestoreResult) -> None:
-        """(all ranks) A version loaded over another job's shards is written again at once to
-        this job's levels, under its own geometry, with the state and metrics it was saved
-        with: a second node loss right after a shrink is survived. L4 first, where it lacks
-        the version: its files cannot collide with the old job's, so the version is durable
-        there before the old job's node-local copies of it give way to the new ones (same
-        names, never overwritten). Then the old job's older node-local versions go, if its
-        rank count or placement was another. A failure here is a warning: the version is
-        loaded, and the next checkpoint protects the run."""
-        step = result.step
-        global_first = tuple(name for name in result.protect_again if name == "pfs")
-        node_local = tuple(name for name in result.protect_again if name != "pfs")
-        # The version loaded and verified: a crash while writing it is the storage's or a
-        # node's, not the version's, and must not get it marked failed (ckpt/ledger.py). The
-        # resumed run's first steps are watched again afterwards.
-        ledger = self.restart_unconfirmed
-        if ledger is not None and self.rank == 0:
-            ledger.confirm()
-        try:
-            if global_first:
-                self._write_restored(result, global_first)
-            recovery.clear_old_geometry(self._restore_context(), lambda s: s >= step)
-            if node_local:
-                self._write_restored(result, node_local)
-        except CheckpointError as exc:
-            if self.log:
-                self.log.warning(f"version {step} is restored but could not be written again under this job's "
-                                 f"levels: {exc}; the next checkpoint protects the run")
-        else:
-            if self.log:
-                self.log.info(f"version {step} protected again on {', '.join(result.protect_again)} for "
-                              f"{self.world_size} rank(s) on {self.topology.node_count} node(s)",
-                              console=self.rank == 0)
-            if result.geometry_changed:
-                recovery.clear_old_geometry(self._restore_context(), lambda s: s < step)
-        finally:
-            if ledger is not None and self.rank == 0:
-                ledger.begin(step)
-
-    def _write_restored(self, result: recovery.RestoreResult, levels: tuple) -> None:
-        snapshot = self.arrays.restored_snapshot(result.step, self._ordinal, result.state, result.metrics, levels)
-        self.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
+        def write(levels: tuple) -> None:
+            snapshot = self.arrays.restored_snapshot(result.step, self._ordinal, result.state, result.metrics, levels)
+            self.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
+        protect_again(result, write, lambda which: recovery.clear_old_geometry(self._restore_context(), which),
+                      self.restart_unconfirmed, self.rank, self.log,
+                      f"{self.world_size} rank(s) on {self.topology.node_count} node(s)")
 
     def _apply_restored_state(self, state: dict) -> None:
         for name, (_, setter) in self.arrays.states.items():
@@ -378,28 +300,7 @@ class Checkpointer:
 
     def _finish_in_flight(self) -> PersistReport | None:
         """The checkpoint in flight and the copy to L4 running at its own pace, both over."""
-        self._copies = None
+        self.capture_state.copies_done()
         report = self.pipeline.finish_in_flight()
         self.pipeline.wait_for_global_levels()
         return report
-
-    def _manifest(self, snapshot: Snapshot, shard_infos, levels) -> Manifest:
-        return Manifest(
-            step=snapshot.step,
-            world_size=self.world_size,
-            layout=self.arrays.layout,
-            shards=tuple(ShardRecord(r, size, checksums) for r, (size, checksums) in sorted(shard_infos.records.items())),
-            state=snapshot.state,
-            metrics=snapshot.metrics,
-            node_of_rank=self.topology.node_of_rank,
-            local_dirs=self.storage.local_dirs,
-            local_arrays=self.local_array_names,
-            levels=tuple(levels),
-            created=time.time(),
-            run_id=self.run.run_id,
-            settings=self.config.recorded,
-            partner_of=self.partner_of,
-            groups=self.groups,
-            parity=self.storage.redundancy.parity if self.groups else 0,
-            version_id=shard_infos.version_id,
-        )

@@ -426,32 +426,48 @@ class SavePipeline:
             else:
                 self.flush.offer(self.comm, step, manifest, report, started, due=bool(global_due))
         else:
-            if lacking and self.flush is not None and (global_due or self.flush.owed):
-                # Those ranks have no L1 file for L4 to copy at its own pace: L4 takes this
-                # version here, from the snapshot, after the copy in flight.
-                self.flush.wait()
-                global_due = list(self.global_levels)
-            names_now = tuple(dict.fromkeys((*(level.name for level in node_local),
-                                             *(level.name for level in global_due))))
-            manifest = self.make_manifest(snapshot, shard_infos, names_now) if global_due else None
-            took = False
-            for level in global_due:
-                if self._store_global(level, version, manifest, report, started, tuple(held_by), self.comm):
-                    held_by.append(level.label)
-                    took = True
-            if global_due and self.flush is not None:
-                self.flush.owed = not took
-                self._prune_global(step)
-        if node_local_failure is not None:
-            self.health.failed(self.node_local_label, step, node_local_failure, tuple(held_by))
+            self._persist_global_here(snapshot, version, shard_infos, node_local, global_due, bool(lacking), held_by,
+                                      report, started)
+        self._tell_node_local_health(step, node_local_failure, lacking, node_local, held_by, report)
+        self.health.version_held(step, bool(held_by))
+        self.apply_retention(step)
+
+    def _persist_global_here(self, snapshot: Snapshot, version: VersionImage, shard_infos: ShardInfos,
+                             node_local: list, global_due: list, lacking: bool, held_by: list,
+                             report: PersistReport, started: float) -> None:
+        """(all ranks) The global levels take the version now, from the snapshot, rather than
+        at their own pace from L1's files: there is no copy at its own pace, or the node-local
+        levels failed on some ranks, which then have no L1 file to copy from. `held_by` grows
+        by the levels that took it."""
+        step = snapshot.step
+        if lacking and self.flush is not None and (global_due or self.flush.owed):
+            # L4 takes this version here, from the snapshot, after the copy in flight.
+            self.flush.wait()
+            global_due = list(self.global_levels)
+        names_now = tuple(dict.fromkeys((*(level.name for level in node_local),
+                                         *(level.name for level in global_due))))
+        manifest = self.make_manifest(snapshot, shard_infos, names_now) if global_due else None
+        took = False
+        for level in global_due:
+            if self._store_global(level, version, manifest, report, started, tuple(held_by), self.comm):
+                held_by.append(level.label)
+                took = True
+        if global_due and self.flush is not None:
+            self.flush.owed = not took
+            self._prune_global(step)
+
+    def _tell_node_local_health(self, step: int, failure, lacking: dict, node_local: list, held_by: list,
+                                report: PersistReport) -> None:
+        """The node-local levels' health after this version: failed everywhere, failed on
+        some ranks (`lacking`), or fine."""
+        if failure is not None:
+            self.health.failed(self.node_local_label, step, failure, tuple(held_by))
         elif lacking:
             report.failed["node-local"] = self._partial_failure(step, lacking)
             self.health.failed(self.node_local_label, step, report.failed["node-local"], tuple(held_by),
                                ranks=sorted(lacking))
         elif self.node_local and node_local:
             self.health.succeeded(self.node_local_label, step)
-        self.health.version_held(step, bool(held_by))
-        self.apply_retention(step)
 
     def _share_shard_infos(self, size: int, checksums: dict, step: int) -> ShardInfos:
         """(all ranks) What the commit records need of every rank's shard, each rank told only
