@@ -2,7 +2,7 @@
 
     ckpt = Checkpointer(comm, config)        # (all ranks)
     ckpt.protect("w", w)                     # NumPy or CuPy array, filled in place on restart
-    ckpt.register_state("loop", get, set)    # small JSON-able state
+    ckpt.register_state("loop", get, set)    # small state: nested dicts/lists/tuples, scalars, small arrays
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
     ckpt.checkpoint(step, metrics)           # (all ranks) returns once the snapshot is taken
     ckpt.close()                             # (all ranks) drains what is in flight
@@ -41,6 +41,7 @@ from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.faults import NO_FAULTS
+from hpcckpt.format import pytree
 from hpcckpt.format.layout import Layout
 from hpcckpt.format.manifest import record_peers
 
@@ -123,7 +124,10 @@ class Checkpointer:
         self.arrays.protect(name, array, replicated)
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
-        """Small JSON-able state (step, iterator position, RNG states) saved with every version."""
+        """Small state (step, iterator position, RNG states) saved with every version: what
+        get() returns, a nested "pytree" of dicts, lists and tuples of None, bool, int, float,
+        str, bytes, NumPy scalars and small NumPy arrays (format/pytree.py), is given to set()
+        at a restart with its types intact; anything else fails the checkpoint naming it."""
         self.arrays.register_state(name, get, set)
 
     def checkpoint(self, step: int, metrics: dict | None = None, final: bool = False) -> PersistReport | None:
@@ -280,7 +284,7 @@ class Checkpointer:
     def _apply_restored_state(self, state: dict) -> None:
         for name, (_, setter) in self.arrays.states.items():
             if name in state:
-                setter(state[name])
+                setter(pytree.decode(state[name]))
         self._ordinal = int(state.get(ENGINE_STATE_KEY, {}).get("ordinal", 0))
 
     # -- internals -----------------------------------------------------------------------

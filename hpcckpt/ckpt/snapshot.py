@@ -20,6 +20,7 @@ import numpy as np
 from hpcckpt.ckpt.pipeline import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.errors import CheckpointError
+from hpcckpt.format import pytree
 from hpcckpt.format.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
 from hpcckpt.format.shardfile import payload_layout
 from hpcckpt.io import direct_io
@@ -141,11 +142,9 @@ class ProtectedArrays:
 
     def freeze(self, step: int, ordinal: int, metrics: dict, final: bool) -> Snapshot:
         pieces = self._pieces()
-        state = {name: get() for name, (get, _) in self.states.items()}
+        # Encoded (format/pytree.py: nested containers, scalars, small arrays, types kept) and
+        # through JSON once: the state is frozen as it is now, whatever get() returned.
+        state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in self.states.items()}
         state[ENGINE_STATE_KEY] = {"ordinal": ordinal}
-        # A JSON round trip freezes the state as it is now and proves it is serialisable.
-        try:
-            state = json.loads(json.dumps(state))
-        except TypeError as exc:
-            raise CheckpointError(f"registered state is not JSON-serialisable: {exc}") from None
+        state = json.loads(json.dumps(state))
         return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
