@@ -251,20 +251,38 @@ def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bo
     what each rank read (O(group) records each) and hands each rank back what its own
     node-local copy lists (its shard, its group's, the replicas it held: O(group)), or, to
     re-partition (`whole`), the table of every shard. Every shard a node-local level can
-    deliver is listed by a surviving copy: its own rank's, its replica holder's or its group's."""
+    deliver is listed by a surviving copy: its own rank's, its replica holder's or its group's;
+    the others, L4's record lists."""
     if not quiet_any(ctx.comm, not shared.lists_every_shard):
         return shared
     records = mine.shards if mine is not None and mine.identity == shared.identity else ()
     gathered = quiet_gather(ctx.comm, records, root=0)
-    if whole:
-        table = shared.with_shards(r for part in gathered for r in part).shards if gathered is not None else None
-        return shared.with_shards(quiet_bcast(ctx.comm, table, root=0))
-    parts = None
+    table = None
     if gathered is not None:
         table = shared.with_shards(r for part in gathered for r in part)
+        if not table.lists_every_shard:
+            # Nodes next to each other lost: no surviving node-local copy lists some shards,
+            # which L4 then delivers. Its one record lists them all.
+            table = table.with_shards(_l4_records(ctx, shared))
+    if whole:
+        return shared.with_shards(quiet_bcast(ctx.comm, table.shards if table is not None else None, root=0))
+    parts = None
+    if table is not None:
         wanted = records_listed(shared.world_size, shared.partner_of, shared.node_of_rank, shared.groups)
         parts = [table.listed(wanted[rank]) for rank in range(ctx.world_size)]
     return shared.with_shards(quiet_scatter(ctx.comm, parts, root=0))
+
+
+def _l4_records(ctx, shared: Manifest) -> tuple:
+    """(rank 0) The shard records of L4's commit record of the same writing, if L4 has one."""
+    if ctx.pfs is None or shared.step not in ctx.pfs.committed_steps():
+        return ()
+    try:
+        record = ctx.pfs.manifest(shared.step)
+    except (HpcckptError, OSError) as exc:
+        _warn(ctx, f"L4's commit record of version {shared.step} is unreadable: {exc}")
+        return ()
+    return record.shards if record.identity == shared.identity else ()
 
 
 def _try_restore(ctx, candidate: Candidate, mine: Holdings, my_sources: tuple, repair: bool = True

@@ -52,6 +52,11 @@ def test_an_error_at_the_root_is_raised_on_every_rank(got):
     assert got["decide_error"] == [["no good: [0, 1, 2, 3, 4]", True]] * RANKS
 
 
+def test_a_fold_that_fails_at_the_root_raises_on_every_rank_instead_of_hanging(got):
+    assert got["fold_bug"] == [["combining the ranks' answers failed on rank 0: ZeroDivisionError: division by zero",
+                                True]] * RANKS
+
+
 def test_an_agreed_failure_names_the_failing_rank_everywhere(got):
     for message, ranks in got["agreed"]:
         assert ranks == [3]

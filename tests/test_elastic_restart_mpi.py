@@ -166,6 +166,21 @@ def test_a_loss_beyond_the_levels_falls_back_to_l4_or_stops_naming_what_is_missi
     assert (node_local(other / "run", 0) / "v000000000040").is_dir()  # nothing deleted
 
 
+def test_two_neighbouring_nodes_lost_onto_two_ranks_takes_what_no_node_lists_from_l4(tmp_path):
+    # Old rank 2's shard, replica and every node-local copy of its checksums were on nodes 2
+    # and 3 (its partner's and its metadata neighbour's): only L4's record lists it.
+    config = job(tmp_path, ["local", "partner", "pfs"])
+    assert_ok(train(tmp_path, config, 4, 4, "--set", "run.steps=30"))
+    before = exported(tmp_path, config, 30)
+    for node in (2, 3):
+        shutil.rmtree(node_local(tmp_path / "run", node))
+    resumed = train(tmp_path, config, 2, 2, "--set", "run.steps=30")
+    assert_ok(resumed)
+    assert "restored version 30 (written by 4 ranks) onto 2 rank(s): old shards 2 from L1 local, 1 from L2 " \
+           "partner, 1 from L4 pfs" in resumed.stdout, resumed.stdout
+    assert_same_tensors(exported(tmp_path, config, 30), before)
+
+
 @pytest.mark.parametrize("stage", ["read", "move"])
 def test_an_unexpected_failure_while_repartitioning_fails_every_rank_alike(tmp_path, stage):
     from conftest import REPO, run_script, script_results

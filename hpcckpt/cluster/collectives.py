@@ -309,9 +309,9 @@ def fold_at_root(comm, value, fold: Callable[[list], T], root: int = 0) -> T:
     """What `fold` makes of every rank's `value`, on every rank: gathered at `root` (O(ranks)
     there), folded, and the result broadcast. For answers smaller than the inputs (a union,
     an intersection, the ranks that failed), where an allgather would send every value to
-    every rank (O(ranks^2) in all)."""
-    gathered = quiet_gather(comm, value, root=root)
-    return quiet_bcast(comm, fold(gathered) if gathered is not None else None, root=root)
+    every rank (O(ranks^2) in all). A fold that fails raises on every rank."""
+    return decide_at_root(comm, "combining the ranks' answers", value, lambda values: (fold(values), None),
+                          root=root, scatter=False)[0]
 
 
 def quiet_scatter(comm, values: list | None, root: int = 0):
@@ -336,25 +336,31 @@ def quiet_scatter(comm, values: list | None, root: int = 0):
     return pickle.loads(received)
 
 
-def decide_at_root(comm, label: str, value, decide: Callable[[list], tuple], root: int = 0):
+def decide_at_root(comm, label: str, value, decide: Callable[[list], tuple], root: int = 0,
+                   scatter: bool = True):
     """(all ranks) Every rank's `value` gathered at `root`, where `decide(values)` returns
     (shared, [an answer per rank]); every rank gets (shared, its own answer), or the same
     error raised. For a decision over every rank's state that the others need only a part
-    of: O(ranks) at the root, the shared part and one answer per rank elsewhere."""
+    of: O(ranks) at the root, the shared part and one answer per rank elsewhere. Without
+    `scatter` the answers are not sent (None)."""
     gathered = quiet_gather(comm, value, root=root)
-    error, shared, answers = None, None, None
+    error, cause, shared, answers = None, None, None, None
     if gathered is not None:
         try:
             shared, answers = decide(gathered)
         except HpcckptError as exc:
             error = exc
         except OSError as exc:
-            error = StorageError(f"{label} failed: {exc.strerror or exc}; fix the directory and restart")
+            error, cause = StorageError(f"{label} failed: {exc.strerror or exc}; fix the directory and restart"), exc
+        except Exception as exc:  # a bug: said on every rank, rather than leaving them waiting
+            error, cause = CheckpointError(f"{label} failed on rank {root}: {type(exc).__name__}: {exc}"), exc
     error, shared = quiet_bcast(comm, (error, shared), root=root)
     if error is not None:
         error.collective = True
+        if cause is not None:
+            raise error from cause  # the root keeps the traceback
         raise error
-    return shared, quiet_scatter(comm, answers, root=root)
+    return shared, quiet_scatter(comm, answers, root=root) if scatter else None
 
 
 def allgather_compact(comm, value) -> list:

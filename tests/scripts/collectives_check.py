@@ -50,6 +50,11 @@ try:
 except ConfigError as exc:
     report("decide_error", [str(exc), exc.collective])
 try:
+    fold_at_root(comm, rank, lambda values: values[0] / 0)
+    report("fold_bug", None)
+except CheckpointError as exc:
+    report("fold_bug", [str(exc), exc.collective])
+try:
     raise_if_any_failed(comm, "stage", "disk full here" if rank == 3 else None, step=7)
     report("agreed", None)
 except CheckpointError as exc:
