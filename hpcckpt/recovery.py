@@ -56,7 +56,6 @@ from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 from hpcckpt.levels.survey import NodeLocalView, Writing, survey
 from hpcckpt.recovery_plan import Candidate, Holdings, plan_restore
-from hpcckpt.recovery_plan import warn as _warn
 from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan
 
@@ -764,3 +763,8 @@ def _free_name(directory, suffix: str):
 def _collective(exc: HpcckptError) -> HpcckptError:
     exc.collective = True
     return exc
+
+
+def _warn(ctx, message: str) -> None:
+    if ctx.log:
+        ctx.log.warning(message) if ctx.rank == 0 else ctx.log.info("warning: " + message)

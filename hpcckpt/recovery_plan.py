@@ -116,8 +116,7 @@ def _never_completed(ctx, everyone: list[Holdings], step: int) -> bool:
     return bool(missing) and all(step in everyone[r].interrupted for r in missing)
 
 
-def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[tuple[int, str]]:
-    """(step, route) of every version that can be loaded, newest first."""
+def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
     steps = set()
     for h in everyone:
         steps.update(h.local)
@@ -126,8 +125,7 @@ def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) 
     if wanted is not None:
         steps &= {wanted}
     steps -= set(excluded)
-    routes = ((s, _route(ctx, everyone, s)) for s in sorted(steps, reverse=True))
-    return [(step, route) for step, route in routes if route]
+    return [s for s in sorted(steps, reverse=True) if _route(ctx, everyone, s)]
 
 
 def _writing(everyone: list[Holdings], step: int) -> Writing | None:
@@ -168,7 +166,7 @@ def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted:
                                newest_anywhere: int | None, failed: dict, ledger) -> None:
     """(rank 0) No candidate version: why, unless this is a fresh start (mode auto and
     nothing stored)."""
-    loadable_but_failed = [s for s, _ in _candidates(ctx, everyone, wanted) if s in failed]
+    loadable_but_failed = [s for s in _candidates(ctx, everyone, wanted) if s in failed]
     if loadable_but_failed:
         raise UnrecoverableError(
             f"every recoverable version ({loadable_but_failed}) is marked failed after crashed restarts "
@@ -268,7 +266,8 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
         return replace(nothing, failed=failed), [{}] * ctx.world_size
     candidates, sources = [], [{} for _ in range(ctx.world_size)]
     shared_views: dict = {}
-    for step, route in steps:
+    for step in steps:
+        route = _route(ctx, everyone, step)
         views = ()
         if route == "same":
             for rank, levels in enumerate(_sources_of_every_rank(ctx, everyone, step)):

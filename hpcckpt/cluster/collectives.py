@@ -250,17 +250,6 @@ def on_root(comm, label: str, fn: Callable[[], T], root: int = 0) -> T:
     return result
 
 
-def _offsets(sizes: np.ndarray) -> np.ndarray:
-    """Where each of consecutive pieces of these sizes starts."""
-    offsets = np.zeros_like(sizes)
-    np.cumsum(sizes[:-1], out=offsets[1:])
-    return offsets
-
-
-def _unpickle_each(buffer: np.ndarray, sizes: np.ndarray, offsets: np.ndarray) -> list:
-    return [pickle.loads(buffer[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
-
-
 def quiet_allgather(comm, value):
     """allgather of picklable values that sleeps while it waits, in both of its rounds.
 
@@ -273,10 +262,11 @@ def quiet_allgather(comm, value):
     payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     sizes = np.empty(comm.Get_size(), dtype=np.int64)
     wait_all([comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes)])
-    offsets = _offsets(sizes)
+    offsets = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=offsets[1:])
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
     wait_all([comm.Iallgatherv(payload, [gathered, sizes, offsets, MPI.BYTE])])
-    return _unpickle_each(gathered, sizes, offsets)
+    return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
 
 
 def quiet_gather(comm, value, root: int = 0):
@@ -291,10 +281,11 @@ def quiet_gather(comm, value, root: int = 0):
     if not is_root:
         wait_all([comm.Igatherv(payload, None, root=root)])
         return None
-    offsets = _offsets(sizes)
+    offsets = np.zeros_like(sizes)
+    np.cumsum(sizes[:-1], out=offsets[1:])
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
     wait_all([comm.Igatherv(payload, [gathered, sizes, offsets, MPI.BYTE], root=root)])
-    return _unpickle_each(gathered, sizes, offsets)
+    return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
 
 
 def quiet_bcast(comm, value, root: int = 0):
@@ -333,7 +324,8 @@ def quiet_scatter(comm, values: list | None, root: int = 0):
     if is_root:
         payloads = [pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL) for v in values]
         sizes = np.array([len(p) for p in payloads], dtype=np.int64)
-        offsets = _offsets(sizes)
+        offsets = np.zeros_like(sizes)
+        np.cumsum(sizes[:-1], out=offsets[1:])
         packed = np.frombuffer(bytearray(b"".join(payloads)), dtype=np.uint8)
         wait_all([comm.Iscatter(sizes, size, root=root)])
     else:

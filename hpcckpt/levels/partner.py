@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import agree_before_exchange, exchange, exchange_objects
+from hpcckpt.cluster.collectives import agree_before_exchange, exchange
 from hpcckpt.io.direct_io import ReusedBuffers
 from hpcckpt.levels.base import DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import replica_file_name
@@ -23,7 +23,7 @@ from hpcckpt.levels.spares import SpareFiles
 
 TAG_PROTECT = 201
 TAG_FETCH = 202
-TAG_TELL = 203  # and 204: what a rank and its partner tell each other before a transfer
+TAG_NUMBERS = 203  # the numbers a rank and its partner tell each other before a transfer
 
 
 class PartnerLevel(NodeLocalFiles):
@@ -79,12 +79,11 @@ class PartnerLevel(NodeLocalFiles):
         holder = self.partner_of[self.rank]
         if ask:
             wanted = [s for s in self.sources if not (only_missing and self.replica_path(step, s).is_file())]
-            told = exchange_objects(self.comm, wanted, self.sources, [holder] if holder != self.rank else [],
-                                    TAG_TELL)
-            must_send = self.rank in told.get(holder, ())
+            told = self._tell({s: int(s in wanted) for s in self.sources}, [holder] if holder != self.rank else [])
+            must_send = bool(told.get(holder, 0))
         else:
             wanted = list(self.sources)
-            must_send = holder != self.rank
+            must_send = self.partner_of[self.rank] != self.rank
         failure = None
         try:
             if must_send and callable(shard):
@@ -92,8 +91,7 @@ class PartnerLevel(NodeLocalFiles):
         except Exception as exc:  # agreed below, so the others do not wait for this rank's bytes
             failure = exc
         if ask:
-            sizes = exchange_objects(self.comm, int(shard.size) if failure is None else 0,
-                                     [holder] if must_send else [], wanted, TAG_TELL)
+            sizes = self._tell({holder: int(shard.size) if failure is None else 0} if must_send else {}, wanted)
         else:
             sizes = shard_sizes
         receives = []
@@ -118,15 +116,22 @@ class PartnerLevel(NodeLocalFiles):
     def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:
         """(all ranks) Holders send the replicas of `needy` ranks back to them; a needy rank
         gets its shard bytes (unverified) or None when its partner has no replica."""
-        # A holder tells each needy source it holds for what it has (size by source); a needy
-        # rank hears from its own holder only: O(partners), nothing global.
-        offers = {s: self.replica_path(step, s).stat().st_size for s in self.held(step) if s in needy}
+        held = set(self.held(step))
+        offers = {s: self.replica_path(step, s).stat().st_size if s in held else -1 for s in self.sources if s in needy}
         holder = self.partner_of[self.rank]
-        told = exchange_objects(self.comm, offers, [s for s in self.sources if s in needy],
-                                [holder] if self.rank in needy and holder != self.rank else [], TAG_TELL)
-        sends = [(s, np.fromfile(self.replica_path(step, s), dtype=np.uint8)) for s in offers]
+        told = self._tell(offers, [holder] if self.rank in needy and holder != self.rank else [])
+        sends = [(s, np.fromfile(self.replica_path(step, s), dtype=np.uint8)) for s, size in offers.items() if size >= 0]
         receives = []
-        if self.rank in told.get(holder, {}):
-            receives.append((holder, np.empty(told[holder][self.rank], dtype=np.uint8)))
+        if told.get(holder, -1) >= 0:
+            receives.append((holder, np.empty(told[holder], dtype=np.uint8)))
         exchange(self.comm, sends, receives, TAG_FETCH)
         return receives[0][1] if receives else None
+
+    def _tell(self, numbers: dict[int, int], sources: list[int]) -> dict[int, int]:
+        """(point to point) Send each rank in `numbers` its number; receive one from each of
+        `sources` (the two sides agree on who talks to whom): O(partners), nothing global."""
+        received = {source: np.empty(1, dtype=np.int64) for source in sources}
+        sends = [(dest, np.array([number], dtype=np.int64).view(np.uint8)) for dest, number in numbers.items()]
+        exchange(self.comm, sends, [(source, buffer.view(np.uint8)) for source, buffer in received.items()],
+                 TAG_NUMBERS)
+        return {source: int(buffer[0]) for source, buffer in received.items()}
