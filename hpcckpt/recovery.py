@@ -47,7 +47,15 @@ from hpcckpt.cluster.collectives import (
     wait_all,
 )
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
-from hpcckpt.format.layout import Layout, copy_strided, place_read, read_requests
+from hpcckpt.format.layout import (
+    BlockLayout,
+    Layout,
+    copy_strided,
+    extract_piece,
+    place_read,
+    read_requests,
+    request_payload,
+)
 from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.levels.base import DeliveryRequest, LevelStack, remove_tree
@@ -338,6 +346,7 @@ def _try_repartition(ctx, manifest: Manifest, candidate: Candidate, repair: bool
     this job's geometry (RestoreResult.protect_again), so a second loss is survived at once."""
     step = manifest.step
     pfs_holds = candidate.pfs_holds
+    _keep_what_gaps_leave(ctx, manifest.layout, ctx.layout)
     job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names, candidate.views,
                          (lambda old_rank: ctx.pfs.shard_path(step, old_rank)) if ctx.pfs is not None else None,
                          lambda message: _warn(ctx, message))
@@ -540,16 +549,30 @@ def _fetch_repartitioned(ctx, level, manifest: Manifest, layout: Layout) -> dict
     from 2 to 3 at worst."""
     rank = ctx.rank
     pieces = {tl.name: ctx.buffers[tl.name] for tl in layout.rank_pieces(rank)}
+    _keep_what_gaps_leave(ctx, manifest.layout, layout)
     reader = OldPieceReader(manifest, lambda old_rank: level.shard_path(manifest.step, old_rank))
     try:
         for request in read_requests(manifest.layout, layout, rank):
-            start = request.byte_offset_in_piece
-            data = reader.piece(request.old_rank, request.name)[start:start + request.nbytes]
+            data = request_payload(reader.piece(request.old_rank, request.name), request, manifest.layout)
             place_read(pieces[request.name], request, data, manifest.layout, layout, rank)
         _log_reads(ctx, reader.paths, reader.bytes_read)
     finally:
         reader.close()
     return pieces
+
+
+def _keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> None:
+    """Where the old blocks of an array left gaps (allowed when they were protected), the
+    restored array keeps what the protected array holds there: its current values go into
+    this rank's new piece first, and the old blocks are placed over them."""
+    for tl in new.rank_pieces(ctx.rank):
+        before = old.tensor(tl.name) if any(t.name == tl.name for t in old.tensors) else None
+        if not (isinstance(before, BlockLayout) and before.gaps):
+            continue
+        target = ctx.targets[tl.name]
+        host = target if isinstance(target, np.ndarray) else target.get()
+        current = host if isinstance(tl, BlockLayout) else extract_piece(host, tl, ctx.rank)
+        np.copyto(ctx.buffers[tl.name], current.reshape(ctx.buffers[tl.name].shape))
 
 
 def _log_reads(ctx, paths, payload_bytes: int) -> None:
@@ -559,8 +582,8 @@ def _log_reads(ctx, paths, payload_bytes: int) -> None:
 
 
 def _load(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
-    """(all ranks) Reassemble every replicated tensor everywhere; write all arrays in place;
-    then the engine sets the registered state (ctx.apply_state)."""
+    """(all ranks) Reassemble every replicated tensor everywhere, each rank's blocks on it;
+    write all arrays in place; then the engine sets the registered state (ctx.apply_state)."""
     _assemble(ctx, ctx.layout, pieces)
     for name in ctx.local_array_names:
         _write_in_place(ctx.targets[name], pieces[name])
@@ -569,10 +592,15 @@ def _load(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
 
 
 def _assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
-    """(all ranks) Every replicated tensor of `layout` from every rank's pieces, written in place."""
+    """(all ranks) Every replicated tensor of `layout` from every rank's pieces, and this
+    rank's block of every block array, written in place."""
     from mpi4py import MPI
 
     for tl in layout.tensors:
+        if isinstance(tl, BlockLayout):
+            if tl.holds(ctx.rank):
+                _write_in_place(ctx.targets[tl.name], pieces[tl.name])
+            continue
         counts = [tl.piece_nbytes(r) for r in range(ctx.world_size)]
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
         target = ctx.targets[tl.name]

@@ -153,7 +153,7 @@ def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
     redundancy, as the job that wrote it ran), "repartition" (over the old job's shards,
     wherever they survived), or None."""
     writing = _writing(everyone, step)
-    if writing is None or writing.world_size == ctx.world_size:
+    if writing is None or (writing.world_size == ctx.world_size and writing.layout_digest == ctx.layout.digest):
         if all(_sources_of_every_rank(ctx, everyone, step)):
             return "same"
     if _never_completed(ctx, everyone, step):

@@ -1,22 +1,27 @@
 """Shard layout and N->M re-partitioning, checked exhaustively without processes."""
 
 import itertools
+import re
 
 import numpy as np
 import pytest
 
 from hpcckpt.errors import ConfigError, FormatError, IncompatibleCheckpointError
 from hpcckpt.format.layout import (
+    BlockLayout,
     Layout,
     ReadRequest,
     TensorLayout,
     TensorSpec,
+    block_problems,
+    destination,
     extract_piece,
     insert_piece,
     piece_view_slices,
     place_read,
     plan_layout,
     read_requests,
+    request_payload,
 )
 
 SHAPES = [(), (1,), (3,), (7,), (2, 3), (5, 4), (4, 5), (3, 3), (9, 2, 2), (2, 11, 3),
@@ -205,8 +210,7 @@ def _rebuild_new_pieces(arrays, old, new, new_rank):
     pieces = {t.name: np.zeros(t.piece_shape(new_rank), dtype=t.spec.dtype)
               for t in new.rank_pieces(new_rank)}
     for request in requests:
-        blob = stored[(request.name, request.old_rank)]
-        data = blob[request.byte_offset_in_piece:request.byte_offset_in_piece + request.nbytes]
+        data = request_payload(stored[(request.name, request.old_rank)], request, old)
         assert len(data) == request.nbytes
         place_read(pieces[request.name], request, data, old, new, new_rank)
     return requests, pieces
@@ -221,7 +225,7 @@ def test_repartition_reads_exactly_what_is_needed(old_world, new_world):
     assert {t.name: t.axis for t in old.tensors} == {t.name: t.axis for t in new.tensors}
     for new_rank in range(new_world):
         requests, pieces = _rebuild_new_pieces(arrays, old, new, new_rank)
-        assert not any(r.reslice for r in requests)
+        assert not any(r.box for r in requests)
         for t in new.tensors:
             expected = extract_piece(arrays[t.name], t, new_rank)
             if t.rows(new_rank):
@@ -264,7 +268,8 @@ def test_repartition_request_values():
 
 
 def test_repartition_fallback_when_axes_differ():
-    """A layout cut along another axis (e.g. written by other rules) is read whole."""
+    """A layout cut along another axis (e.g. written by other rules): the parts of the old
+    pieces that the new piece overlaps travel as boxes, no more bytes than the new piece."""
     spec = TensorSpec("w", "int64", (4, 6))
     arrays = {"w": np.arange(24, dtype=np.int64).reshape(4, 6)}
     old = Layout(2, (TensorLayout(spec, 0, ((0, 2), (2, 4))),))
@@ -272,8 +277,8 @@ def test_repartition_fallback_when_axes_differ():
     assert new.tensor("w").axis == 1
     for new_rank in range(3):
         requests, pieces = _rebuild_new_pieces(arrays, old, new, new_rank)
-        assert all(r.reslice and r.byte_offset_in_piece == 0 for r in requests)
-        assert sum(r.nbytes for r in requests) == spec.nbytes
+        assert all(r.box is not None for r in requests)
+        assert sum(r.nbytes for r in requests) == new.bytes_of_rank(new_rank)
         np.testing.assert_array_equal(pieces["w"], extract_piece(arrays["w"], new.tensor("w"), new_rank))
 
 
@@ -374,3 +379,103 @@ def test_a_layout_record_does_not_grow_with_the_rank_count():
     odd = Layout.from_dict(explicit)  # bounds no rule makes are kept as they are
     assert odd.tensor("w").cut == "explicit" and odd.tensor("w").bounds == ((0, 1), (1, 5), (5, 6))
     assert Layout.from_json(odd.to_json()) == odd
+
+
+# ---------------------------------------------------------------------------------------
+# Blocks of a global array (domain decompositions)
+
+def _grid_boxes(shape, cuts_per_dim, rng, empty_ranks=0):
+    """A decomposition into a grid of boxes with random cut points, in a random rank order,
+    plus `empty_ranks` ranks holding nothing."""
+    edges = []
+    for dim, cuts in zip(shape, cuts_per_dim):
+        inner = sorted(rng.choice(np.arange(1, dim), size=min(cuts - 1, dim - 1), replace=False).tolist()) if dim > 1 else []
+        edges.append([0] + inner + [dim])
+    boxes = [tuple(cell) for cell in itertools.product(*[list(zip(e[:-1], e[1:])) for e in edges])]
+    boxes += [tuple((0, 0) for _ in shape)] * empty_ranks
+    order = rng.permutation(len(boxes))
+    return [boxes[i] for i in order]
+
+
+def _block_pieces(array, layout):
+    return {(t.name, r): extract_piece(array[t.name], t, r).tobytes()
+            for t in layout.tensors for r in range(layout.world_size) if t.holds(r)}
+
+
+def test_blocks_restore_onto_any_other_decomposition_byte_exact():
+    rng = np.random.default_rng(23)
+    spec = TensorSpec("grid", "float64", (13, 9, 4))
+    arrays = {"grid": _random_array(spec, rng)}
+    layouts = [Layout(len(b), (BlockLayout(spec, b),)) for b in
+               (_grid_boxes(spec.shape, (2, 2, 1), rng), _grid_boxes(spec.shape, (3, 1, 1), rng, empty_ranks=1),
+                _grid_boxes(spec.shape, (1, 2, 3), rng), _grid_boxes(spec.shape, (1, 1, 1), rng))]
+    layouts += [plan_layout([spec], 5, split_threshold_bytes=0), plan_layout([spec], 2)]  # replicated, cut or whole
+    for old, new in itertools.permutations(layouts, 2):
+        if isinstance(old.tensor("grid"), BlockLayout):
+            assert block_problems(spec, old.tensor("grid").boxes, False) == []
+        stored = _block_pieces(arrays, old)
+        for new_rank in range(new.world_size):
+            t = new.tensor("grid")
+            requests = read_requests(old, new, new_rank)
+            assert sum(r.nbytes for r in requests) == new.bytes_of_rank(new_rank)
+            if not t.holds(new_rank):
+                assert requests == []
+                continue
+            piece = np.full(t.piece_shape(new_rank), np.nan)
+            for request in requests:
+                data = request_payload(stored[("grid", request.old_rank)], request, old)
+                place_read(piece, request, data, old, new, new_rank)
+            np.testing.assert_array_equal(piece, extract_piece(arrays["grid"], t, new_rank))
+
+
+def test_a_block_layout_round_trips_through_json_and_checks_what_it_reads():
+    spec = TensorSpec("u", "float32", (4, 6))
+    layout = Layout(3, (BlockLayout(spec, [((0, 4), (0, 2)), ((0, 0), (0, 0)), ((0, 4), (2, 6))]),
+                        BlockLayout(TensorSpec("v", "int8", (5,)), [((0, 2),), ((2, 3),), ((4, 5),)], gaps=True)))
+    again = Layout.from_json(layout.to_json())
+    assert again == layout and again.tensor("v").gaps
+    assert [t.name for t in again.rank_pieces(1)] == ["v"] and again.bytes_of_rank(0) == 4 * 2 * 4 + 2
+    broken = layout.to_dict()
+    broken["tensors"][0]["blocks"][2] = [0, 4, 1, 6]  # overlaps rank 0's block
+    with pytest.raises(FormatError, match="ranks 0 and 2 overlap in \\[0:4, 1:2\\]"):
+        Layout.from_dict(broken)
+
+
+@pytest.mark.parametrize("boxes, gaps, message", [
+    ([((0, 3), (0, 4)), ((2, 5), (3, 8))], False, "ranks 0 and 1 overlap in [2:3, 3:4]"),
+    ([((0, 3), (0, 8)), ((3, 5), (0, 7))], False, "cover 38 of the 40 elements"),
+    ([((0, 3), (0, 8)), ((3, 6), (0, 8))], False, "rank 1's block [3:6, 0:8] is not inside the global shape (5, 8)"),
+    ([((0, 3), (0, 8)), ((3, 5), (0, 7))], True, None),
+    ([((0, 5), (0, 8)), ((2, 2), (0, 8))], False, None),  # an empty block overlaps nothing
+])
+def test_block_problems_name_what_is_wrong(boxes, gaps, message):
+    problems = block_problems(TensorSpec("u", "float32", (5, 8)), boxes, gaps)
+    if message is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and message in problems[0], problems
+
+
+def test_overlaps_are_found_among_many_blocks():
+    rng = np.random.default_rng(5)
+    spec = TensorSpec("u", "float32", (64, 64))
+    boxes = _grid_boxes(spec.shape, (16, 16), rng)
+    assert block_problems(spec, boxes, False) == []
+    (rows, (start, stop)) = boxes[100]
+    boxes[100] = (rows, (start, stop + 1) if stop < 64 else (start - 1, stop))  # one column into a neighbour
+    [problem] = block_problems(spec, boxes, False)
+    assert re.search(r"ranks (100 and \d+|\d+ and 100) overlap in \[\d+:\d+, \d+:\d+\]", problem), problem
+    assert block_problems(TensorSpec("s", "int8", ()), [()], False)[0].endswith("protect it as replicated")
+
+
+def test_slabs_of_blocks_are_received_in_place():
+    """A part that is contiguous in the new piece (whole rows of a slab) lands there
+    directly; a column of a 2-D block cannot."""
+    spec = TensorSpec("u", "int32", (6, 4))
+    rows = Layout(2, (BlockLayout(spec, [((0, 3), (0, 4)), ((3, 6), (0, 4))]),))
+    cols = Layout(2, (BlockLayout(spec, [((0, 6), (0, 2)), ((0, 6), (2, 4))]),))
+    piece = np.zeros((3, 4), np.int32)
+    [request] = read_requests(Layout(1, (BlockLayout(spec, [((0, 6), (0, 4))]),)), rows, 1)
+    target = destination(piece, request, rows, 1)
+    assert target is not None and np.shares_memory(target, piece) and target.size == request.nbytes
+    assert all(destination(piece, r, rows, 0) is None for r in read_requests(cols, rows, 0))

@@ -324,10 +324,11 @@ def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
 
 
 def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
-    """Every replicated tensor of a version, reassembled from the first good copy of each shard."""
+    """Every replicated tensor and block array of a version, reassembled from the first good
+    copy of each shard (zeros where blocks left gaps)."""
     from hpcckpt.format.layout import insert_piece
 
-    tensors = {tl.name: np.empty(tl.spec.shape, dtype=tl.spec.dtype) for tl in manifest.layout.tensors}
+    tensors = {tl.name: np.zeros(tl.spec.shape, dtype=tl.spec.dtype) for tl in manifest.layout.tensors}
     for rank in range(manifest.world_size):
         pieces = manifest.layout.rank_pieces(rank)
         if not pieces:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from hpcckpt import recovery
 from hpcckpt.ckpt.capture import SnapshotCapture
@@ -69,7 +69,7 @@ class Checkpointer:
         try:
             self.storage = JobStorage(self.comm, config, self.topology, self.run, log)
             shard_extra = {"node": self.node}  # the shard's extra record (the snapshot's layout depends on it)
-            self.arrays = ProtectedArrays(self.rank, self.world_size, config.checkpoint.split_threshold_kb * 1024,
+            self.arrays = ProtectedArrays(self.comm, config.checkpoint.split_threshold_kb * 1024,
                                           config.checkpoint.gpu_snapshot, shard_extra, log)
             self._ordinal = 0
             self.capture_state = SnapshotCapture(self.arrays)
@@ -117,11 +117,22 @@ class Checkpointer:
         return self.arrays.local_array_names
 
     # -- the library API -----------------------------------------------------------------
-    def protect(self, name: str, array, replicated: bool = True) -> None:
-        """Protect a NumPy/CuPy array, restored in place. Replicated arrays (the same on every
-        rank, like data-parallel weights) are sharded across ranks; others are stored whole
-        by their own rank (restart must then use the same number of ranks)."""
-        self.arrays.protect(name, array, replicated)
+    def protect(self, name: str, array, replicated: bool = True, *, global_shape: Sequence[int] | None = None,
+                offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
+        """Protect a NumPy/CuPy array, restored in place. Three kinds:
+
+        replicated (the default): the same on every rank, like data-parallel weights; sharded
+            across ranks, restored onto any rank count.
+        a block of a global array (`global_shape`, this rank's `offset` in it): a domain
+            decomposition; blocks may differ in size, must not overlap and must cover the
+            global shape unless `allow_gaps`. A restart onto any rank count or decomposition
+            fills each rank's block from the old blocks it overlaps (the blocks protected on
+            the new ranks say where); a part no old block held keeps what the array holds.
+        per-rank (`replicated=False`): stored whole by its own rank; restart must then use
+            the same number of ranks.
+        Block arrays are checked across ranks at the first checkpoint or restart: one
+        error on every rank names what does not fit."""
+        self.arrays.protect(name, array, replicated, global_shape, offset, allow_gaps)
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
         """Small state (step, iterator position, RNG states) saved with every version: what

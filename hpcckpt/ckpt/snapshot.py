@@ -1,7 +1,7 @@
 """The protected arrays and their snapshot: what a checkpoint copies, into which buffers.
 
-Each rank copies its slice of every replicated array (format/layout.py says which) and its
-per-rank arrays whole into reused host buffers laid out as its shard file, so the file's
+Each rank copies its slice of every replicated array (format/layout.py says which), its
+block of every block array and its per-rank arrays whole into reused host buffers laid out as its shard file, so the file's
 bytes need no second copy; CuPy arrays go device to device on a side stream and then to
 pinned host memory (ckpt/device_snapshot.py). Copies may be taken now (capture) or queued
 for the copier thread (ckpt/pipeline.py), which before_update() waits for.
@@ -10,22 +10,42 @@ for the copier thread (ckpt/pipeline.py), which before_update() waits for.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import threading
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from hpcckpt.ckpt.pipeline import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
-from hpcckpt.errors import CheckpointError
+from hpcckpt.cluster.collectives import decide_at_root
+from hpcckpt.errors import CheckpointError, ConfigError
 from hpcckpt.format import pytree
-from hpcckpt.format.layout import Layout, TensorSpec, copy_strided, piece_view_slices, plan_layout
+from hpcckpt.format.layout import (
+    BlockLayout,
+    Layout,
+    TensorSpec,
+    block_problems,
+    copy_strided,
+    piece_view_slices,
+    plan_layout,
+)
 from hpcckpt.format.shardfile import payload_layout
 from hpcckpt.io import direct_io
 
 ENGINE_STATE_KEY = "_hpcckpt"
+
+
+@dataclass(frozen=True)
+class BlockOf:
+    """Where a rank's block lies in its global array, as protect() was told."""
+
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
+    gaps: bool
 
 
 @dataclass
@@ -33,16 +53,21 @@ class Protected:
     name: str
     array: object
     replicated: bool
+    block: BlockOf | None = None  # a block of a global array (neither replicated nor per-rank)
+
+    @property
+    def per_rank(self) -> bool:
+        return not self.replicated and self.block is None
 
 
 class ProtectedArrays:
     """The registry (arrays and small state, in protect order) and, once laid out, the
     snapshot buffers. The layout is fixed by the first checkpoint or restart."""
 
-    def __init__(self, rank: int, world_size: int, split_threshold_bytes: int, gpu_snapshot: str, shard_extra: dict,
-                 log=None):
-        self.rank = rank
-        self.world_size = world_size
+    def __init__(self, comm, split_threshold_bytes: int, gpu_snapshot: str, shard_extra: dict, log=None):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
         self.split_threshold_bytes = split_threshold_bytes
         self.gpu_snapshot = gpu_snapshot
         self.shard_extra = shard_extra
@@ -54,14 +79,16 @@ class ProtectedArrays:
         self.shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
         self.device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
 
-    def protect(self, name: str, array, replicated: bool) -> None:
+    def protect(self, name: str, array, replicated: bool, global_shape: Sequence[int] | None = None,
+                offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
         if self.layout is not None:
             raise CheckpointError(f"protect({name!r}) after the first checkpoint or restart; protect everything first")
         if name in self.arrays:
             raise CheckpointError(f"an array named {name!r} is already protected")
         if not hasattr(array, "dtype") or not hasattr(array, "shape"):
             raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
-        self.arrays[name] = Protected(name, array, replicated)
+        self.arrays[name] = Protected(name, array, replicated,
+                                      _block_of(name, array, replicated, global_shape, offset, allow_gaps))
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
         if name in self.states or name == ENGINE_STATE_KEY:
@@ -70,17 +97,18 @@ class ProtectedArrays:
 
     @property
     def local_array_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.arrays.values() if not p.replicated)
+        return tuple(p.name for p in self.arrays.values() if p.per_rank)
 
     def on_gpu(self, name: str) -> bool:
         return not isinstance(self.arrays[name].array, np.ndarray)
 
     def ensure_layout(self) -> Layout:
         if self.layout is None:
-            specs = [TensorSpec.of(p.name, p.array) for p in self.arrays.values() if p.replicated]
-            self.layout = plan_layout(specs, self.world_size, self.split_threshold_bytes)
+            specs = [TensorSpec.of(p.name, p.array) for p in self.arrays.values() if p.replicated and p.block is None]
+            cut = plan_layout(specs, self.world_size, self.split_threshold_bytes)
+            self.layout = Layout(self.world_size, cut.tensors + self._agree_on_blocks(specs))
             shapes = {tl.name: (tl.piece_shape(self.rank), tl.spec.dtype) for tl in self.layout.rank_pieces(self.rank)}
-            shapes.update({p.name: (p.array.shape, p.array.dtype) for p in self.arrays.values() if not p.replicated})
+            shapes.update({p.name: (p.array.shape, p.array.dtype) for p in self.arrays.values() if p.per_rank})
             on_gpu = {name: shape for name, shape in shapes.items() if self.on_gpu(name)}
             self.buffers = self._host_buffers(shapes, on_gpu)
             if on_gpu:
@@ -89,6 +117,20 @@ class ProtectedArrays:
                 self.device_snapshot = DeviceSnapshot(on_gpu, self.gpu_snapshot, self.log)
                 self.buffers.update(self.device_snapshot.host_buffers)
         return self.layout
+
+    def _agree_on_blocks(self, specs: list[TensorSpec]) -> tuple[BlockLayout, ...]:
+        """(all ranks) The block arrays' layouts from every rank's block, checked at rank 0:
+        the same arrays protected everywhere (a digest of the rest), one dtype and global
+        shape per array, blocks inside it that do not overlap and cover it unless allowed.
+        Bad input is one error on every rank, before anything is written."""
+        blocks = [(p.name, str(p.array.dtype), p.block.global_shape, p.block.offset, tuple(p.array.shape),
+                   p.block.gaps) for p in self.arrays.values() if p.block is not None]
+        others = sorted((p.name, "per-rank" if p.per_rank else "replicated") for p in self.arrays.values()
+                        if p.block is None) + [(s.name, s.dtype, s.shape) for s in specs]
+        digest = hashlib.blake2b(repr(others).encode(), digest_size=8).hexdigest()
+        layouts, _ = decide_at_root(self.comm, "checking the protected arrays", (digest, blocks),
+                                    lambda everyone: (_block_layouts(everyone), None), scatter=False)
+        return layouts
 
     def _host_buffers(self, shapes: dict, on_gpu: dict) -> dict[str, np.ndarray]:
         """Host snapshot buffers as views into one buffer laid out as this rank's shard file
@@ -118,7 +160,7 @@ class ProtectedArrays:
         buffer = self.buffers.get(name)
         if buffer is None:  # a whole tensor that another rank stores
             return
-        if not protected.replicated:
+        if not protected.replicated or protected.block is not None:
             region = protected.array
         else:
             tl = self.layout.tensor(name)
@@ -148,3 +190,77 @@ class ProtectedArrays:
         state[ENGINE_STATE_KEY] = {"ordinal": ordinal}
         state = json.loads(json.dumps(state))
         return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
+
+
+def _block_of(name: str, array, replicated: bool, global_shape, offset, allow_gaps: bool) -> BlockOf | None:
+    """protect()'s block arguments, checked for what this rank alone can tell."""
+    if global_shape is None:
+        if offset is not None or allow_gaps:
+            raise ConfigError(f"protect({name!r}): offset and allow_gaps describe a block of a global array; "
+                              "give its global_shape too")
+        return None
+    if not replicated:
+        raise ConfigError(f"protect({name!r}): a block of a global array (global_shape=...) is not a per-rank "
+                          "array; leave replicated at its default")
+    try:
+        global_shape = tuple(int(d) for d in global_shape)
+        offset = tuple(int(o) for o in (offset if offset is not None else (0,) * len(global_shape)))
+    except (TypeError, ValueError):
+        raise ConfigError(f"protect({name!r}): global_shape and offset must be sequences of integers, got "
+                          f"{global_shape!r} and {offset!r}") from None
+    return BlockOf(global_shape, offset, bool(allow_gaps))
+
+
+def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:
+    """(rank 0) Every block array's layout from each rank's (digest, blocks); raises naming
+    what does not fit."""
+    by_digest = defaultdict(list)
+    for rank, (digest, _) in enumerate(everyone):
+        by_digest[digest].append(rank)
+    problems = []
+    if len(by_digest) > 1:
+        groups = sorted(by_digest.values(), key=len, reverse=True)
+        problems.append("the ranks protected different arrays (names, kinds, dtypes or shapes): ranks "
+                        + " vs ranks ".join(_ranks(g) for g in groups))
+    names = [tuple(b[0] for b in blocks) for _, blocks in everyone]
+    if len(set(names)) > 1:
+        problems.append(f"the ranks protected different block arrays: rank 0 {list(names[0])}, "
+                        + ", ".join(f"rank {r} {list(n)}" for r, n in enumerate(names) if n != names[0]))
+    if problems:
+        raise CheckpointError("; ".join(problems))
+    layouts = []
+    for index, name in enumerate(names[0]):
+        each = [blocks[index] for _, blocks in everyone]
+        for label, position in (("dtype", 1), ("global_shape", 2), ("allow_gaps", 5)):
+            values = {b[position] for b in each}
+            if len(values) > 1:
+                problems.append(f"array {name!r}: the ranks give different values of {label}: "
+                                + ", ".join(f"{v} (ranks {_ranks([r for r, b in enumerate(each) if b[position] == v])})"
+                                            for v in sorted(values, key=str)))
+        if problems:
+            continue
+        _, dtype, global_shape, _, _, gaps = each[0]
+        bad_rank = next((r for r, b in enumerate(each) if not len(b[2]) == len(b[3]) == len(b[4])), None)
+        if bad_rank is not None:
+            _, _, _, offset, shape, _ = each[bad_rank]
+            problems.append(f"array {name!r}: rank {bad_rank}'s block of shape {shape} at offset {offset} does not "
+                            f"have the {len(global_shape)} dimensions of the global shape {global_shape}")
+            continue
+        try:
+            spec = TensorSpec(name, dtype, global_shape)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        boxes = [tuple((o, o + d) for o, d in zip(offset, shape)) for _, _, _, offset, shape, _ in each]
+        found = block_problems(spec, boxes, gaps)
+        if found:
+            problems += found
+        else:
+            layouts.append(BlockLayout(spec, boxes, gaps))
+    if problems:
+        raise CheckpointError("the protected block arrays do not fit together: " + "; ".join(problems))
+    return tuple(layouts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")

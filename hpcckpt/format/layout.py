@@ -18,11 +18,19 @@ Conventions every other module relies on:
   list of bounds per rank: a layout's size and the time to plan, store and read it do not
   grow with the rank count (#27); `bounds` expands it where a caller wants them all.
 - A 0-d tensor is handled as a tensor of logical shape (1,) cut along axis 0.
+- A tensor the application decomposed itself (a stencil code's grid) is a BlockLayout: each
+  rank holds one box of the global array (start and stop in every dimension), stored as the
+  rank holds it (C order, no axis moved). Its boxes come from the ranks, so they are listed,
+  O(ranks); they never overlap and tile the global shape unless the user allowed gaps.
+- Every piece of either kind is a box of the global array. Where two layouts of a tensor do
+  not cut along the same axis (blocks, or another split), a restore moves the intersection
+  of an old and a new box, packed in global C order (`ReadRequest.box`).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import heapq
 import json
 import math
@@ -119,6 +127,18 @@ def _even_ranks_overlapping(dim: int, world_size: int, start: int, stop: int) ->
             return row // (base + 1)
         return extra + (row - wide) // base if base else world_size - 1
     return range(rank_of_row(start), rank_of_row(stop - 1) + 1)
+
+
+Box = tuple[tuple[int, int], ...]  # (start, stop) in every dimension of the logical shape
+
+
+def box_shape(box: Box) -> tuple[int, ...]:
+    return tuple(stop - start for start, stop in box)
+
+
+def _intersection(a: Box, b: Box) -> Box | None:
+    box = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
+    return box if all(start < stop for start, stop in box) else None
 
 
 class TensorLayout:
@@ -232,6 +252,22 @@ class TensorLayout:
         start, stop = self.bounds_of(rank)
         return stop - start
 
+    def holds(self, rank: int) -> bool:
+        return self.rows(rank) > 0
+
+    def box_of(self, rank: int) -> Box:
+        """Rank's piece as a box of the logical shape: its rows along the axis, all of the rest."""
+        box = [(0, d) for d in self.logical_shape]
+        box[self.axis] = self.bounds_of(rank)
+        return tuple(box)
+
+    def holders_of_box(self, box: Box) -> Iterator[int]:
+        return self.holders(*box[self.axis])
+
+    def global_order(self, piece: np.ndarray) -> np.ndarray:
+        """A stored (axis-major) piece seen in global axis order: a view, shaped as its box."""
+        return np.moveaxis(piece, 0, self.axis) if self.axis else piece
+
     def piece_shape(self, rank: int) -> tuple[int, ...]:
         """Shape of rank's piece as stored: axis-major (cut axis first)."""
         shape = self.logical_shape
@@ -257,12 +293,148 @@ class TensorLayout:
         return cls(spec, int(entry["axis"]), world_size=world_size, owner=None if owner is None else int(owner))
 
 
+class BlockLayout:
+    """A tensor decomposed by the application: rank r holds `boxes[r]` of the global array,
+    stored as it holds it (C order). An empty box (a zero extent) holds nothing. `gaps`: the
+    user allowed parts of the global shape that no rank holds (block_problems checks the
+    rest)."""
+
+    __slots__ = ("spec", "boxes", "gaps", "_starts", "_stops")
+    cut = "blocks"
+
+    def __init__(self, spec: TensorSpec, boxes: Sequence[Sequence[Sequence[int]]], gaps: bool = False):
+        self.spec = spec
+        self.boxes: tuple[Box, ...] = tuple(tuple((int(start), int(stop)) for start, stop in box) for box in boxes)
+        self.gaps = bool(gaps)
+        ndim = len(spec.shape)
+        corners = np.array([[edge for pair in box for edge in pair] for box in self.boxes],
+                           dtype=np.int64).reshape(len(self.boxes), ndim, 2)
+        self._starts, self._stops = corners[:, :, 0], corners[:, :, 1]
+
+    def _key(self):
+        return (self.spec, self.boxes, self.gaps)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BlockLayout) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"BlockLayout({self.spec!r}, {len(self.boxes)} boxes, gaps={self.gaps})"
+
+    name = property(lambda self: self.spec.name)
+    world_size = property(lambda self: len(self.boxes))
+    logical_shape = property(lambda self: self.spec.shape)
+
+    def box_of(self, rank: int) -> Box:
+        return self.boxes[rank]
+
+    def holds(self, rank: int) -> bool:
+        return all(stop > start for start, stop in self.boxes[rank])
+
+    def piece_shape(self, rank: int) -> tuple[int, ...]:
+        return box_shape(self.boxes[rank])
+
+    def piece_nbytes(self, rank: int) -> int:
+        return math.prod(self.piece_shape(rank)) * self.spec.itemsize
+
+    @property
+    def is_split(self) -> bool:
+        return sum(1 for rank in range(self.world_size) if self.holds(rank)) > 1
+
+    def holders_of_box(self, box: Box) -> Iterator[int]:
+        """The ranks whose boxes intersect `box`, in rank order (vectorized: O(ranks) in C)."""
+        if not self.boxes:
+            return iter(())
+        low = np.array([start for start, _ in box], dtype=np.int64)
+        high = np.array([stop for _, stop in box], dtype=np.int64)
+        overlapping = np.all((self._starts < high) & (self._stops > low) & (self._stops > self._starts), axis=1)
+        return iter(np.flatnonzero(overlapping).tolist())
+
+    @staticmethod
+    def global_order(piece):
+        return piece
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.spec.dtype, "shape": list(self.spec.shape),
+                "blocks": [[edge for pair in box for edge in pair] for box in self.boxes], "gaps": self.gaps}
+
+    @classmethod
+    def from_dict(cls, entry: Mapping) -> "BlockLayout":
+        spec = TensorSpec(str(entry["name"]), str(entry["dtype"]), tuple(entry["shape"]))
+        ndim = len(spec.shape)
+        boxes = []
+        for flat in entry["blocks"]:
+            if len(flat) != 2 * ndim:
+                raise ValueError(f"a block of {spec.name!r} has {len(flat)} edges for {ndim} dimensions")
+            boxes.append(tuple((int(flat[2 * d]), int(flat[2 * d + 1])) for d in range(ndim)))
+        return cls(spec, boxes, bool(entry.get("gaps", False)))
+
+
+def block_problems(spec: TensorSpec, boxes: Sequence[Box], gaps: bool) -> list[str]:
+    """What is wrong with `boxes` as blocks of `spec`: boxes outside the global shape, two
+    boxes that overlap (named with where), and, unless `gaps`, elements no box covers."""
+    shape = spec.shape
+    if not shape:
+        return [f"array {spec.name!r}: a 0-d array cannot be cut into blocks; protect it as replicated"]
+    problems = []
+    for rank, box in enumerate(boxes):
+        if len(box) != len(shape) or any(not 0 <= start <= stop <= dim for (start, stop), dim in zip(box, shape)):
+            problems.append(f"array {spec.name!r}: rank {rank}'s block {_describe_box(box)} is not inside the "
+                            f"global shape {shape}")
+    if problems:
+        return problems
+    held = [(rank, box) for rank, box in enumerate(boxes) if all(stop > start for start, stop in box)]
+    overlap = _first_overlap(held, len(shape))
+    if overlap is not None:
+        (a, b), where = overlap
+        problems.append(f"array {spec.name!r}: the blocks of ranks {a} and {b} overlap in {_describe_box(where)}; "
+                        "each element must be held by one rank (protect the interior, without halo cells)")
+        return problems
+    covered = sum(math.prod(box_shape(box)) for _, box in held)
+    if not gaps and covered != math.prod(shape):
+        problems.append(f"array {spec.name!r}: the blocks cover {covered} of the {math.prod(shape)} elements of the "
+                        f"global shape {shape}; give every element to a rank, or pass allow_gaps=True if the "
+                        "uncovered part is not to be saved (a restart leaves it as the new ranks' arrays hold it)")
+    return problems
+
+
+def _first_overlap(held: list[tuple[int, Box]], ndim: int):
+    """The first two boxes that intersect, and where. Swept along the dimension with the most
+    distinct starts: a box is compared only with those that start before it ends there."""
+    if len(held) < 2:
+        return None
+    starts = np.array([[start for start, _ in box] for _, box in held], dtype=np.int64)
+    stops = np.array([[stop for _, stop in box] for _, box in held], dtype=np.int64)
+    axis = max(range(ndim), key=lambda d: len(np.unique(starts[:, d])))
+    order = np.argsort(starts[:, axis], kind="stable")
+    starts, stops = starts[order], stops[order]
+    for i in range(len(order) - 1):
+        end = int(np.searchsorted(starts[:, axis], stops[i, axis], side="left"))
+        if end <= i + 1:
+            continue
+        hits = np.flatnonzero(np.all((starts[i + 1:end] < stops[i]) & (stops[i + 1:end] > starts[i]), axis=1))
+        if hits.size:
+            j = i + 1 + int(hits[0])
+            a, b = sorted((held[order[i]][0], held[order[j]][0]))
+            return (a, b), _intersection(held[order[i]][1], held[order[j]][1])
+    return None
+
+
+def _describe_box(box: Box) -> str:
+    return "[" + ", ".join(f"{start}:{stop}" for start, stop in box) + "]"
+
+
+AnyLayout = TensorLayout | BlockLayout
+
+
 @dataclass(frozen=True)
 class Layout:
     """The layout of every tensor for one world size, in the order the specs were given."""
 
     world_size: int
-    tensors: tuple[TensorLayout, ...]
+    tensors: tuple[AnyLayout, ...]
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]
@@ -274,7 +446,12 @@ class Layout:
     def _by_name(self) -> dict[str, TensorLayout]:
         return {t.name: t for t in self.tensors}
 
-    def tensor(self, name: str) -> TensorLayout:
+    @functools.cached_property
+    def digest(self) -> str:
+        """Equal for equal layouts: whether a version's shards are this job's pieces as they are."""
+        return hashlib.blake2b(self.to_json().encode(), digest_size=8).hexdigest()
+
+    def tensor(self, name: str) -> AnyLayout:
         try:
             return self._by_name[name]
         except KeyError:
@@ -283,10 +460,10 @@ class Layout:
     def piece_shape(self, name: str, rank: int) -> tuple[int, ...]:
         return self.tensor(name).piece_shape(self._check_rank(rank))
 
-    def rank_pieces(self, rank: int) -> tuple[TensorLayout, ...]:
-        """Tensors of which `rank` holds at least one row, in layout order."""
+    def rank_pieces(self, rank: int) -> tuple[AnyLayout, ...]:
+        """Tensors of which `rank` holds at least one element, in layout order."""
         rank = self._check_rank(rank)
-        return tuple(t for t in self.tensors if t.rows(rank) > 0)
+        return tuple(t for t in self.tensors if t.holds(rank))
 
     def bytes_of_rank(self, rank: int) -> int:
         rank = self._check_rank(rank)
@@ -334,7 +511,8 @@ class Layout:
                 raise FormatError(f"layout format {layout_format!r} is not supported "
                                   f"(supported: {', '.join(map(str, READABLE_LAYOUT_FORMATS))})")
             world_size = int(data["world_size"])
-            tensors = tuple(TensorLayout.from_dict(entry, world_size, layout_format) for entry in data["tensors"])
+            tensors = tuple(BlockLayout.from_dict(entry) if "blocks" in entry else
+                            TensorLayout.from_dict(entry, world_size, layout_format) for entry in data["tensors"])
             layout = cls(world_size, tensors)
         except FormatError:
             raise
@@ -360,6 +538,13 @@ class Layout:
         if self.world_size < 1:
             raise FormatError(f"layout world size {self.world_size} must be at least 1")
         for t in self.tensors:
+            if isinstance(t, BlockLayout):
+                if t.world_size != self.world_size:
+                    raise FormatError(f"layout of {t.name!r}: {t.world_size} blocks for {self.world_size} ranks")
+                problems = block_problems(t.spec, t.boxes, t.gaps)
+                if problems:
+                    raise FormatError(f"layout of {t.name!r}: {problems[0]}")
+                continue
             shape = t.logical_shape
             if not 0 <= t.axis < len(shape):
                 raise FormatError(f"layout of {t.name!r}: axis {t.axis} out of range for shape {shape}")
@@ -431,27 +616,25 @@ def plan_layout(specs: Sequence[TensorSpec], world_size: int,
     return Layout(world_size, tuple(layouts))
 
 
-def piece_view_slices(tensor_layout: TensorLayout, rank: int) -> tuple[slice, ...]:
+def piece_view_slices(tensor_layout: AnyLayout, rank: int) -> tuple[slice, ...]:
     """Index tuple selecting rank's piece from the global array, in global axis order.
 
     It applies to the array reshaped to `tensor_layout.logical_shape` (only differs for
     0-d tensors), so a CuPy caller can do: `xp.ascontiguousarray(xp.moveaxis(
     a.reshape(tl.logical_shape)[slices], tl.axis, 0))`.
     """
-    start, stop = tensor_layout.bounds_of(rank)
-    index = [slice(None)] * len(tensor_layout.logical_shape)
-    index[tensor_layout.axis] = slice(start, stop)
-    return tuple(index)
+    return tuple(slice(start, stop) for start, stop in tensor_layout.box_of(rank))
 
 
-def _check_global_shape(array, tensor_layout: TensorLayout) -> None:
+def _check_global_shape(array, tensor_layout: AnyLayout) -> None:
     if tuple(array.shape) != tensor_layout.spec.shape:
         raise ValueError(f"tensor {tensor_layout.name!r}: array shape {tuple(array.shape)} "
                          f"does not match the layout's {tensor_layout.spec.shape}")
 
 
-def extract_piece(array, tensor_layout: TensorLayout, rank: int):
-    """Rank's piece of `array`, axis-major and C-contiguous (NumPy or CuPy).
+def extract_piece(array, tensor_layout: AnyLayout, rank: int):
+    """Rank's piece of the global `array`, as stored: C-contiguous, axis-major for a cut
+    tensor (NumPy or CuPy).
 
     When the piece is already contiguous (a cut along axis 0 of a C-contiguous array) the
     result is a VIEW of `array`; callers that need a stable snapshot must copy it.
@@ -459,7 +642,7 @@ def extract_piece(array, tensor_layout: TensorLayout, rank: int):
     _check_global_shape(array, tensor_layout)
     logical = array.reshape(tensor_layout.logical_shape)
     piece = logical[piece_view_slices(tensor_layout, rank)]
-    if tensor_layout.axis != 0:
+    if isinstance(tensor_layout, TensorLayout) and tensor_layout.axis != 0:
         order = [tensor_layout.axis] + [a for a in range(piece.ndim) if a != tensor_layout.axis]
         piece = piece.transpose(order)
     if not piece.flags.c_contiguous:
@@ -467,53 +650,49 @@ def extract_piece(array, tensor_layout: TensorLayout, rank: int):
     return piece
 
 
-def insert_piece(target_array, tensor_layout: TensorLayout, rank: int, piece_axis_major) -> None:
-    """Write an axis-major piece back into its place in the full array, in place."""
+def insert_piece(target_array, tensor_layout: AnyLayout, rank: int, piece) -> None:
+    """Write a stored piece back into its place in the full array, in place."""
     _check_global_shape(target_array, tensor_layout)
     expected = tensor_layout.piece_shape(rank)
-    if math.prod(piece_axis_major.shape) != math.prod(expected):
+    if math.prod(piece.shape) != math.prod(expected):
         raise ValueError(f"tensor {tensor_layout.name!r}, rank {rank}: piece of shape "
-                         f"{tuple(piece_axis_major.shape)} does not fit {expected}")
-    piece = piece_axis_major.reshape(expected)
+                         f"{tuple(piece.shape)} does not fit {expected}")
+    piece = piece.reshape(expected)
     if not tensor_layout.spec.shape:
         if expected[0]:
             target_array[()] = piece[0]
         return
-    region = target_array[piece_view_slices(tensor_layout, rank)]
-    order = [tensor_layout.axis] + [a for a in range(region.ndim) if a != tensor_layout.axis]
-    region.transpose(order)[...] = piece
+    target_array[piece_view_slices(tensor_layout, rank)] = tensor_layout.global_order(piece)
 
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """One contiguous byte range of an old piece that a new piece needs.
+    """What a new piece needs of one old piece.
 
-    Bytes [byte_offset_in_piece, +nbytes) of old rank `old_rank`'s stored piece of `name`
-    become rows [dest_start, dest_stop) of the new piece, counted from the new piece's
-    first row (not the global index).
+    Rows (`box` None, both layouts cut the tensor along the same axis): bytes
+    [byte_offset_in_piece, +nbytes) of old rank `old_rank`'s stored piece of `name` become
+    rows [dest_start, dest_stop) of the new piece, counted from its first row.
 
-    `reslice` is True only in the fallback for layouts that cut a tensor along different
-    axes: then the request covers the WHOLE old piece and the rows it gives cannot be
-    copied as they are; `place_read` picks the right elements out of it.
+    A box (blocks, or cuts along different axes): the part `box` (global coordinates) of
+    both pieces; its `nbytes` travel packed in global C order (request_payload cuts them out
+    of the old piece, place_read puts them into the new one).
     """
 
     name: str
     old_rank: int
     byte_offset_in_piece: int
     nbytes: int
-    dest_start: int
-    dest_stop: int
-    reslice: bool = False
+    dest_start: int = 0
+    dest_stop: int = 0
+    box: Box | None = None
 
 
 def read_requests(old: Layout, new: Layout, new_rank: int) -> list[ReadRequest]:
     """What `new_rank` must read from the old shards to build its pieces under `new`.
 
-    Requests come in new-layout tensor order, and by old rank within a tensor. When both
-    layouts cut a tensor along the same axis (always true for layouts made by
-    `plan_layout`, since the axis depends only on the shape), each request is exactly the
-    overlapping rows, so the total requested equals the bytes of new_rank's pieces.
-    Otherwise every old piece is read whole (see `ReadRequest.reslice`).
+    Requests come in new-layout tensor order, and by old rank within a tensor. Only the
+    overlapping parts are asked for, so the total requested equals the bytes of new_rank's
+    pieces (less any gaps of the old blocks).
     """
     problems = old.same_tensors(new, "checkpoint", "current model")
     if problems:
@@ -524,30 +703,70 @@ def read_requests(old: Layout, new: Layout, new_rank: int) -> list[ReadRequest]:
     requests = []
     for new_tl in new.rank_pieces(new_rank):
         old_tl = old.tensor(new_tl.name)
-        new_start, new_stop = new_tl.bounds_of(new_rank)
-        same_axis = old_tl.axis == new_tl.axis
-        for old_rank in old_tl.holders(new_start, new_stop) if same_axis else old_tl.holders():
-            old_start, old_stop = old_tl.bounds_of(old_rank)
-            if not same_axis:
-                requests.append(ReadRequest(new_tl.name, old_rank, 0, old_tl.piece_nbytes(old_rank),
-                                            0, new_stop - new_start, reslice=True))
-                continue
-            low, high = max(old_start, new_start), min(old_stop, new_stop)
-            if low >= high:
-                continue
-            requests.append(ReadRequest(
-                new_tl.name, old_rank,
-                byte_offset_in_piece=(low - old_start) * old_tl.row_bytes,
-                nbytes=(high - low) * old_tl.row_bytes,
-                dest_start=low - new_start,
-                dest_stop=high - new_start,
-            ))
+        if isinstance(old_tl, TensorLayout) and isinstance(new_tl, TensorLayout) and old_tl.axis == new_tl.axis:
+            requests += _row_requests(old_tl, new_tl, new_rank)
+            continue
+        new_box = new_tl.box_of(new_rank)
+        for old_rank in old_tl.holders_of_box(new_box):
+            part = _intersection(old_tl.box_of(old_rank), new_box)
+            if part is not None:
+                requests.append(ReadRequest(new_tl.name, old_rank, 0, math.prod(box_shape(part)) * new_tl.spec.itemsize,
+                                            box=part))
     return requests
+
+
+def _row_requests(old_tl: TensorLayout, new_tl: TensorLayout, new_rank: int) -> list[ReadRequest]:
+    new_start, new_stop = new_tl.bounds_of(new_rank)
+    requests = []
+    for old_rank in old_tl.holders(new_start, new_stop):
+        old_start, old_stop = old_tl.bounds_of(old_rank)
+        low, high = max(old_start, new_start), min(old_stop, new_stop)
+        if low < high:
+            requests.append(ReadRequest(new_tl.name, old_rank, byte_offset_in_piece=(low - old_start) * old_tl.row_bytes,
+                                        nbytes=(high - low) * old_tl.row_bytes, dest_start=low - new_start,
+                                        dest_stop=high - new_start))
+    return requests
+
+
+def _box_view(piece: np.ndarray, tensor_layout: AnyLayout, rank: int, part: Box) -> np.ndarray:
+    """The elements `part` (global coordinates) of rank's stored piece, as a view in global
+    axis order."""
+    whole = tensor_layout.global_order(piece.reshape(tensor_layout.piece_shape(rank)))
+    origin = tensor_layout.box_of(rank)
+    return whole[tuple(slice(start - base, stop - base) for (start, stop), (base, _) in zip(part, origin))]
+
+
+def request_payload(old_piece, request: ReadRequest, old: Layout) -> np.ndarray:
+    """The bytes that travel for `request`, cut from the old piece (its stored bytes, whole):
+    a view where they lie contiguous in it, else a packed copy."""
+    raw = old_piece.reshape(-1).view(np.uint8) if isinstance(old_piece, np.ndarray) \
+        else np.frombuffer(old_piece, dtype=np.uint8)
+    if request.box is None:
+        return raw[request.byte_offset_in_piece:request.byte_offset_in_piece + request.nbytes]
+    old_tl = old.tensor(request.name)
+    values = raw.view(np.dtype(old_tl.spec.dtype))
+    part = _box_view(values, old_tl, request.old_rank, request.box)
+    return np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+
+
+def destination(new_piece: np.ndarray, request: ReadRequest, new: Layout, new_rank: int) -> np.ndarray | None:
+    """Where the request's bytes land in `new_piece`, as bytes to receive straight into,
+    where they are contiguous there; None otherwise (place_read then places them)."""
+    if not new_piece.flags.c_contiguous:
+        return None
+    if request.box is None:
+        target = new_piece[request.dest_start:request.dest_stop]
+    else:
+        target = _box_view(new_piece, new.tensor(request.name), new_rank, request.box)
+        if not target.flags.c_contiguous:
+            return None
+    target = target.reshape(-1).view(np.uint8)
+    return target if target.size == request.nbytes else None
 
 
 def place_read(new_piece: np.ndarray, request: ReadRequest, data, old: Layout, new: Layout,
                new_rank: int) -> None:
-    """Copy the bytes read for `request` into `new_piece` (axis-major, NumPy), in place."""
+    """Copy the bytes that travelled for `request` into `new_piece` (stored order, NumPy), in place."""
     new_tl = new.tensor(request.name)
     dtype = np.dtype(new_tl.spec.dtype)
     raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
@@ -556,25 +775,11 @@ def place_read(new_piece: np.ndarray, request: ReadRequest, data, old: Layout, n
         raise ValueError(f"tensor {request.name!r}: got {raw.size} bytes for a request "
                          f"of {request.nbytes}")
     values = raw.view(dtype)
-    if not request.reslice:
+    if request.box is None:
         rows = request.dest_stop - request.dest_start
         new_piece[request.dest_start:request.dest_stop] = values.reshape((rows,) + new_piece.shape[1:])
         return
-
-    # Different cut axes: bring both pieces back to global axis order, where the old
-    # piece covers its range along old_axis and the new piece its range along new_axis.
-    old_tl = old.tensor(request.name)
-    logical = new_tl.logical_shape
-    old_piece = values.reshape(old_tl.piece_shape(request.old_rank))
-    old_global = np.moveaxis(old_piece, 0, old_tl.axis)
-    new_global = np.moveaxis(new_piece, 0, new_tl.axis)
-    old_start, old_stop = old_tl.bounds_of(request.old_rank)
-    new_start, new_stop = new_tl.bounds_of(new_rank)
-    source = [slice(None)] * len(logical)
-    target = [slice(None)] * len(logical)
-    source[new_tl.axis] = slice(new_start, new_stop)      # old piece spans all of new_axis
-    target[old_tl.axis] = slice(old_start, old_stop)      # new piece spans all of old_axis
-    new_global[tuple(target)] = old_global[tuple(source)]
+    _box_view(new_piece, new_tl, new_rank, request.box)[...] = values.reshape(box_shape(request.box))
 
 
 _TILE = 256

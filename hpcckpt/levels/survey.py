@@ -42,21 +42,22 @@ class Writing:
     run_id: str
     groups: tuple[tuple[int, ...], ...]  # its L3 groups (old ranks) and their parity
     parity: int
+    layout_digest: str = ""  # Layout.digest: a job with another layout re-partitions, even on as many ranks
 
     @classmethod
     def of(cls, manifest: Manifest) -> "Writing":
         return cls(manifest.identity, manifest.created, manifest.world_size, manifest.run_id, manifest.groups,
-                   manifest.parity)
+                   manifest.parity, manifest.layout.digest)
 
     def __reduce__(self):
         # Pickled with its groups as their rule (format/compact.py), O(1) for the usual
         # placements: a writing travels from rank 0 to every rank at a restart.
         return (_unpack_writing, (self.identity, self.created, self.world_size, self.run_id,
-                                  pack_groups(self.groups, self.world_size), self.parity))
+                                  pack_groups(self.groups, self.world_size), self.parity, self.layout_digest))
 
 
-def _unpack_writing(identity, created, world_size, run_id, groups, parity) -> Writing:
-    return Writing(identity, created, world_size, run_id, unpack_groups(groups), parity)
+def _unpack_writing(identity, created, world_size, run_id, groups, parity, layout_digest) -> Writing:
+    return Writing(identity, created, world_size, run_id, unpack_groups(groups), parity, layout_digest)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from hpcckpt.cluster.collectives import (
 )
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
-from hpcckpt.format.layout import Layout, place_read, read_requests
+from hpcckpt.format.layout import Layout, destination, place_read, read_requests, request_payload
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor, shard_table_of_bytes, verified_piece
 from hpcckpt.levels.stripes import segment_length, stripe_plan
@@ -249,8 +249,9 @@ class RepartitionJob:
 
     # -- move ----------------------------------------------------------------------------
     def _move(self, plan: RepartitionPlan, held: dict):
-        """Providers send each byte range as it lies in the old piece (no gathering copy);
-        a new rank receives it straight into its piece where the rows are contiguous there.
+        """Providers send each byte range as it lies in the old piece (no gathering copy where
+        it is contiguous there); a new rank receives it straight into its piece where it is
+        contiguous there.
         Both sides walk read_requests in the same order, which is the order MPI matches the
         messages of one sender in."""
         old = self.manifest.layout
@@ -276,8 +277,7 @@ class RepartitionJob:
                 continue
             for request in read_requests(old, self.layout, consumer):
                 if plan.sources[request.old_rank].provider == self.rank and request.nbytes:
-                    start = request.byte_offset_in_piece
-                    sends.append((consumer, held[request.old_rank].piece(request.name)[start:start + request.nbytes]))
+                    sends.append((consumer, request_payload(held[request.old_rank].piece(request.name), request, old)))
             if same_ranks and plan.sources[consumer].provider == self.rank:  # per-rank arrays go whole
                 sends += [(consumer, held[consumer].piece(name)) for name in self.local_array_names]
 
@@ -290,7 +290,7 @@ class RepartitionJob:
             provider = plan.sources[request.old_rank].provider
             if provider in (None, self.rank) or not request.nbytes:
                 continue
-            target = _contiguous_rows(pieces[request.name], request)
+            target = destination(pieces[request.name], request, self.layout, self.rank)
             if target is None:
                 target = np.empty(request.nbytes, dtype=np.uint8)
                 staged.append((request, target))
@@ -316,8 +316,7 @@ class RepartitionJob:
                     piece = held[request.old_rank].piece(request.name)
                 else:
                     continue
-                start = request.byte_offset_in_piece
-                place_read(pieces[request.name], request, piece[start:start + request.nbytes], old, self.layout,
+                place_read(pieces[request.name], request, request_payload(piece, request, old), old, self.layout,
                            self.rank)
             if self.manifest.world_size == self.world_size:
                 provider = plan.sources[self.rank].provider
@@ -357,15 +356,6 @@ class RepartitionJob:
         agree_before_exchange(self.comm, failure, label)
         exchange(self.comm, sends, receives, tag)
         return received
-
-
-def _contiguous_rows(piece: np.ndarray, request) -> np.ndarray | None:
-    """The bytes of the rows a request fills, where they are one contiguous range of the
-    piece (every cut along the same axis, the piece C-contiguous); None otherwise."""
-    if request.reslice or not piece.flags.c_contiguous:
-        return None
-    rows = piece[request.dest_start:request.dest_stop].reshape(-1).view(np.uint8)
-    return rows if rows.size == request.nbytes else None
 
 
 class OldPieceReader:
