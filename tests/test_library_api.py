@@ -20,6 +20,7 @@ def test_readme_library_example_runs_and_resumes(tmp_path):
     assert "finished at step 40" in first.stdout
     expected_sum = sum(range(1, 41)) * 512 * 64 * 1.0
     assert f"weights sum {expected_sum}" in first.stdout
+    assert f"field sum {sum(range(1, 41)) * 1000.0}" in first.stdout
     # Started again with nothing left to do, twice: the clean close() confirms each restart, so
     # version 40 is never marked failed (it used to be, and then moved aside).
     for _ in range(2):
@@ -45,6 +46,6 @@ def test_readme_library_example_runs_and_resumes(tmp_path):
         "print(\"finished", "print(\"mine\", mine[0], \"finished"))
     done = run_script(4, finishing, [], cwd=tmp_path)
     assert_ok(done)
-    assert f"weights sum {sum(range(1, 61)) * 512 * 64 * 1.0}" in done.stdout
+    assert f"weights sum {sum(range(1, 61)) * 512 * 64 * 1.0} field sum {sum(range(1, 61)) * 1000.0}" in done.stdout
     assert "mine 60.0 finished at step 60" in done.stdout
     assert np.isclose(float(re.search(r"mine (\S+)", done.stdout).group(1)), 60.0)
