@@ -1,6 +1,7 @@
 """Shard layout and N->M re-partitioning, checked exhaustively without processes."""
 
 import itertools
+import json
 import re
 
 import numpy as np
@@ -479,3 +480,29 @@ def test_slabs_of_blocks_are_received_in_place():
     target = destination(piece, request, rows, 1)
     assert target is not None and np.shares_memory(target, piece) and target.size == request.nbytes
     assert all(destination(piece, r, rows, 0) is None for r in read_requests(cols, rows, 0))
+
+
+def test_a_grid_of_blocks_is_stored_as_its_rule_whatever_the_rank_count():
+    """A Cartesian decomposition (ranks in C order as MPI_Cart_create numbers them, or F
+    order; ranks past the grid empty) is stored as its cut points, O(cuts), not O(ranks)."""
+    import pickle
+
+    spec = TensorSpec("u", "float32", (4096, 4096))
+    edges = [sorted(set(np.linspace(0, 4096, 129, dtype=int).tolist())), list(range(0, 4097, 32))]
+    for order in ("C", "F"):
+        cells = list(np.ndindex(128, 128)) if order == "C" else [(i, j) for j in range(128) for i in range(128)]
+        boxes = [((edges[0][i], edges[0][i + 1]), (edges[1][j], edges[1][j + 1])) for i, j in cells]
+        layout = Layout(16384 + 3, (BlockLayout(spec, boxes + [((0, 0), (0, 0))] * 3),))
+        text = layout.to_json()
+        assert len(text) < 2000 and '"order":"%s"' % order in text
+        again = Layout.from_json(text)
+        assert again == layout and pickle.loads(pickle.dumps(layout.tensors[0])) == layout.tensors[0]
+        assert again.tensor("u").box_of(129) == boxes[129] and not again.tensor("u").holds(16384)
+    shuffled = list(reversed(boxes))  # a grid, but in no rule's order: listed
+    listed = Layout(len(shuffled), (BlockLayout(spec, shuffled),))
+    assert '"blocks"' in listed.to_json() and Layout.from_json(listed.to_json()) == listed
+    too_big = json.loads(Layout(3, (BlockLayout(TensorSpec("v", "int8", (4,)), [((0, 2),), ((2, 4),), ((0, 0),)]),)
+                                ).to_json())
+    too_big["world_size"] = 1
+    with pytest.raises(FormatError, match="2 cells for 1 ranks"):
+        Layout.from_dict(too_big)

@@ -357,19 +357,73 @@ class BlockLayout:
         return piece
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.spec.dtype, "shape": list(self.spec.shape),
-                "blocks": [[edge for pair in box for edge in pair] for box in self.boxes], "gaps": self.gaps}
+        """The boxes as a grid rule where they are one (O(cuts), not O(ranks)), else listed."""
+        entry = {"name": self.name, "dtype": self.spec.dtype, "shape": list(self.spec.shape), "gaps": self.gaps}
+        grid = _as_grid(self.boxes)
+        if grid is not None:
+            entry["grid"], entry["order"] = grid
+        else:
+            entry["blocks"] = [[edge for pair in box for edge in pair] for box in self.boxes]
+        return entry
+
+    def __reduce__(self):
+        return (_block_layout_of, (self.to_dict(), self.world_size))
 
     @classmethod
-    def from_dict(cls, entry: Mapping) -> "BlockLayout":
+    def from_dict(cls, entry: Mapping, world_size: int) -> "BlockLayout":
         spec = TensorSpec(str(entry["name"]), str(entry["dtype"]), tuple(entry["shape"]))
         ndim = len(spec.shape)
-        boxes = []
-        for flat in entry["blocks"]:
-            if len(flat) != 2 * ndim:
-                raise ValueError(f"a block of {spec.name!r} has {len(flat)} edges for {ndim} dimensions")
-            boxes.append(tuple((int(flat[2 * d]), int(flat[2 * d + 1])) for d in range(ndim)))
+        if "grid" in entry:
+            boxes = _grid_boxes(spec, [[int(e) for e in edges] for edges in entry["grid"]], str(entry["order"]),
+                                world_size)
+        else:
+            boxes = []
+            for flat in entry["blocks"]:
+                if len(flat) != 2 * ndim:
+                    raise ValueError(f"a block of {spec.name!r} has {len(flat)} edges for {ndim} dimensions")
+                boxes.append(tuple((int(flat[2 * d]), int(flat[2 * d + 1])) for d in range(ndim)))
         return cls(spec, boxes, bool(entry.get("gaps", False)))
+
+
+def _block_layout_of(entry: Mapping, world_size: int) -> BlockLayout:
+    return BlockLayout.from_dict(entry, world_size)
+
+
+def _grid_order(counts: Sequence[int], order: str) -> list[tuple[int, ...]]:
+    """Cell indices in rank order: C (last axis fastest, as MPI_Cart_create numbers ranks) or F."""
+    if order == "C":
+        return list(np.ndindex(*counts))
+    return [tuple(reversed(cell)) for cell in np.ndindex(*reversed(counts))]
+
+
+def _as_grid(boxes: Sequence[Box]) -> tuple[list[list[int]], str] | None:
+    """(edges per dimension, "C" or "F") where the first ranks hold the cells of a grid in that
+    order and the others nothing (boxes of zeros); None for any other decomposition."""
+    held = [box for box in boxes if all(stop > start for start, stop in box)]
+    if not held or any(box != tuple((0, 0) for _ in box) for box in boxes[len(held):]):
+        return None
+    ndim = len(held[0])
+    edges = [sorted({box[d][0] for box in held} | {box[d][1] for box in held}) for d in range(ndim)]
+    counts = [len(e) - 1 for e in edges]
+    if math.prod(counts) != len(held):
+        return None
+    position = [{(e[i], e[i + 1]): i for i in range(len(e) - 1)} for e in edges]
+    cells = [tuple(position[d].get(box[d], -1) for d in range(ndim)) for box in held]
+    for order in ("C", "F"):
+        if cells == _grid_order(counts, order):
+            return edges, order
+    return None
+
+
+def _grid_boxes(spec: TensorSpec, edges: list[list[int]], order: str, world_size: int) -> list[Box]:
+    if len(edges) != len(spec.shape) or order not in ("C", "F") or any(len(e) < 2 for e in edges):
+        raise ValueError(f"the block grid of {spec.name!r} does not fit its {len(spec.shape)} dimensions")
+    counts = [len(e) - 1 for e in edges]
+    boxes = [tuple((edges[d][cell[d]], edges[d][cell[d] + 1]) for d in range(len(edges)))
+             for cell in _grid_order(counts, order)]
+    if len(boxes) > world_size:
+        raise ValueError(f"the block grid of {spec.name!r} has {len(boxes)} cells for {world_size} ranks")
+    return boxes + [tuple((0, 0) for _ in edges)] * (world_size - len(boxes))
 
 
 def block_problems(spec: TensorSpec, boxes: Sequence[Box], gaps: bool) -> list[str]:
@@ -511,7 +565,7 @@ class Layout:
                 raise FormatError(f"layout format {layout_format!r} is not supported "
                                   f"(supported: {', '.join(map(str, READABLE_LAYOUT_FORMATS))})")
             world_size = int(data["world_size"])
-            tensors = tuple(BlockLayout.from_dict(entry) if "blocks" in entry else
+            tensors = tuple(BlockLayout.from_dict(entry, world_size) if "blocks" in entry or "grid" in entry else
                             TensorLayout.from_dict(entry, world_size, layout_format) for entry in data["tensors"])
             layout = cls(world_size, tensors)
         except FormatError:
@@ -541,6 +595,10 @@ class Layout:
             if isinstance(t, BlockLayout):
                 if t.world_size != self.world_size:
                     raise FormatError(f"layout of {t.name!r}: {t.world_size} blocks for {self.world_size} ranks")
+                grid = _as_grid(t.boxes)
+                if grid is not None and all(edges[0] == 0 and edges[-1] == dim and edges == sorted(set(edges))
+                                            for edges, dim in zip(grid[0], t.spec.shape)):
+                    continue  # the cells of a grid over the whole shape tile it by construction
                 problems = block_problems(t.spec, t.boxes, t.gaps)
                 if problems:
                     raise FormatError(f"layout of {t.name!r}: {problems[0]}")
