@@ -85,6 +85,10 @@ class CheckpointConfig:
     max_overhead: float = 0.035
     mtbf_hours: float = 0.0
     split_threshold_kb: int = 1024
+    # Replicas (L2) and parity (L3) travel and are written in chunks of this many MiB, through
+    # reused chunk buffers (2 for L2; group size + parity for L3): the snapshot is the only
+    # buffer the size of a shard (#26).
+    chunk_mib: float = 8.0
     # The persist thread's nice value. 0 by default: a niced thread that holds the GIL or
     # MPICH's lock when it is preempted makes training wait for it (perf/RESULTS.md, #5).
     persist_nice: int = 0
@@ -98,6 +102,10 @@ class CheckpointConfig:
     # A restart counts as good after this many steps (or its next checkpoint); a crash before
     # marks the version it loaded failed, and the next restart falls back to an older one.
     confirm_after_steps: int = 1
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(1, round(self.chunk_mib * (1 << 20)))
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,7 @@ _POSITIVE = {
     ("resilience", "partner_every"), ("resilience", "erasure_every"), ("resilience", "max_unprotected_checkpoints"),
     ("checkpoint", "keep_local"),
     ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"), ("checkpoint", "confirm_after_steps"),
+    ("checkpoint", "chunk_mib"),
 }
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {

@@ -31,6 +31,7 @@ import numpy as np
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
+from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import (
     agree,
     allgather_compact,
@@ -685,8 +686,10 @@ def _init_source(source: str) -> tuple[str, bytes]:
 def _write_in_place(target, host: np.ndarray) -> None:
     if isinstance(target, np.ndarray):
         copy_strided(target, host.reshape(target.shape))
-    else:
+    elif target.flags.c_contiguous:
         target.set(np.ascontiguousarray(host.reshape(target.shape)))
+    else:  # a view, e.g. a block's interior without its halo: CuPy's set() takes contiguous targets only
+        target[...] = array_module(target).asarray(host.reshape(target.shape))
 
 
 def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedger | None = None) -> None:

@@ -6,16 +6,24 @@ from pathlib import Path
 import pytest
 from conftest import assert_ok, run_script, script_results
 
+from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES
+
 SCRIPT = Path(__file__).parent / "scripts" / "level_conformance.py"
 RANKS = 4
 
 
-@pytest.fixture(scope="module", params=["local", "partner", "erasure", "pfs"])
+# Replicas and parity travel in chunks (#26): one byte, and an odd size that divides neither a
+# shard nor a segment, beside the default (larger than these shards).
+@pytest.fixture(scope="module", params=["local", "partner", "erasure", "pfs", "partner:1", "erasure:1",
+                                        "partner:997", "erasure:997"])
 def answers(request, tmp_path_factory):
-    base = tmp_path_factory.mktemp(request.param)
-    proc = run_script(RANKS, SCRIPT, [request.param, str(base)], base)
+    kind, _, chunk = request.param.partition(":")
+    base = tmp_path_factory.mktemp(kind)
+    proc = run_script(RANKS, SCRIPT, [kind, str(base)] + ([chunk] if chunk else []), base)
     assert_ok(proc)
-    return request.param, {r["check"]: r["answers"] for r in script_results(proc)}
+    got = {r["check"]: r["answers"] for r in script_results(proc)}
+    got["chunk"] = int(chunk) if chunk else None
+    return kind, got
 
 
 def test_stored_bytes_are_reported(answers):
@@ -73,3 +81,14 @@ def test_remove_deletes_this_levels_own_files_only(answers):
 def test_a_withdrawn_commit_takes_the_version_out_of_the_committed_ones(answers):
     kind, got = answers
     assert got["withdraw"] == [[]] * RANKS
+
+
+def test_no_level_keeps_a_buffer_larger_than_a_chunk(answers):
+    """Chunk buffers, never a shard-sized one: at most a chunk, or the largest transfer where
+    that is smaller (the default 8 MiB chunk over these few-KB shards)."""
+    kind, got = answers
+    chunk = got["chunk"] or DEFAULT_CHUNK_BYTES
+    shard = max(got["shard_bytes"])  # the largest a rank receives
+    segment = -(-shard // 3)  # group of 4, parity 1: a stripe's segment is a third of the largest shard
+    for largest in got["largest_buffer"]:
+        assert largest <= min(chunk, segment if kind == "erasure" else shard), (largest, chunk, shard)

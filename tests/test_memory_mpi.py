@@ -17,3 +17,21 @@ def test_rss_flat_over_1000_checkpoints(tmp_path):
     # Retention kept the disk flat too: 2 local versions per rank.
     local_versions = {p.parent.name for p in (tmp_path / "run" / "local").rglob("commit-r*.json")}
     assert local_versions == {"v000000000999", "v000000001000"}
+
+
+def test_a_node_short_of_memory_is_told_before_the_first_checkpoint(tmp_path):
+    """2 ranks per node, 16 MiB shards, all levels, 1 MiB chunks: each rank needs its snapshot,
+    2 + 3 chunks and 2 bounce buffers; a node with 40 MiB available is told so, in one line
+    with the numbers, and the job goes on; with 4 GiB nothing is said."""
+    script = REPO / "tests" / "scripts" / "memory_forecast.py"
+    short = run_script(4, script, [str(tmp_path / "short" / "run"), "40"], cwd=tmp_path)
+    assert_ok(short)
+    assert "DONE" in short.stdout
+    lines = [line for line in short.stderr.splitlines() if "checkpointing will need" in line]
+    assert len(lines) == 1, short.stderr
+    # 2 x (16 MiB + 5 MiB + 16 MiB) = 74 MiB per node (the shard file's header rounds it up a little)
+    assert "GiB of host memory on node 0 (and 1 more node(s)): 2 rank(s)" in lines[0]
+    assert "0.04 GiB available" in lines[0] and "checkpoint.chunk_mib" in lines[0]
+    roomy = run_script(4, script, [str(tmp_path / "roomy" / "run"), "4096"], cwd=tmp_path)
+    assert_ok(roomy)
+    assert "checkpointing will need" not in roomy.stderr

@@ -37,6 +37,7 @@ from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.pipeline import PersistReport, PipelineSettings, SavePipeline, Snapshot
 from hpcckpt.ckpt.resume import protect_again
+from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
@@ -110,7 +111,7 @@ class Checkpointer:
 
     @property
     def layout(self) -> Layout:
-        return self.arrays.ensure_layout()
+        return self._ensure_layout()
 
     @property
     def local_array_names(self) -> tuple[str, ...]:
@@ -300,7 +301,14 @@ class Checkpointer:
 
     # -- internals -----------------------------------------------------------------------
     def _ensure_layout(self) -> Layout:
-        return self.arrays.ensure_layout()
+        """(all ranks, the first time) The layout and the snapshot buffers; then whether the
+        nodes have the host memory that checkpointing will take (ckpt/memory_forecast.py)."""
+        if self.arrays.layout is not None:
+            return self.arrays.layout
+        layout = self.arrays.ensure_layout()
+        need = rank_need(self.arrays.snapshot_bytes, self.levels, self.config.checkpoint.chunk_bytes)
+        warn_if_short(self.comm, self.node, need, self.log)
+        return layout
 
     def _restore_context(self) -> recovery.RestoreContext:
         layout = self._ensure_layout()

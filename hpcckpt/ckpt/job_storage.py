@@ -144,6 +144,7 @@ class JobStorage:
         storage, resilience = self.config.storage, self.config.resilience
         node_local = dict(direct_io=storage.direct_io, spares=self.node_spares, file_mode=self.file_mode,
                           bandwidth_mb=storage.local_bandwidth_mb)
+        transfers = dict(chunk_bytes=self.config.checkpoint.chunk_bytes)  # L2 and L3 stream in chunks
         self.redundancy = fit_redundancy(self.topology, "partner" in self.enabled, "erasure" in self.enabled,
                                          resilience.group_size, resilience.parity)
         stack = []
@@ -153,14 +154,14 @@ class JobStorage:
             # Fitted on every rank alike from the same topology, so every rank builds the same
             # stack before any collective.
             self.partner_of = self.topology.partner_of()
-            stack.append(PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, **node_local))
+            stack.append(PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, **node_local, **transfers))
         if self.redundancy.group_size:
             self.groups = self.topology.erasure_groups(self.redundancy.group_size, self.redundancy.parity)
             group_index = self.topology.group_of(self.groups, self.rank)
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
             stack.append(ErasureLevel(self.local_dir, self.rank, members, group_comm, self.redundancy.parity,
-                                      groups=self.groups, **node_local))
+                                      groups=self.groups, **node_local, **transfers))
         if "pfs" in self.enabled:
             pfs_spares = SpareFiles(self.pfs_dir, storage.pfs_recycle_files,
                                     lambda kind, writer, _: kind == "shard" and writer < self.world_size)

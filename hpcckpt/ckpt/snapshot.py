@@ -118,6 +118,12 @@ class ProtectedArrays:
                 self.buffers.update(self.device_snapshot.host_buffers)
         return self.layout
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """Host memory the snapshot takes: the shard-file buffer and any pinned buffers of CuPy pieces."""
+        pinned = sum(b.nbytes for b in self.device_snapshot.host_buffers.values()) if self.device_snapshot else 0
+        return (self.shard_bytes.nbytes if self.shard_bytes is not None else 0) + pinned
+
     def _agree_on_blocks(self, specs: list[TensorSpec]) -> tuple[BlockLayout, ...]:
         """(all ranks) The block arrays' layouts from every rank's block, checked at rank 0:
         the same arrays protected everywhere (a digest of the rest), one dtype and global

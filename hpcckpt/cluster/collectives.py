@@ -26,7 +26,8 @@ point-to-point exchanges with the O(G) peers that need a rank's data.
     shard records: point to point to the O(G) ranks whose node-local record lists them;
       gathered at L4's coordinator (O(W x T) at the root), which writes the record listing
       every shard and broadcasts the version id and total size (O(1))
-    L2 store: one shard to the partner; L3 store: within the group, O(G)
+    L2 store: one shard to the partner, in chunks (exchange_streamed); L3 store: within the
+      group, O(G), in rounds of chunks
     L4 at its own pace: 1 allreduce (is a copy running anywhere)
     end-of-run drain: committed steps folded at rank 0 (O(V) back); each shard record gathered
       at rank 0 (O(W x T) at the root)
@@ -88,6 +89,43 @@ def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int
     requests = [comm.Irecv([buffer, MPI.BYTE], source=source, tag=tag) for source, buffer in receives]
     requests += [comm.Isend([buffer, MPI.BYTE], dest=dest, tag=tag) for dest, buffer in sends]
     wait_all(requests)
+
+
+def exchange_streamed(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, int, Callable]], tag: int,
+                      chunk_bytes: int, chunk_buffer: Callable[[int], np.ndarray]) -> BaseException | None:
+    """An exchange of transfers too large to hold whole at the receiver (#26): each send
+    (rank, contiguous uint8 bytes) goes as chunks of `chunk_bytes` (views, posted at once:
+    no copy); each receive (rank, nbytes, sink) comes in through two chunk buffers
+    (`chunk_buffer(0)`, `chunk_buffer(1)`, each at least `chunk_bytes`), alternately, each
+    chunk handed to sink(bytes, offset) before its buffer takes the one after next. MPI keeps
+    one sender's messages of one tag in order. A sink that fails stops being called but the
+    chunks are still taken (the sender must finish); its first error is returned."""
+    from mpi4py import MPI
+
+    requests = [comm.Isend([buffer[start:start + chunk_bytes], MPI.BYTE], dest=dest, tag=tag)
+                for dest, buffer in sends for start in range(0, buffer.size, chunk_bytes)]
+    failure = None
+    for source, nbytes, sink in receives:
+        starts = list(range(0, nbytes, chunk_bytes))
+        pending = {}
+
+        def post(index: int) -> None:
+            if index < len(starts):
+                view = chunk_buffer(index % 2)[:min(chunk_bytes, nbytes - starts[index])]
+                pending[index] = (comm.Irecv([view, MPI.BYTE], source=source, tag=tag), view)
+        post(0)
+        post(1)
+        for index, start in enumerate(starts):
+            request, view = pending.pop(index)
+            wait_all([request])
+            if failure is None:
+                try:
+                    sink(view, start)
+                except Exception as exc:  # noqa: BLE001 (kept and returned: the sender goes on)
+                    failure = exc
+            post(index + 2)
+    wait_all(requests)
+    return failure
 
 
 def quiet_any(comm, flag: bool) -> bool:

@@ -34,7 +34,8 @@ import xxhash
 
 from hpcckpt.codec.header_ecc import RS_CODEWORD_BYTES, rs_decode, rs_encode, rs_encoded_size, rs_message_bytes
 from hpcckpt.errors import ChecksumError, FormatError, StorageError
-from hpcckpt.io.atomic import exists_error, write_buffers_atomically
+from hpcckpt.io.atomic import AtomicFile, exists_error, write_buffers_atomically
+from hpcckpt.io.direct_io import aligned_zeros
 
 MAGIC = b"HPCKSHRD"
 FORMAT_VERSION = 1  # what write_shard writes
@@ -166,15 +167,9 @@ def plan_shard(step: int, rank: int, world_size: int, pieces: Sequence[tuple[str
 
     checksums = [xxhash.xxh3_64_hexdigest(_as_bytes_view(a)) for _, a in arrays]
     payload_offset, offsets, file_size = payload_layout([(n, a.dtype, a.shape) for n, a in arrays], extra)
-    table = _table_bytes(arrays, offsets, checksums, extra)
-    encoded_table = rs_encode(table, TABLE_NSYM)
-    header = _pack_header(FORMAT_VERSION, 0, step, rank, world_size, table, len(encoded_table),
-                          payload_offset, file_size)
-    encoded_header = rs_encode(header, HEADER_NSYM)
-
-    buffers: list[memoryview | bytes] = [encoded_header, encoded_table]
-    position = HEADER_CODEWORD_BYTES + len(encoded_table)
-    buffers.extend(_padding(payload_offset - position))
+    head = _head(step, rank, world_size, arrays, offsets, checksums, extra, payload_offset, file_size)
+    buffers: list[memoryview | bytes] = [*head]
+    buffers.extend(_padding(payload_offset - sum(len(b) for b in head)))
     position = payload_offset
     for (_, array), offset in zip(arrays, offsets):
         buffers.extend(_padding(offset - position))
@@ -182,6 +177,67 @@ def plan_shard(step: int, rank: int, world_size: int, pieces: Sequence[tuple[str
         position = offset + array.nbytes
     return ShardImage(int(step), int(rank), int(world_size), tuple(b for b in buffers if len(b)), file_size,
                       {name: c for (name, _), c in zip(arrays, checksums)})
+
+
+def _head(step: int, rank: int, world_size: int, arrays, offsets, checksums, extra, payload_offset: int,
+          file_size: int) -> tuple[bytes, bytes]:
+    """The encoded header and tensor table of a shard file (the bytes before its padding)."""
+    table = _table_bytes(arrays, offsets, checksums, extra)
+    encoded_table = rs_encode(table, TABLE_NSYM)
+    header = _pack_header(FORMAT_VERSION, 0, step, rank, world_size, table, len(encoded_table),
+                          payload_offset, file_size)
+    return rs_encode(header, HEADER_NSYM), encoded_table
+
+
+class ShardFileWriter:
+    """A shard file whose pieces arrive in chunks (a replica received, parity encoded, chunk
+    by chunk), written as they come: each piece's bytes in order, at its offset, checksummed
+    on the way; the header and table go last, then the file is published whole
+    (io/atomic.AtomicFile). Same bytes as write_shard would write. `direct` (O_DIRECT) holds
+    where every piece starts on a PAYLOAD_ALIGNMENT boundary and `chunk_bytes`, every
+    chunk's length but a piece's last, is a multiple of it."""
+
+    def __init__(self, path: str | os.PathLike, step: int, rank: int, world_size: int,
+                 pieces: Sequence[tuple[str, np.dtype, tuple]], extra: dict | None = None, *, chunk_bytes: int,
+                 direct: bool = False, recycle: str | os.PathLike | None = None, mode: int = 0o666):
+        self.step, self.rank, self.world_size, self.extra = int(step), int(rank), int(world_size), extra
+        self.metas = [(name, _Meta.of(dtype, shape)) for name, dtype, shape in pieces]
+        self.payload_offset, offsets, self.size = payload_layout(pieces, extra)
+        self.offsets = {name: offset for (name, _), offset in zip(self.metas, offsets)}
+        aligned = chunk_bytes % PAYLOAD_ALIGNMENT == 0 and all(o % PAYLOAD_ALIGNMENT == 0 for o in offsets)
+        self.file = AtomicFile(path, self.size, direct=direct and aligned, recycle=recycle, mode=mode)
+        self._hashes = {name: xxhash.xxh3_64() for name, _ in self.metas}
+        self._filled = {name: 0 for name, _ in self.metas}
+        self._nbytes = {name: meta.nbytes for name, meta in self.metas}
+
+    def write(self, name: str, data) -> None:
+        """The next bytes of piece `name`."""
+        view = memoryview(data).cast("B")
+        if self._filled[name] + len(view) > self._nbytes[name]:
+            raise FormatError(f"{self.file.path}: {self._filled[name] + len(view)} bytes for piece {name!r} "
+                              f"of {self._nbytes[name]}")
+        self._hashes[name].update(view)
+        self.file.pwrite(view, self.offsets[name] + self._filled[name])
+        self._filled[name] += len(view)
+
+    def finish(self, fsync: bool = True) -> ShardInfo:
+        short = [name for name, filled in self._filled.items() if filled != self._nbytes[name]]
+        if short:
+            self.file.discard()
+            raise FormatError(f"{self.file.path}: pieces {short} are incomplete")
+        checksums = {name: h.hexdigest() for name, h in self._hashes.items()}
+        head = b"".join(_head(self.step, self.rank, self.world_size, self.metas, list(self.offsets.values()),
+                              [checksums[name] for name, _ in self.metas], self.extra, self.payload_offset,
+                              self.size))
+        block = np.zeros(self.payload_offset, dtype=np.uint8) if not self.file.direct else \
+            aligned_zeros(self.payload_offset)
+        block[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+        self.file.pwrite(block, 0)
+        self.file.publish(fsync)
+        return ShardInfo(self.file.path, self.size, checksums, self.step, self.rank)
+
+    def discard(self) -> None:
+        self.file.discard()
 
 
 def payload_layout(pieces: Sequence[tuple[str, np.dtype, tuple]], extra: dict | None = None

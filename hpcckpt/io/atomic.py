@@ -89,6 +89,105 @@ def write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrit
                 pass
 
 
+class AtomicFile:
+    """A new file written at offsets as its bytes arrive (chunks received or computed one at a
+    time) and published whole: a temporary name until publish(), which fsyncs it and links it
+    into place, so it is never seen half-written and never replaces a file (invariant 3).
+
+    With `direct` (the caller's promise that every write starts at an ALIGNMENT-aligned offset
+    and that the bytes after a write's end, up to the next aligned offset, are padding or past
+    the end), aligned buffers go to the device with O_DIRECT; the last partial block of a
+    write goes through a small aligned buffer, zero-padded, and publish() cuts the file to
+    `size`. Any other write goes through the page cache."""
+
+    def __init__(self, path: str | os.PathLike, size: int, *, direct: bool = False,
+                 recycle: str | os.PathLike | None = None, mode: int = 0o666):
+        self.path = os.fspath(path)
+        self.size = int(size)
+        self.temporary = self.path + ".tmp"
+        if os.path.lexists(self.path):
+            raise exists_error(self.path)
+        self.fd = None
+        try:
+            recycled = _take_spare(recycle, self.temporary)
+            flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | (0 if recycled else os.O_TRUNC)
+            wants = bool(direct and direct_io.O_DIRECT and self.size >= direct_io.MIN_DIRECT_BYTES)
+            self.fd, self.direct = direct_io.open_for_writing(self.temporary, flags, mode, wants)
+        except OSError as exc:
+            self.discard()
+            raise _storage_error(exc, self.path) from exc
+        self._block = direct_io.aligned_empty(direct_io.ALIGNMENT) if self.direct else None
+
+    def pwrite(self, data, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        try:
+            if self.direct:
+                self._pwrite_direct(view, offset)
+            else:
+                _pwrite_all(self.fd, view, offset)
+        except OSError as exc:
+            raise _storage_error(exc, self.path) from exc
+
+    def _pwrite_direct(self, view: memoryview, offset: int) -> None:
+        import numpy as np
+
+        alignment = direct_io.ALIGNMENT
+        if offset % alignment:
+            raise ValueError(f"{self.path}: an O_DIRECT write at the unaligned offset {offset}")
+        source = np.frombuffer(view, dtype=np.uint8)
+        if len(view) and source.ctypes.data % alignment:  # through the thread's aligned bounce buffer
+            bounce = direct_io.bounce_buffer()
+            for start in range(0, len(view), bounce.size):
+                part = source[start:start + bounce.size]
+                bounce[:part.size] = part
+                self._pwrite_direct(memoryview(bounce[:part.size]), offset + start)
+            return
+        whole = len(view) // alignment * alignment
+        if whole:
+            _pwrite_all(self.fd, view[:whole], offset)
+        if whole < len(view):
+            tail = len(view) - whole
+            self._block[:tail] = np.frombuffer(view[whole:], dtype=np.uint8)
+            self._block[tail:] = 0
+            _pwrite_all(self.fd, memoryview(self._block), offset + whole)
+
+    def publish(self, fsync: bool = True) -> None:
+        try:
+            os.ftruncate(self.fd, self.size)  # a padded last block, or a longer spare's tail
+            if fsync:
+                os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = None
+            _publish(self.temporary, self.path, overwrite=False)
+            if fsync:
+                _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        except ShardExistsError:
+            self.discard()
+            raise
+        except OSError as exc:
+            self.discard()
+            raise _storage_error(exc, self.path) from exc
+
+    def discard(self) -> None:
+        """Give the temporary file up (a failed transfer): nothing is published."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        try:
+            os.unlink(self.temporary)
+        except OSError:
+            pass
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        written = os.pwrite(fd, view[done:done + _MAX_BYTES_PER_CALL], offset + done)
+        if written <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote nothing ({len(view) - done} bytes left)")
+        done += written
+
+
 def _take_spare(spare: str | os.PathLike | None, temporary: str) -> bool:
     """Move a retired file onto `temporary` to be overwritten; False when there is none, or
     when the file has other names (a hard-linked backup of a retired version, `cp -al`):

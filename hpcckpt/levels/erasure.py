@@ -20,9 +20,9 @@ import numpy as np
 from hpcckpt.cluster.collectives import agree_before_exchange, exchange, quiet_allgather, wait_all
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
-from hpcckpt.format.shardfile import read_shard_table, read_tensor, write_shard
+from hpcckpt.format.shardfile import ShardFileWriter, read_shard_table, read_tensor, write_shard
 from hpcckpt.io.direct_io import ReusedBuffers
-from hpcckpt.levels.base import DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
+from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import parity_file_name
 from hpcckpt.levels.spares import SpareFiles
 from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
@@ -42,9 +42,12 @@ class ErasureLevel(NodeLocalFiles):
 
     def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
                  direct_io: bool = False, spares: SpareFiles | None = None, file_mode: int = 0o666,
-                 bandwidth_mb: float = 0.0, groups: tuple[tuple[int, ...], ...] | None = None):
+                 bandwidth_mb: float = 0.0, groups: tuple[tuple[int, ...], ...] | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         super().__init__(root, rank, spares, file_mode, bandwidth_mb)
         self.direct_io = direct_io  # write parity files with O_DIRECT (io/direct_io.py)
+        self.chunk_bytes = max(1, int(chunk_bytes))
+        self._zeros = None  # what the shard's padding past its end sends
         self.members = tuple(members)
         self.groups = tuple(tuple(g) for g in groups) if groups else (self.members,)  # every group of the job
         self.me = self.members.index(rank)
@@ -121,6 +124,11 @@ class ErasureLevel(NodeLocalFiles):
         rank's bytes or a callable returning them, called only when they are needed. With
         `only_missing`, stripes are encoded only for holders that lack their parity file.
         Returns the parity bytes stored here.
+
+        The segments go in rounds of `chunk_bytes` (#26): in each round, contributors send the
+        next chunk of their data segment of stripe t to its gatherer, member t, which encodes
+        p parity chunks, keeps one and forwards the others; every holder writes its chunks to
+        its parity file as they come. Every buffer is chunk-sized and reused.
         """
         segment = self._segment(shard_sizes)
         if only_missing:
@@ -130,50 +138,118 @@ class ErasureLevel(NodeLocalFiles):
         if not any(needs):
             return 0
         stripe_needed = [any(needs[h] for h in s.holders) for s in self.stripes]
-        own = self.stripes[self.me]  # this member gathers and encodes stripe `me`
-        # Everything that can fail on this member alone (reading its shard, allocating) happens
-        # before the first transfer, and encoding before the second: a member that failed
-        # mid-exchange would leave the others waiting for it (agree_before_exchange).
-        failure = None
-        gather_sends, gathered, encoded, parity_receives = [], [], [], []
-        mine: dict[str, np.ndarray] = {}
+        chunk = min(self.chunk_bytes, segment)
+        # Everything that can fail on this member alone (reading its shard, opening its file,
+        # allocating) happens before the first round; a failure in a round (encoding, the
+        # disk) is kept and raised after the last one: the others wait for this member's part.
+        failure, writer = None, None
         try:
             shard = shard() if callable(shard) else shard
-            # Phase 1: contributors send their data segment of stripe t to its gatherer, member t.
-            for stripe in self.stripes:
-                if stripe_needed[stripe.index] and self.me in stripe.contributors:
-                    seg = stripe.segments[stripe.contributors.index(self.me)]
-                    gather_sends.append((stripe.holders[0], self._data_segment(shard, seg, segment)))
-            if stripe_needed[self.me]:
-                # Reused from checkpoint to checkpoint (see ReusedBuffers): encoded and stored
-                # before protect returns.
-                gathered = [(j, self._receive_buffers.get(("data", j), segment)) for j in own.contributors]
-                encoded = [self._receive_buffers.get(("encoded", h), segment) for h in range(self.p)]
-            for stripe in self.stripes:
-                if self.me in stripe.holders[1:] and needs[self.me]:
-                    block = stripe.block_of_member(self.me)
-                    buffer = self._receive_buffers.get(("parity", stripe.index), segment)
-                    parity_receives.append((stripe.holders[0], buffer))
-                    mine[_piece_name(stripe.index, block)] = buffer
+            if needs[self.me]:
+                writer = self._parity_writer(step, segment, world_size, replace=only_missing)
+            self._round_buffers(chunk, stripe_needed, needs)
         except Exception as exc:
             failure = exc
+            if writer is not None:
+                writer.discard()
         agree_before_exchange(self.comm, failure, self.stage_label)
-        exchange(self.comm, gather_sends, gathered, TAG_GATHER)
-        # Phase 2: the gatherer encodes and forwards parity block h to holder h.
-        sends = []
-        try:
-            if stripe_needed[self.me]:
-                parity = self.code.encode([data for _, data in gathered], out=encoded)
-                mine[_piece_name(self.me, self.k)] = parity[0]
-                sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
-        except Exception as exc:
-            failure = exc
-        agree_before_exchange(self.comm, failure, self.stage_label)
-        exchange(self.comm, sends, parity_receives, TAG_PARITY)
-        if not needs[self.me]:
+        for start in range(0, segment, chunk):
+            failure = self._round(shard, segment, start, min(chunk, segment - start), stripe_needed, needs, writer,
+                                  failure)
+        if writer is None:
             return 0
-        self._store(step, mine, segment, world_size, replace=only_missing)
-        return sum(int(a.size) for a in mine.values())
+        if failure is not None:
+            writer.discard()
+            raise failure
+        writer.finish()
+        return len(self._mine()) * segment
+
+    def _mine(self) -> list[tuple[int, int]]:
+        """(stripe, block) of every parity piece this member holds."""
+        return [(stripe.index, stripe.block_of_member(self.me)) for stripe in self.stripes if self.me in stripe.holders]
+
+    def _parity_writer(self, step: int, segment: int, world_size: int, replace: bool) -> ShardFileWriter:
+        """This member's parity file, opened to take its pieces chunk by chunk; with `replace`,
+        one already there (damaged, or cut for another group geometry: see has_parity) gives
+        way, since files are never overwritten in place."""
+        self.version_dir(step).mkdir(parents=True, exist_ok=True)
+        path = self.parity_path(step)
+        if replace:
+            path.unlink(missing_ok=True)
+        pieces = sorted((_piece_name(t, b), np.uint8, (segment,)) for t, b in self._mine())
+        return ShardFileWriter(path, step, self.rank, world_size, pieces, self._parity_extra(segment),
+                               chunk_bytes=self.chunk_bytes, direct=self.direct_io,
+                               recycle=self.spares.spare_for(path), mode=self.file_mode)
+
+    def _parity_extra(self, segment: int) -> dict:
+        return {"group": list(self.members), "parity": self.p, "segment": segment}
+
+    def _buffer(self, role, length: int) -> np.ndarray:
+        return self._receive_buffers.get(role, length)
+
+    def _round_buffers(self, chunk: int, stripe_needed, needs) -> None:
+        """Allocate the chunk buffers of a round now, where a failure is agreed before any transfer."""
+        own = self.stripes[self.me]
+        if stripe_needed[self.me]:
+            for j in own.contributors:
+                self._buffer(("data", j), chunk)
+            for h in range(self.p):
+                self._buffer(("encoded", h), chunk)
+        for stripe in self.stripes:
+            if self.me in stripe.holders[1:] and needs[self.me]:
+                self._buffer(("parity", stripe.index), chunk)
+        if any(stripe_needed[t.index] and self.me in t.contributors for t in self.stripes):
+            self._buffer("tail", chunk)
+
+    def _round(self, shard: np.ndarray, segment: int, start: int, length: int, stripe_needed, needs, writer,
+               failure: BaseException | None) -> BaseException | None:
+        """(group) Bytes [start, start + length) of every stripe's segments: gathered, encoded,
+        forwarded, written. Returns the first failure on this member (kept, not raised)."""
+        own = self.stripes[self.me]
+        gather_sends = []
+        for stripe in self.stripes:
+            if stripe_needed[stripe.index] and self.me in stripe.contributors:
+                seg = stripe.segments[stripe.contributors.index(self.me)]
+                gather_sends.append((stripe.holders[0], self._data_chunk(shard, seg * segment + start, length)))
+        gathered = [(j, self._buffer(("data", j), length)) for j in own.contributors] if stripe_needed[self.me] else []
+        exchange(self.comm, gather_sends, gathered, TAG_GATHER)
+        sends, kept = [], None
+        if stripe_needed[self.me]:
+            encoded = [self._buffer(("encoded", h), length) for h in range(self.p)]
+            try:
+                parity = self.code.encode([data for _, data in gathered], out=encoded)
+            except Exception as exc:  # noqa: BLE001 (said after the last round; the holders still get their chunks)
+                failure, parity = failure or exc, encoded
+            kept = parity[0]
+            sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
+        receives = [(stripe.index, stripe.holders[0], self._buffer(("parity", stripe.index), length))
+                    for stripe in self.stripes if self.me in stripe.holders[1:] and needs[self.me]]
+        exchange(self.comm, sends, [(source, buffer) for _, source, buffer in receives], TAG_PARITY)
+        if writer is not None and failure is None:
+            try:
+                if kept is not None and needs[self.me]:
+                    writer.write(_piece_name(self.me, self.k), kept)
+                for index, _, buffer in receives:
+                    writer.write(_piece_name(index, self.stripes[index].block_of_member(self.me)), buffer)
+            except Exception as exc:  # noqa: BLE001 (the same)
+                failure = exc
+        return failure
+
+    def _data_chunk(self, shard: np.ndarray, position: int, length: int) -> np.ndarray:
+        """Bytes [position, position + length) of this member's shard, zero-padded past its
+        end: a view; the one chunk of a round that the end cuts, in a reused buffer; zeros
+        (never written, so the kernel's zero page: no memory) past the end."""
+        if position + length <= shard.size:
+            return shard[position:position + length]
+        if position >= shard.size:
+            if self._zeros is None or self._zeros.size < length:
+                self._zeros = np.zeros(length, dtype=np.uint8)
+            return self._zeros[:length]
+        piece = self._buffer("tail", length)
+        tail = shard[position:]
+        piece[:tail.size] = tail
+        piece[tail.size:] = 0
+        return piece
 
     def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int,
                replace: bool = False) -> None:
@@ -185,7 +261,7 @@ class ErasureLevel(NodeLocalFiles):
         if replace:
             path.unlink(missing_ok=True)
         write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
-                    extra={"group": list(self.members), "parity": self.p, "segment": segment}, direct=self.direct_io,
+                    extra=self._parity_extra(segment), direct=self.direct_io,
                     recycle=self.spares.spare_for(path), mode=self.file_mode)
 
     def deliver(self, request: DeliveryRequest) -> Path | None:

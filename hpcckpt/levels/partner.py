@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import agree_before_exchange, exchange
-from hpcckpt.io.direct_io import ReusedBuffers
-from hpcckpt.levels.base import DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
+from hpcckpt.cluster.collectives import agree_before_exchange, exchange, exchange_streamed
+from hpcckpt.io.atomic import AtomicFile
+from hpcckpt.io.direct_io import ALIGNMENT, ReusedBuffers
+from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import replica_file_name
 from hpcckpt.levels.spares import SpareFiles
 
@@ -31,9 +32,11 @@ class PartnerLevel(NodeLocalFiles):
     collective = True
 
     def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False,
-                 spares: SpareFiles | None = None, file_mode: int = 0o666, bandwidth_mb: float = 0.0):
+                 spares: SpareFiles | None = None, file_mode: int = 0o666, bandwidth_mb: float = 0.0,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         super().__init__(root, rank, spares, file_mode, bandwidth_mb)
         self.direct_io = direct_io
+        self.chunk_bytes = max(1, int(chunk_bytes))
         self.partner_of = partner_of
         self.comm = comm
         self.sources = tuple(r for r, holder in enumerate(partner_of) if holder == rank and r != rank)
@@ -94,18 +97,39 @@ class PartnerLevel(NodeLocalFiles):
             sizes = self._tell({holder: int(shard.size) if failure is None else 0} if must_send else {}, wanted)
         else:
             sizes = shard_sizes
-        receives = []
+        files = {}
         try:
-            # Aligned (written with O_DIRECT) and reused: written out before protect returns.
-            receives = [(s, self._receive_buffers.get(s, sizes[s])) for s in wanted]
+            # Each replica goes to its file chunk by chunk as it arrives, through two reused
+            # aligned chunk buffers (O_DIRECT takes them as they are): never a shard-sized buffer.
+            for source in wanted:
+                path = self.replica_path(step, source)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                files[source] = AtomicFile(path, sizes[source], direct=self.direct_io and self.chunk_bytes % ALIGNMENT == 0,
+                                           recycle=self.spares.spare_for(path), mode=self.file_mode)
+            largest = max((sizes[source] for source in wanted), default=0)
+            chunk_buffers = [self._receive_buffers.get(("chunk", i), min(self.chunk_bytes, largest)) for i in (0, 1)]
         except Exception as exc:
             failure = failure or exc
+        if failure is not None:
+            for file in files.values():
+                file.discard()
         agree_before_exchange(self.comm, failure, self.stage_label)
         sends = [(self.partner_of[self.rank], shard)] if must_send else []
-        exchange(self.comm, sends, receives, TAG_PROTECT)
-        for source, data in receives:
-            self._publish(self.replica_path(step, source), data)
-        return sum(int(d.size) for _, d in receives)
+        receives = [(source, sizes[source], lambda data, offset, file=file: file.pwrite(data, offset))
+                    for source, file in files.items()]
+        failure = exchange_streamed(self.comm, sends, receives, TAG_PROTECT, self.chunk_bytes,
+                                    lambda i: chunk_buffers[i])
+        try:
+            if failure is not None:
+                raise failure
+            for file in files.values():
+                file.publish()
+        except BaseException:
+            for file in files.values():
+                file.discard()
+            raise
+        return sum(sizes[source] for source in files)
+
 
     def deliver(self, request: DeliveryRequest) -> Path | None:
         """(all ranks) Holders send the replicas of needy ranks back to them; a needy rank

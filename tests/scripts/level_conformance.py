@@ -2,7 +2,10 @@
 simulated nodes, each with its own node-local directory. Prints one RESULT line per check
 (rank 0 gathers every rank's answers); tests/test_level_conformance_mpi.py asserts them.
 
-    python level_conformance.py <local|partner|erasure|pfs> <dir>
+    python level_conformance.py <local|partner|erasure|pfs> <dir> [chunk bytes]
+
+The chunk size (L2, L3: checkpoint.chunk_mib) may be anything: one byte, an odd number that
+divides neither a shard nor a stripe's segment, larger than a shard (the default).
 """
 
 import json
@@ -23,6 +26,7 @@ from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
 
 kind, base = sys.argv[1], Path(sys.argv[2])
+chunk = {"chunk_bytes": int(sys.argv[3])} if len(sys.argv) > 3 else {}
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 topology = Topology(simulated_node_of_rank(size, size))
@@ -36,10 +40,10 @@ def make_level():
     if kind == "pfs":
         return PfsLevel(pfs_dir, rank)
     if kind == "partner":
-        return PartnerLevel(local_dir, rank, topology.partner_of(), comm)
+        return PartnerLevel(local_dir, rank, topology.partner_of(), comm, **chunk)
     groups = topology.erasure_groups(size, 1)
     members = groups[topology.group_of(groups, rank)]
-    return ErasureLevel(local_dir, rank, members, comm.Split(0, members.index(rank)), 1)
+    return ErasureLevel(local_dir, rank, members, comm.Split(0, members.index(rank)), 1, **chunk)
 
 
 level = make_level()
@@ -79,6 +83,10 @@ for step in (10, 20):
     level.commit(manifest)
     comm.Barrier()
     report(f"stored_{step}", stored)
+# The buffers a level keeps for its transfers: chunks, never a shard's size (#26).
+report("largest_buffer", max((b.size for b in getattr(level, "_receive_buffers", None)._buffers.values()), default=0)
+       if hasattr(level, "_receive_buffers") else 0)
+report("shard_bytes", len(originals[20]))
 version, manifest = version_of(30)
 level.store(version)  # never committed: a checkpoint interrupted before its commit
 comm.Barrier()

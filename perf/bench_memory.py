@@ -1,0 +1,238 @@
+"""Peak extra host memory while checkpointing (#26 item 4): per rank and per node, against
+the state's size, for each combination of levels, beside h5py and torch DCP's async_save on
+the same state, all measured in the same run.
+
+    cd perf && PYTHONPATH=..:. python bench_memory.py [--sizes 0.25 1] [--ranks 4] [--repeats 3]
+
+Each rank of a 4-rank job on this one machine (4 simulated nodes, so partner and erasure
+traffic crosses "nodes") holds a replicated float32 state of the given size, as a
+data-parallel job does, and takes 3 checkpoints of it (each waited for: the durable cost,
+not a pipeline's overlap). This script samples every rank's RssAnon + RssShmem from
+/proc/<pid>/status every 3 ms from outside the ranks (no GIL between the sampler and the
+work), and the system's MemAvailable. Reported per variant (median of --repeats runs):
+
+  extra per rank    the largest rank's peak minus its own RSS once the state was allocated
+  x shard           that over the rank's shard (state / ranks): what the issue bounds
+  node extra        the sum of the ranks' extras (one node here)
+  MemAvailable drop the system's least MemAvailable during the checkpoints, below what it
+                    was before them
+
+Baselines: h5py (each rank writes its shard of the state to its own HDF5 file, as a plain
+sharded save does) and torch.distributed.checkpoint.async_save (gloo; the state as one
+tensor; DCP stages a CPU copy, then writes) when torch is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from harness import REPO, run_worker, write_json
+
+LEVELS = {
+    "local": ["local"],
+    "local + partner": ["local", "partner"],
+    "local + erasure (4, 2)": ["local", "erasure"],
+    "all four": ["local", "partner", "erasure", "pfs"],
+}
+GIB = 1 << 30
+
+
+def _status(pid: int) -> int | None:
+    """RssAnon + RssShmem of `pid`, in bytes; None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return sum(int(fields.get(key, "0 kB").split()[0]) * 1024 for key in ("RssAnon", "RssShmem"))
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def measure(variant: str, size_gib: float, ranks: int, checkpoints: int, chunk_mib: float | None) -> dict:
+    """One run of `variant`, sampled from here."""
+    with tempfile.TemporaryDirectory(prefix="bench_memory_", dir=os.environ.get("BENCH_DIR")) as tmp:
+        signals = Path(tmp) / "signals"
+        signals.mkdir()
+        args = ["--variant", variant, "--size", str(size_gib), "--dir", tmp, "--checkpoints", str(checkpoints)]
+        if chunk_mib is not None:
+            args += ["--chunk-mib", str(chunk_mib)]
+        done: dict = {}
+        job = threading.Thread(target=lambda: done.update(result=run_worker(__file__, ranks, args, variant)[0]))
+        job.start()
+        peaks, baselines, available_before, available_min = {}, {}, None, None
+        while job.is_alive():
+            ready = sorted(signals.glob("ready-*"))
+            if len(ready) == ranks and not baselines:
+                for path in ready:
+                    pid, baseline = json.loads(path.read_text())
+                    baselines[pid] = baseline
+                available_before = available_min = _mem_available()
+                (signals / "go").touch()
+            for pid in baselines:
+                rss = _status(pid)
+                if rss is not None:
+                    peaks[pid] = max(peaks.get(pid, 0), rss)
+            if baselines:
+                available_min = min(available_min, _mem_available())
+            time.sleep(0.003)
+        job.join()
+        if "result" not in done:
+            raise SystemExit(f"bench_memory: the {variant} job failed")
+        extras = [peaks[pid] - baselines[pid] for pid in baselines]
+        shard = size_gib * GIB / ranks
+        return {"extra_per_rank_gib": max(extras) / GIB, "x_shard": max(extras) / shard,
+                "node_extra_gib": sum(extras) / GIB, "mem_available_drop_gib": (available_before - available_min) / GIB,
+                "durable_s": done["result"]["durable_s"]}
+
+
+# -- the worker (each rank) --------------------------------------------------------------
+def worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    state = np.empty(int(args.size * GIB) // 4, dtype=np.float32)
+    state[:] = np.arange(state.size, dtype=np.float32) % 1000  # touched: resident before the baseline
+    signals = Path(args.dir) / "signals"
+    (signals / f"ready-{comm.rank}").write_text(json.dumps([os.getpid(), _status(os.getpid())]))
+    while not (signals / "go").exists():
+        time.sleep(0.01)
+    comm.Barrier()
+    save = {"h5py": _h5py_saver, "torch DCP async_save": _dcp_saver}.get(args.variant, _hpcckpt_saver)(comm, state, args)
+    times = []
+    for step in range(1, args.checkpoints + 1):
+        state += 1.0
+        comm.Barrier()
+        started = time.perf_counter()
+        save(step)
+        times.append(comm.allreduce(time.perf_counter() - started, op=MPI.MAX))
+    close = getattr(save, "close", None)
+    if close is not None:
+        close()
+    if comm.rank == 0:
+        write_json(args.out, {"durable_s": statistics.median(times)})
+
+
+def _hpcckpt_saver(comm, state, args):
+    from hpcckpt import Checkpointer, load_config
+
+    overrides = [f"run.dir={args.dir}/run", f"cluster.simulated_nodes={comm.size}",
+                 f"resilience.levels={json.dumps(LEVELS[args.variant])}", "resilience.group_size=4",
+                 "resilience.parity=2", "storage.pfs_every=1", "checkpoint.keep_local=1", "checkpoint.keep_pfs=1"]
+    if args.chunk_mib is not None:
+        overrides.append(f"checkpoint.chunk_mib={args.chunk_mib}")
+    ckpt = Checkpointer(comm, load_config(None, overrides))
+    ckpt.protect("state", state)
+
+    def save(step):
+        ckpt.checkpoint(step)
+        ckpt.wait()
+    save.close = ckpt.close
+    return save
+
+
+def _h5py_saver(comm, state, args):
+    import h5py
+    import numpy as np
+
+    bounds = np.linspace(0, state.size, comm.size + 1).astype(np.int64)
+    mine = state[bounds[comm.rank]:bounds[comm.rank + 1]]
+
+    def save(step):
+        path = Path(args.dir) / f"h5-{step}-r{comm.rank}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("state", data=mine)
+            f.flush()
+        os.sync() if comm.rank == 0 else None
+        (Path(args.dir) / f"h5-{step - 1}-r{comm.rank}.h5").unlink(missing_ok=True)
+    return save
+
+
+def _dcp_saver(comm, state, args):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getppid() % 1000))
+    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    tensor = torch.from_numpy(state)
+
+    def save(step):
+        future = dcp.async_save({"state": tensor}, checkpoint_id=str(Path(args.dir) / f"dcp-{step}"))
+        future.result()
+
+    def close():
+        dist.destroy_process_group()
+    save.close = close
+    return save
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoints", type=int, default=3)
+    parser.add_argument("--chunk-mib", type=float, default=None, help="checkpoint.chunk_mib for hpcckpt's runs")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.25, 1.0], help="state sizes in GiB")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=None)
+    parser.add_argument("--json", default=None, help="write the results here too")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    variants = args.variants or [*LEVELS, "h5py"] + (["torch DCP async_save"] if _has_torch() else [])
+    results = {}
+    print(f"{args.ranks} ranks, {args.checkpoints} checkpoints each, median of {args.repeats} runs; "
+          f"MemTotal {_mem_total() / GIB:.1f} GiB", flush=True)
+    print("| state | variant | extra per rank | x shard | node extra | MemAvailable drop | durable s |")
+    print("|---|---|---|---|---|---|---|")
+    for size in args.sizes:
+        for variant in variants:
+            runs = [measure(variant, size, args.ranks, args.checkpoints, args.chunk_mib) for _ in range(args.repeats)]
+            row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            results[f"{size} GiB / {variant}"] = row
+            print(f"| {size:g} GiB | {variant} | {row['extra_per_rank_gib']:.3f} GiB | {row['x_shard']:.2f}x | "
+                  f"{row['node_extra_gib']:.2f} GiB | {row['mem_available_drop_gib']:.2f} GiB | "
+                  f"{row['durable_s']:.2f} |", flush=True)
+    if args.json:
+        write_json(args.json, results)
+
+
+def _has_torch() -> bool:
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _mem_total() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main()
