@@ -62,7 +62,8 @@ def _mem_available() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-def measure(variant: str, size_gib: float, ranks: int, checkpoints: int, chunk_mib: float | None) -> dict:
+def measure(variant: str, size_gib: float, ranks: int, checkpoints: int, chunk_mib: float | None,
+            code: str | None = None) -> dict:
     """One run of `variant`, sampled from here."""
     with tempfile.TemporaryDirectory(prefix="bench_memory_", dir=os.environ.get("BENCH_DIR")) as tmp:
         signals = Path(tmp) / "signals"
@@ -71,11 +72,12 @@ def measure(variant: str, size_gib: float, ranks: int, checkpoints: int, chunk_m
         if chunk_mib is not None:
             args += ["--chunk-mib", str(chunk_mib)]
         done: dict = {}
-        job = threading.Thread(target=lambda: done.update(result=run_worker(__file__, ranks, args, variant)[0]))
+        job = threading.Thread(target=lambda: done.update(
+            result=run_worker(__file__, ranks, args, variant, pythonpath_first=code)[0]))
         job.start()
         peaks, baselines, available_before, available_min = {}, {}, None, None
         while job.is_alive():
-            ready = sorted(signals.glob("ready-*"))
+            ready = sorted(p for p in signals.glob("ready-*") if p.suffix != ".tmp")
             if len(ready) == ranks and not baselines:
                 for path in ready:
                     pid, baseline = json.loads(path.read_text())
@@ -107,12 +109,16 @@ def worker(args) -> None:
     comm = MPI.COMM_WORLD
     state = np.empty(int(args.size * GIB) // 4, dtype=np.float32)
     state[:] = np.arange(state.size, dtype=np.float32) % 1000  # touched: resident before the baseline
+    # The saver is made (its imports, torch's process group, the Checkpointer and protect(), whose
+    # buffers are not touched yet) before the baseline: what counts is what checkpoints take.
+    save = {"h5py": _h5py_saver, "torch DCP async_save": _dcp_saver}.get(args.variant, _hpcckpt_saver)(comm, state, args)
     signals = Path(args.dir) / "signals"
-    (signals / f"ready-{comm.rank}").write_text(json.dumps([os.getpid(), _status(os.getpid())]))
+    ready = signals / f"ready-{comm.rank}"
+    ready.with_suffix(".tmp").write_text(json.dumps([os.getpid(), _status(os.getpid())]))
+    ready.with_suffix(".tmp").rename(ready)  # whole, for the sampler
     while not (signals / "go").exists():
         time.sleep(0.01)
     comm.Barrier()
-    save = {"h5py": _h5py_saver, "torch DCP async_save": _dcp_saver}.get(args.variant, _hpcckpt_saver)(comm, state, args)
     times = []
     for step in range(1, args.checkpoints + 1):
         state += 1.0
@@ -196,6 +202,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=None)
     parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument("--code", default=None,
+                        help="another checkout of hpcckpt for the ranks (e.g. a git worktree of the version before)")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -208,7 +216,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for size in args.sizes:
         for variant in variants:
-            runs = [measure(variant, size, args.ranks, args.checkpoints, args.chunk_mib) for _ in range(args.repeats)]
+            runs = [measure(variant, size, args.ranks, args.checkpoints, args.chunk_mib, args.code)
+                    for _ in range(args.repeats)]
             row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             results[f"{size} GiB / {variant}"] = row
             print(f"| {size:g} GiB | {variant} | {row['extra_per_rank_gib']:.3f} GiB | {row['x_shard']:.2f}x | "
@@ -219,11 +228,9 @@ def main() -> None:
 
 
 def _has_torch() -> bool:
-    try:
-        import torch.distributed.checkpoint  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 def _mem_total() -> int:
