@@ -84,11 +84,17 @@ def wait_all(requests) -> None:
 
 def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, np.ndarray]], tag: int) -> None:
     """Post every receive and send (rank, contiguous uint8 buffer), then wait for all."""
+    wait_all(post_exchange(comm, sends, receives, tag))
+
+
+def post_exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, np.ndarray]],
+                  tag: int) -> list:
+    """Post every receive and send; the requests, for wait_all once the caller has done
+    what it overlaps with them."""
     from mpi4py import MPI
 
     requests = [comm.Irecv([buffer, MPI.BYTE], source=source, tag=tag) for source, buffer in receives]
-    requests += [comm.Isend([buffer, MPI.BYTE], dest=dest, tag=tag) for dest, buffer in sends]
-    wait_all(requests)
+    return requests + [comm.Isend([buffer, MPI.BYTE], dest=dest, tag=tag) for dest, buffer in sends]
 
 
 def exchange_streamed(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, int, Callable]], tag: int,

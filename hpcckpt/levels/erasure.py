@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import agree_before_exchange, exchange, quiet_allgather, wait_all
+from hpcckpt.cluster.collectives import agree_before_exchange, post_exchange, quiet_allgather, wait_all
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.shardfile import ShardFileWriter, read_shard_table, read_tensor, write_shard
@@ -153,9 +153,7 @@ class ErasureLevel(NodeLocalFiles):
             if writer is not None:
                 writer.discard()
         agree_before_exchange(self.comm, failure, self.stage_label)
-        for start in range(0, segment, chunk):
-            failure = self._round(shard, segment, start, min(chunk, segment - start), stripe_needed, needs, writer,
-                                  failure)
+        failure = self._rounds(shard, segment, chunk, stripe_needed, needs, writer)
         if writer is None:
             return 0
         if failure is not None:
@@ -201,39 +199,66 @@ class ErasureLevel(NodeLocalFiles):
         if any(stripe_needed[t.index] and self.me in t.contributors for t in self.stripes):
             self._buffer("tail", chunk)
 
-    def _round(self, shard: np.ndarray, segment: int, start: int, length: int, stripe_needed, needs, writer,
-               failure: BaseException | None) -> BaseException | None:
-        """(group) Bytes [start, start + length) of every stripe's segments: gathered, encoded,
-        forwarded, written. Returns the first failure on this member (kept, not raised)."""
+    def _rounds(self, shard: np.ndarray, segment: int, chunk: int, stripe_needed, needs, writer
+                ) -> BaseException | None:
+        """(group) Every round: bytes [start, start + chunk) of every stripe's segments,
+        gathered, encoded, forwarded, written. The next round's gather travels while this
+        round's parity is written, and this member's own parity chunk is written while the
+        others travel to their holders: the disk and the network overlap, in the same buffers.
+        Returns the first failure on this member (kept, not raised: the rounds go on)."""
         own = self.stripes[self.me]
-        gather_sends = []
+        starts = list(range(0, segment, chunk))
+        failure = None
+        gathering = self._post_gather(shard, segment, 0, min(chunk, segment), stripe_needed)
+        for index, start in enumerate(starts):
+            length = min(chunk, segment - start)
+            requests, gathered = gathering
+            wait_all(requests)
+            sends, kept = [], []
+            if stripe_needed[self.me]:
+                encoded = [self._buffer(("encoded", h), length) for h in range(self.p)]
+                try:
+                    parity = self.code.encode(gathered, out=encoded)
+                except Exception as exc:  # noqa: BLE001 (said after the last round; the holders still get chunks)
+                    failure, parity = failure or exc, encoded
+                kept = [(_piece_name(self.me, self.k), parity[0])] if needs[self.me] else []
+                sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
+            received = [(_piece_name(t.index, t.block_of_member(self.me)), t.holders[0],
+                         self._buffer(("parity", t.index), length))
+                        for t in self.stripes if self.me in t.holders[1:] and needs[self.me]]
+            forwarding = post_exchange(self.comm, sends, [(source, buffer) for _, source, buffer in received],
+                                       TAG_PARITY)
+            failure = self._write(writer, kept, failure)
+            wait_all(forwarding)
+            if index + 1 < len(starts):
+                following = starts[index + 1]
+                gathering = self._post_gather(shard, segment, following, min(chunk, segment - following),
+                                              stripe_needed)
+            failure = self._write(writer, [(name, buffer) for name, _, buffer in received], failure)
+        return failure
+
+    def _post_gather(self, shard: np.ndarray, segment: int, start: int, length: int, stripe_needed):
+        """(requests, the gathered chunks) of one round's gather: each contributor's chunk of
+        its data segment of stripe t to t's gatherer, member t."""
+        own = self.stripes[self.me]
+        sends = []
         for stripe in self.stripes:
             if stripe_needed[stripe.index] and self.me in stripe.contributors:
                 seg = stripe.segments[stripe.contributors.index(self.me)]
-                gather_sends.append((stripe.holders[0], self._data_chunk(shard, seg * segment + start, length)))
+                sends.append((stripe.holders[0], self._data_chunk(shard, seg * segment + start, length)))
         gathered = [(j, self._buffer(("data", j), length)) for j in own.contributors] if stripe_needed[self.me] else []
-        exchange(self.comm, gather_sends, gathered, TAG_GATHER)
-        sends, kept = [], None
-        if stripe_needed[self.me]:
-            encoded = [self._buffer(("encoded", h), length) for h in range(self.p)]
-            try:
-                parity = self.code.encode([data for _, data in gathered], out=encoded)
-            except Exception as exc:  # noqa: BLE001 (said after the last round; the holders still get their chunks)
-                failure, parity = failure or exc, encoded
-            kept = parity[0]
-            sends = [(own.holders[h], parity[h]) for h in range(1, self.p) if needs[own.holders[h]]]
-        receives = [(stripe.index, stripe.holders[0], self._buffer(("parity", stripe.index), length))
-                    for stripe in self.stripes if self.me in stripe.holders[1:] and needs[self.me]]
-        exchange(self.comm, sends, [(source, buffer) for _, source, buffer in receives], TAG_PARITY)
-        if writer is not None and failure is None:
-            try:
-                if kept is not None and needs[self.me]:
-                    writer.write(_piece_name(self.me, self.k), kept)
-                for index, _, buffer in receives:
-                    writer.write(_piece_name(index, self.stripes[index].block_of_member(self.me)), buffer)
-            except Exception as exc:  # noqa: BLE001 (the same)
-                failure = exc
-        return failure
+        return post_exchange(self.comm, sends, gathered, TAG_GATHER), [buffer for _, buffer in gathered]
+
+    @staticmethod
+    def _write(writer, pieces: list, failure: BaseException | None) -> BaseException | None:
+        if writer is None or failure is not None:
+            return failure
+        try:
+            for name, data in pieces:
+                writer.write(name, data)
+        except Exception as exc:  # noqa: BLE001 (kept: the rounds go on, raised after the last)
+            return exc
+        return None
 
     def _data_chunk(self, shard: np.ndarray, position: int, length: int) -> np.ndarray:
         """Bytes [position, position + length) of this member's shard, zero-padded past its
