@@ -13,10 +13,11 @@ Jacobi is pointwise and the convergence test a max-reduction, both exact, so the
 bit-identical whatever the decomposition: an interrupted run restarted on any rank count
 ends on the same grid as an uninterrupted one.
 
-Options for tests and demos: --crash-at K kills the last rank at iteration K as a node crash
-would (mpiexec then stops the job); --dump DIR makes rank 0 write the global grid to DIR as
-it is after a restart (restored.npy), at every checkpoint (step-<K>.npy) and at the end
-(final.npy), and print one JSON line (RESULT ...) with where the run started and stopped.
+At the end rank 0 prints one JSON line (RESULT ...): the rank count, the version restored and
+where each old rank's shard came from, the iterations and the last change. Options for tests
+and demos: --crash-at K kills the last rank at iteration K as a node crash would (mpiexec
+then stops the job); --dump DIR makes rank 0 write the global grid to DIR as it is after a
+restart (restored.npy), at every checkpoint (step-<K>.npy) and at the end (final.npy).
 """
 
 from __future__ import annotations
