@@ -48,15 +48,7 @@ from hpcckpt.cluster.collectives import (
     wait_all,
 )
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
-from hpcckpt.format.layout import (
-    BlockLayout,
-    Layout,
-    copy_strided,
-    extract_piece,
-    place_read,
-    read_requests,
-    request_payload,
-)
+from hpcckpt.format.layout import BlockLayout, Layout, copy_strided, extract_piece, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.levels.base import DeliveryRequest, LevelStack, remove_tree
@@ -554,8 +546,8 @@ def _fetch_repartitioned(ctx, level, manifest: Manifest, layout: Layout) -> dict
     reader = OldPieceReader(manifest, lambda old_rank: level.shard_path(manifest.step, old_rank))
     try:
         for request in read_requests(manifest.layout, layout, rank):
-            data = request_payload(reader.piece(request.old_rank, request.name), request, manifest.layout)
-            place_read(pieces[request.name], request, data, manifest.layout, layout, rank)
+            place_from_piece(pieces[request.name], request, reader.piece(request.old_rank, request.name),
+                             manifest.layout, layout, rank)
         _log_reads(ctx, reader.paths, reader.bytes_read)
     finally:
         reader.close()
@@ -567,7 +559,7 @@ def _keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> None:
     restored array keeps what the protected array holds there: its current values go into
     this rank's new piece first, and the old blocks are placed over them."""
     for tl in new.rank_pieces(ctx.rank):
-        before = old.tensor(tl.name) if any(t.name == tl.name for t in old.tensors) else None
+        before = old.get(tl.name)
         if not (isinstance(before, BlockLayout) and before.gaps):
             continue
         target = ctx.targets[tl.name]

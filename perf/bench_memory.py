@@ -36,6 +36,8 @@ from pathlib import Path
 
 from harness import REPO, run_worker, write_json
 
+from hpcckpt.ckpt.memory_forecast import mem_available as _mem_available
+
 LEVELS = {
     "local": ["local"],
     "local + partner": ["local", "partner"],
@@ -53,13 +55,6 @@ def _status(pid: int) -> int | None:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     return sum(int(fields.get(key, "0 kB").split()[0]) * 1024 for key in ("RssAnon", "RssShmem"))
-
-
-def _mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
 def measure(variant: str, size_gib: float, ranks: int, checkpoints: int, chunk_mib: float | None,
@@ -163,7 +158,8 @@ def _h5py_saver(comm, state, args):
         with h5py.File(path, "w") as f:
             f.create_dataset("state", data=mine)
             f.flush()
-        os.sync() if comm.rank == 0 else None
+        if comm.rank == 0:
+            os.sync()
         (Path(args.dir) / f"h5-{step - 1}-r{comm.rank}.h5").unlink(missing_ok=True)
     return save
 

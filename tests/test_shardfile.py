@@ -24,8 +24,8 @@ from hpcckpt.format.shardfile import (
     write_shard,
 )
 from hpcckpt.io import atomic
-from hpcckpt.io.direct_io import O_DIRECT
 from hpcckpt.io.atomic import ShardExistsError, write_bytes_atomically
+from hpcckpt.io.direct_io import O_DIRECT
 
 
 def _pieces(rng):

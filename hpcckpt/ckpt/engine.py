@@ -35,9 +35,9 @@ from hpcckpt.ckpt.capture import SnapshotCapture
 from hpcckpt.ckpt.commit_record import CommitRecords
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
+from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.pipeline import PersistReport, PipelineSettings, SavePipeline, Snapshot
 from hpcckpt.ckpt.resume import protect_again
-from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError

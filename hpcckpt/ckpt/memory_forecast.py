@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcckpt.cluster.collectives import fold_at_root
+from hpcckpt.io.direct_io import BOUNCE_BYTES
 from hpcckpt.levels.stripes import segment_length
 
 MEMINFO = Path("/proc/meminfo")
-BOUNCE_BYTES = 8 << 20  # io/direct_io._BOUNCE_BYTES
 WRITING_THREADS = 2  # the persist thread and L4's own (ckpt/flush.py)
 GIB = 1 << 30
 

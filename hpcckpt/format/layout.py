@@ -505,6 +505,9 @@ class Layout:
         """Equal for equal layouts: whether a version's shards are this job's pieces as they are."""
         return hashlib.blake2b(self.to_json().encode(), digest_size=8).hexdigest()
 
+    def get(self, name: str) -> AnyLayout | None:
+        return self._by_name.get(name)
+
     def tensor(self, name: str) -> AnyLayout:
         try:
             return self._by_name[name]
@@ -596,8 +599,7 @@ class Layout:
                 if t.world_size != self.world_size:
                     raise FormatError(f"layout of {t.name!r}: {t.world_size} blocks for {self.world_size} ranks")
                 grid = _as_grid(t.boxes)
-                if grid is not None and all(edges[0] == 0 and edges[-1] == dim and edges == sorted(set(edges))
-                                            for edges, dim in zip(grid[0], t.spec.shape)):
+                if grid is not None and all(edges[0] == 0 and edges[-1] == dim for edges, dim in zip(grid[0], t.spec.shape)):
                     continue  # the cells of a grid over the whole shape tile it by construction
                 problems = block_problems(t.spec, t.boxes, t.gaps)
                 if problems:
@@ -794,11 +796,14 @@ def _box_view(piece: np.ndarray, tensor_layout: AnyLayout, rank: int, part: Box)
     return whole[tuple(slice(start - base, stop - base) for (start, stop), (base, _) in zip(part, origin))]
 
 
+def _as_bytes(data) -> np.ndarray:
+    return data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+
+
 def request_payload(old_piece, request: ReadRequest, old: Layout) -> np.ndarray:
     """The bytes that travel for `request`, cut from the old piece (its stored bytes, whole):
     a view where they lie contiguous in it, else a packed copy."""
-    raw = old_piece.reshape(-1).view(np.uint8) if isinstance(old_piece, np.ndarray) \
-        else np.frombuffer(old_piece, dtype=np.uint8)
+    raw = _as_bytes(old_piece)
     if request.box is None:
         return raw[request.byte_offset_in_piece:request.byte_offset_in_piece + request.nbytes]
     old_tl = old.tensor(request.name)
@@ -827,8 +832,7 @@ def place_read(new_piece: np.ndarray, request: ReadRequest, data, old: Layout, n
     """Copy the bytes that travelled for `request` into `new_piece` (stored order, NumPy), in place."""
     new_tl = new.tensor(request.name)
     dtype = np.dtype(new_tl.spec.dtype)
-    raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
-        else data.reshape(-1).view(np.uint8)
+    raw = _as_bytes(data)
     if raw.size != request.nbytes:
         raise ValueError(f"tensor {request.name!r}: got {raw.size} bytes for a request "
                          f"of {request.nbytes}")
@@ -838,6 +842,18 @@ def place_read(new_piece: np.ndarray, request: ReadRequest, data, old: Layout, n
         new_piece[request.dest_start:request.dest_stop] = values.reshape((rows,) + new_piece.shape[1:])
         return
     _box_view(new_piece, new_tl, new_rank, request.box)[...] = values.reshape(box_shape(request.box))
+
+
+def place_from_piece(new_piece: np.ndarray, request: ReadRequest, old_piece, old: Layout, new: Layout,
+                     new_rank: int) -> None:
+    """What `request` asks of an old piece held here (its stored bytes, whole), copied into
+    `new_piece` at once: a box goes from one view to the other, with no packed copy between."""
+    if request.box is None:
+        place_read(new_piece, request, request_payload(old_piece, request, old), old, new, new_rank)
+        return
+    old_tl = old.tensor(request.name)
+    source = _box_view(_as_bytes(old_piece).view(np.dtype(old_tl.spec.dtype)), old_tl, request.old_rank, request.box)
+    _box_view(new_piece, new.tensor(request.name), new_rank, request.box)[...] = source
 
 
 _TILE = 256

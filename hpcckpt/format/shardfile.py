@@ -229,8 +229,7 @@ class ShardFileWriter:
         head = b"".join(_head(self.step, self.rank, self.world_size, self.metas, list(self.offsets.values()),
                               [checksums[name] for name, _ in self.metas], self.extra, self.payload_offset,
                               self.size))
-        block = np.zeros(self.payload_offset, dtype=np.uint8) if not self.file.direct else \
-            aligned_zeros(self.payload_offset)
+        block = aligned_zeros(self.payload_offset)
         block[:len(head)] = np.frombuffer(head, dtype=np.uint8)
         self.file.pwrite(block, 0)
         self.file.publish(fsync)

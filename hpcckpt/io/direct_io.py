@@ -28,7 +28,7 @@ import numpy as np
 
 ALIGNMENT = 4096  # covers 512-byte and 4 KiB logical blocks
 MIN_DIRECT_BYTES = 1 << 20  # smaller files (manifests, ledgers) gain nothing from it
-_BOUNCE_BYTES = 8 << 20
+BOUNCE_BYTES = 8 << 20
 _MAX_BYTES_PER_CALL = 1 << 30
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none (macOS): buffered writes
 
@@ -77,14 +77,14 @@ class ReusedBuffers:
 
 
 def bounce_buffer() -> np.ndarray:
-    """The calling thread's aligned bounce buffer (_BOUNCE_BYTES)."""
+    """The calling thread's aligned bounce buffer (BOUNCE_BYTES)."""
     return _bounce()
 
 
 def _bounce() -> np.ndarray:
     bounce = getattr(_per_thread, "bounce", None)
     if bounce is None:
-        bounce = _per_thread.bounce = aligned_empty(_BOUNCE_BYTES)
+        bounce = _per_thread.bounce = aligned_empty(BOUNCE_BYTES)
         bounce.fill(0)  # resident from the first write on, so RSS stays flat afterwards
     return bounce
 

@@ -39,7 +39,7 @@ from hpcckpt.cluster.collectives import (
 )
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
-from hpcckpt.format.layout import Layout, destination, place_read, read_requests, request_payload
+from hpcckpt.format.layout import Layout, destination, place_from_piece, place_read, read_requests, request_payload
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor, shard_table_of_bytes, verified_piece
 from hpcckpt.levels.stripes import segment_length, stripe_plan
@@ -316,8 +316,7 @@ class RepartitionJob:
                     piece = held[request.old_rank].piece(request.name)
                 else:
                     continue
-                place_read(pieces[request.name], request, request_payload(piece, request, old), old, self.layout,
-                           self.rank)
+                place_from_piece(pieces[request.name], request, piece, old, self.layout, self.rank)
             if self.manifest.world_size == self.world_size:
                 provider = plan.sources[self.rank].provider
                 for name in self.local_array_names:
