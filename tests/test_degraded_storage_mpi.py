@@ -280,6 +280,11 @@ def test_a_crash_inside_a_copy_to_l4_at_its_own_pace_leaves_nothing_a_restart_lo
 # its commit record) fails at step 30, as when that directory turns read-only.
 NODE_READ_ONLY = ["--inject", "storage-error:level=node-local:step=30:errno=EROFS:rank=2"]
 V30 = "v000000000030"
+# Retention runs behind training, on each rank's persist thread: killed as its snapshot of
+# version 40 begins, rank 1 may take the job down before another rank's retention after
+# version 30 is over. Its L1 write of version 40 comes after a collective that every rank
+# joins only once its persist of version 30, retention included, is done.
+AFTER_EVERY_RETENTION_OF_30 = "rank-kill:rank=1:step=40:phase=local"
 
 
 def version_files(run_dir: Path, version: str = V30) -> dict[str, set[str]]:
@@ -314,13 +319,13 @@ def test_a_read_only_node_local_directory_keeps_the_version_on_the_other_nodes(t
 
 
 def test_after_a_read_only_node_a_different_node_lost_restarts_from_the_redundancy(tmp_path, reference):
-    """Node 1 is lost as version 40 starts (its rank killed, its directory gone), after rank
-    2's node could not take version 30: nodes 0 and 3 hold their shards, rank 1's and rank
-    2's come from a replica and from the group's parity (two members missing, parity 2), and
-    the run ends as the fault-free one did. Nothing of version 30 stays on node 2."""
+    """Node 1 is lost while version 40 is written (its rank killed, its directory gone), after
+    rank 2's node could not take version 30: nodes 0 and 3 hold their shards, rank 1's and
+    rank 2's come from a replica and from the group's parity (two members missing, parity 2),
+    and the run ends as the fault-free one did. Nothing of version 30 stays on node 2."""
     config = job(tmp_path)
     crashed = train(tmp_path, config, "--set", "storage.pfs_every=2", *NODE_READ_ONLY,
-                    "--inject", "rank-kill:rank=1:step=40:phase=snapshot")
+                    "--inject", AFTER_EVERY_RETENTION_OF_30)
     assert crashed.returncode != 0
     files = version_files(tmp_path / "run")
     assert set(files) == {"node0", "node1", "node3"}, files
@@ -347,7 +352,7 @@ def test_a_node_that_fails_when_only_l1_is_due_sends_the_version_to_l4(tmp_path,
     config = job(tmp_path)
     every = ["--set", "storage.pfs_every=2", "--set", "resilience.partner_every=2",
              "--set", "resilience.erasure_every=2"]
-    crashed = train(tmp_path, config, *every, *NODE_READ_ONLY, "--inject", "rank-kill:rank=0:step=40:phase=snapshot")
+    crashed = train(tmp_path, config, *every, *NODE_READ_ONLY, "--inject", AFTER_EVERY_RETENTION_OF_30)
     assert crashed.returncode != 0
     out = crashed.stdout + crashed.stderr
     assert out.count("version 30 is held by L4 pfs; node-local L1 L2 L3 is tried again at its next version "
@@ -388,20 +393,23 @@ def test_one_full_node_keeps_training_protected_by_the_other_nodes(tmp_path, ful
     anything it may drop: at version 30 the kernel's ENOSPC leaves rank 2 without its part,
     the version stands on the other nodes (rank 2's shard by L2/L3 from them), node 2's
     retention then drops version 10 as the others do, and version 40 fits again. Node 1 lost
-    as version 40 starts: the restart takes version 30 (ranks 1 and 2 by L2/L3) and ends with
+    while version 40 is written: the restart takes version 30 (ranks 1 and 2 by L2/L3) and ends with
     the reference weights."""
     config = job(tmp_path, levels=["local", "partner", "erasure"])
     local_dir = ["--set", f"storage.local_dir={tmp_path / 'local'}/node{{node}}"]
     one_version = _pages(next((reference_run / "local").glob("node2/run-*/v000000000090"))) + 4096
     filler = full_node_disk / "filler"
     filler.write_bytes(b"\0" * (os.statvfs(full_node_disk).f_bavail * 4096 - int(2.5 * one_version)))
-    crashed = train(tmp_path, config, *local_dir, "--inject", "rank-kill:rank=1:step=40:phase=snapshot")
+    crashed = train(tmp_path, config, *local_dir, "--inject", AFTER_EVERY_RETENTION_OF_30)
     assert crashed.returncode != 0
     out = crashed.stdout + crashed.stderr
     assert out.count("node-local L1 L2 L3 write of step 30 failed on rank(s) [2]") == 1, out
     assert "No space left on device" in out and "the shard of rank(s) [2] by L2 partner and L3 erasure" in out, out
-    assert {p.name for p in full_node_disk.glob("run-*/v*")} == {"v000000000020"}, "node 2 keeps what the others do"
-    assert {p.name for p in (tmp_path / "local").glob("node[013]/run-*/v*")} == {"v000000000020", "v000000000030"}
+    partial_v40 = {"v000000000040"}  # written in part when rank 1 was killed, never committed
+    assert {p.name for p in full_node_disk.glob("run-*/v*")} - partial_v40 == {"v000000000020"}, \
+        "node 2 keeps what the others do"
+    assert {p.name for p in (tmp_path / "local").glob("node[013]/run-*/v*")} - partial_v40 == \
+        {"v000000000020", "v000000000030"}
     shutil.rmtree(tmp_path / "local" / "node1")
     resumed = train(tmp_path, config, *local_dir)
     assert_ok(resumed)
