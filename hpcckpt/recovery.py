@@ -21,6 +21,8 @@ here reads or writes the engine itself.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -51,7 +53,8 @@ from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, Incompati
 from hpcckpt.format.layout import BlockLayout, Layout, copy_strided, extract_piece, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
-from hpcckpt.levels.base import DeliveryRequest, LevelStack, remove_tree
+from hpcckpt.io.mapped import map_readonly
+from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, DeliveryRequest, LevelStack, remove_tree
 from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, commit_file_name, list_version_steps, version_dir_name
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
@@ -90,6 +93,7 @@ class RestoreContext:
     local_dir: str
     log: object
     faults: object
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # what a rebuild moves and decodes at a time (checkpoint.chunk_mib)
     # Sets the registered state of the version being loaded: the engine's, called after the
     # arrays are filled and before anything newer is moved out of the way.
     apply_state: object = None
@@ -342,7 +346,7 @@ def _try_repartition(ctx, manifest: Manifest, candidate: Candidate, repair: bool
     _keep_what_gaps_leave(ctx, manifest.layout, ctx.layout)
     job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names, candidate.views,
                          (lambda old_rank: ctx.pfs.shard_path(step, old_rank)) if ctx.pfs is not None else None,
-                         lambda message: _warn(ctx, message))
+                         lambda message: _warn(ctx, message), scratch_dir=ctx.local_dir, chunk_bytes=ctx.chunk_bytes)
     outcome = job.run(candidate.writing, pfs_holds)
     if isinstance(outcome, RepartitionPlan):
         if ctx.rank == 0:
@@ -383,7 +387,8 @@ def _from_redundancy(ctx, manifest: Manifest, lacking: frozenset, needy: set[int
         if not (needy and level.collective):
             continue
         request = DeliveryRequest(step, ctx.world_size, frozenset(needy), sizes,
-                                  place=lambda data, level=level: _adopt(ctx, manifest, data, level.label),
+                                  open_copy=lambda size, aligned, level=level: _open_copy(ctx, step, size, aligned,
+                                                                                          level.label),
                                   own_shard=lambda: _shard_bytes(ctx, step), lacking=lacking)
         path = level.deliver(request)
         for warning in request.warnings:
@@ -433,34 +438,35 @@ def _attempt(ctx, level, manifest: Manifest):
 
 
 def _restore_local_copy(ctx, step: int) -> None:
-    """Copy this rank's verified L4 shard back to L1; a failure only costs the local copy."""
+    """Copy this rank's verified L4 shard back to L1 (mapped: from the page cache the
+    verification filled, with no shard-sized buffer); a failure only costs the local copy."""
     try:
         ctx.local.shard_path(step).unlink(missing_ok=True)
-        ctx.local.write_shard_bytes(step, np.fromfile(ctx.pfs.shard_path(step, ctx.rank), dtype=np.uint8))
+        ctx.local.write_shard_bytes(step, map_readonly(ctx.pfs.shard_path(step, ctx.rank)))
     except (HpcckptError, OSError) as exc:
         _warn(ctx, f"version {step}: could not put the L1 copy back from L4: {exc}")
 
 
-def _adopt(ctx, manifest: Manifest, data: np.ndarray, what: str) -> Path | None:
-    """Make shard bytes a level delivered (a replica, a rebuild) this rank's L1 copy again,
-    to be read and verified as usual; None when it cannot be stored."""
-    path = ctx.local.shard_path(manifest.step)
+def _open_copy(ctx, step: int, size: int, aligned: bool, what: str):
+    """This rank's L1 copy of a version, opened to take the shard bytes a level delivers
+    (a replica, a rebuild) as they arrive; it is read and verified as usual afterwards. None
+    when it cannot be stored (said)."""
     try:
-        path.unlink(missing_ok=True)  # a corrupt old copy; the delivered bytes replace it
-        ctx.local.write_shard_bytes(manifest.step, data)
+        return ctx.local.open_shard_copy(step, size, aligned)
     except (HpcckptError, OSError) as exc:
-        _warn(ctx, f"version {manifest.step}: cannot store the shard from {what}: {exc}")
+        _warn(ctx, f"version {step}: cannot store the shard from {what}: {exc}")
         return None
-    return path
 
 
 def _shard_bytes(ctx, step: int) -> np.ndarray:
-    return np.fromfile(ctx.local.shard_path(step), dtype=np.uint8)
+    """This rank's verified L1 shard, mapped: what a survivor sends of it (a rebuild's
+    segments, a replica protected again) is read from the page cache as it goes."""
+    return map_readonly(ctx.local.shard_path(step))
 
 
 class _LazyShard:
-    """This rank's L1 shard bytes, read on first use: re-protection after a loss needs them
-    only on ranks that send something, and most send nothing."""
+    """This rank's L1 shard, mapped on first use: re-protection after a loss needs it only
+    on ranks that send something, and most send nothing."""
 
     def __init__(self, ctx, step: int):
         self._ckpt, self._step, self._data = ctx, step, None
@@ -476,7 +482,7 @@ def _reprotect(ctx, manifest: Manifest) -> None:
     and commit records, so the version survives the next failure right away. The version is
     restored either way, so a failure here is a warning: the next checkpoint protects the run."""
     step = manifest.step
-    shard = _LazyShard(ctx, step)  # read only by ranks that have something to send
+    shard = _LazyShard(ctx, step)  # mapped only by ranks that have something to send
     sizes = list(manifest.shard_sizes())
     stages = []
     if ctx.partner is not None and "partner" in manifest.levels:
@@ -594,22 +600,52 @@ def _assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
             if tl.holds(ctx.rank):
                 _write_in_place(ctx.targets[tl.name], pieces[tl.name])
             continue
-        counts = [tl.piece_nbytes(r) for r in range(ctx.world_size)]
-        displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
         target = ctx.targets[tl.name]
         mine = pieces.get(tl.name)
         send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
-        if tl.axis == 0 and isinstance(target, np.ndarray) and target.flags.c_contiguous and target.size:
-            # Cut along axis 0, the pieces in rank order ARE the array's bytes: receive in place.
+        shape = tl.logical_shape
+        if not math.prod(shape):
+            continue
+        if math.prod(shape[:tl.axis]) == 1 and isinstance(target, np.ndarray) and target.flags.c_contiguous:
+            # Pieces hold their rows along the cut axis one after the other: where no axis
+            # before it is longer than 1, the pieces in rank order ARE the array's bytes,
+            # received in place.
+            counts = [tl.piece_nbytes(r) for r in range(ctx.world_size)]
+            displacements = [0, *itertools.accumulate(counts)][:-1]
             wait_all([ctx.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
                                                    MPI.BYTE])])
-            continue
-        gathered = np.empty(sum(counts), dtype=np.uint8)
-        wait_all([ctx.comm.Iallgatherv(send, [gathered, counts, displacements, MPI.BYTE])])
-        shape = tl.logical_shape
-        axis_major = (shape[tl.axis],) + shape[:tl.axis] + shape[tl.axis + 1:]
-        full = np.moveaxis(gathered.view(tl.spec.dtype).reshape(axis_major), 0, tl.axis).reshape(tl.spec.shape)
-        _write_in_place(target, full)
+        else:
+            _gather_in_slabs(ctx, tl, target if target.ndim == len(shape) else target.reshape(shape), send)
+
+
+def _gather_in_slabs(ctx, tl, target, send: np.ndarray) -> None:
+    """(all ranks) One replicated tensor gathered into `target` (in place, any strides,
+    NumPy or CuPy) a slab at a time, each about ctx.chunk_bytes (one row of every piece at
+    least), so a restore holds no second copy of a large tensor (#26). A piece holds its
+    rows along the cut axis one after the other (the axis moved to the front), so a slab is
+    the same rows of every piece, one byte range of each."""
+    from mpi4py import MPI
+
+    shape, axis, row = tl.logical_shape, tl.axis, tl.row_bytes
+    bounds = [tl.bounds_of(rank) for rank in range(ctx.world_size)]
+    slab = max(1, ctx.chunk_bytes // max(1, row * ctx.world_size))
+    buffer = np.empty(0, np.uint8)
+    for first in range(0, max(stop - start for start, stop in bounds), slab):
+        spans = [(start + min(first, stop - start), start + min(first + slab, stop - start)) for start, stop in bounds]
+        counts = [(high - low) * row for low, high in spans]
+        displacements = [0, *itertools.accumulate(counts)][:-1]
+        total = sum(counts)
+        if buffer.size < total:
+            buffer = np.empty(total, np.uint8)
+        offset = (spans[ctx.rank][0] - bounds[ctx.rank][0]) * row
+        mine = send[offset:offset + counts[ctx.rank]]
+        wait_all([ctx.comm.Iallgatherv(mine, [buffer[:total], counts, displacements, MPI.BYTE])])
+        for rank, (low, high) in enumerate(spans):
+            if not counts[rank]:
+                continue
+            rows = buffer[displacements[rank]:displacements[rank] + counts[rank]].view(tl.spec.dtype)
+            part = np.moveaxis(rows.reshape((high - low,) + shape[:axis] + shape[axis + 1:]), 0, axis)
+            _write_in_place(target[(slice(None),) * axis + (slice(low, high),)], part)
 
 
 def init_from(ctx, source: str, select) -> Manifest:

@@ -65,3 +65,22 @@ def test_a_checkpoint_of_another_dtype_or_global_shape_is_refused_on_every_rank(
     assert "tensor 'field': dtype float64 in the checkpoint, float32 in the current model" in message
     assert "tensor 'mask': shape (40,) in the checkpoint, (41,) in the current model" in message
     assert (run / "pfs" / "v000000000010").is_dir()  # nothing saved is lost
+
+
+SLABS = Path(__file__).parent / "scripts" / "replicated_slabs.py"
+
+
+@pytest.mark.parametrize("ranks, chunk_bytes", [(4, 1000), (3, 1000), (4, 8 << 20)])
+def test_replicated_arrays_are_gathered_back_a_slab_at_a_time(tmp_path, ranks, chunk_bytes):
+    """Saved on 4 ranks, restored onto 4 or 3 with chunks of 1000 bytes (arrays of up to 24 KB
+    in 2-25 slabs) and of 8 MiB (one slab each): every array byte for byte, a strided target's
+    neighbours untouched."""
+    run = str(tmp_path / "run")
+    assert_ok(run_script(4, SLABS, [run, "save", str(chunk_bytes)], cwd=tmp_path))
+    proc = run_script(ranks, SLABS, [run, "restore", str(chunk_bytes)], cwd=tmp_path)
+    assert_ok(proc)
+    results = script_results(proc)
+    assert len(results) == ranks
+    for result in results:
+        assert result == {"rank": result["rank"], "step": 7, "untouched": True,
+                          "same": ["cube", "lead_one", "row", "scalar", "tall", "wide"]}, result

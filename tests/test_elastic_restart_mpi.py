@@ -18,12 +18,13 @@ from conftest import assert_ok, node_local, run_mpi, small_job
 ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
 
 
-def job(tmp_path, levels=ALL_LEVELS, nodes=4):
+def job(tmp_path, levels=ALL_LEVELS, nodes=4, chunk_bytes=None):
+    chunks = {"chunk_mib": chunk_bytes / (1 << 20)} if chunk_bytes else {}
     return small_job(
         tmp_path,
         run={"steps": 60, "log_every": 20},
         eval={"every_steps": 0},
-        checkpoint={"every_steps": 10, "keep_local": 2, "split_threshold_kb": 2},
+        checkpoint={"every_steps": 10, "keep_local": 2, "split_threshold_kb": 2, **chunks},
         storage={"pfs_every": 3},
         resilience={"levels": levels, "group_size": 4, "parity": 2},
         cluster={"simulated_nodes": nodes},
@@ -76,12 +77,15 @@ def saved_40(tmp_path_factory):
     return exported(tmp_path, config, 40)
 
 
-@pytest.mark.parametrize("levels, from_redundancy", [
-    (ALL_LEVELS, "1 from L2 partner"),
-    (["local", "erasure"], "1 from L3 erasure"),
+@pytest.mark.parametrize("levels, from_redundancy, chunk_bytes", [
+    (ALL_LEVELS, "1 from L2 partner", None),
+    (["local", "erasure"], "1 from L3 erasure", None),
+    # The rebuild's rounds (and every L2/L3 transfer) in 997-byte chunks, which divide
+    # neither a shard nor a segment: the same bytes.
+    (["local", "erasure"], "1 from L3 erasure", 997),
 ])
-def test_four_ranks_shrink_to_three_from_node_local_levels(tmp_path, saved_40, levels, from_redundancy):
-    config = job(tmp_path, levels)
+def test_four_ranks_shrink_to_three_from_node_local_levels(tmp_path, saved_40, levels, from_redundancy, chunk_bytes):
+    config = job(tmp_path, levels, chunk_bytes=chunk_bytes)
     lose_node_3_before_l4_has_40(tmp_path, config)
     # inspect and verify see what the restart will do: version 40 is whole on no level, yet
     # assembled from the surviving nodes, onto any rank count.

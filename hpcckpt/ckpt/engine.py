@@ -319,7 +319,7 @@ class Checkpointer:
             buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
             run_id=self.run.run_id, settings=self.config.recorded, run_dir=self.config.run_dir,
             pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults,
-            apply_state=self._apply_restored_state)
+            chunk_bytes=self.config.checkpoint.chunk_bytes, apply_state=self._apply_restored_state)
 
     def _finish_in_flight(self) -> PersistReport | None:
         """The checkpoint in flight and the copy to L4 running at its own pace, both over."""

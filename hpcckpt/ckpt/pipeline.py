@@ -57,6 +57,7 @@ from hpcckpt.errors import CheckpointError, HpcckptError
 from hpcckpt.format.manifest import Manifest, shard_digest, version_id_of
 from hpcckpt.format.shardfile import plan_shard, verify_shard
 from hpcckpt.io import direct_io
+from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import VersionImage
 from hpcckpt.levels.pfs import COORDINATOR
 
@@ -837,7 +838,7 @@ class SavePipeline:
                 manifests[step] = manifests[step].with_shards(gathered)
 
             def copy_shard(step=step):
-                data = np.fromfile(source.shard_path(step), dtype=np.uint8)
+                data = map_readonly(source.shard_path(step))  # from the page cache, not a shard-sized buffer
                 target.store(VersionImage(step, self.world_size, (), lambda: data))
                 problems = verify_shard(target.shard_path(step))
                 if problems:

@@ -36,7 +36,7 @@ import numpy as np
 from hpcckpt.errors import StorageError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import ShardImage, ShardInfo, plan_shard, write_shard_image
-from hpcckpt.io.atomic import write_bytes_atomically
+from hpcckpt.io.atomic import AtomicFile, write_bytes_atomically
 from hpcckpt.levels.naming import (
     LEVEL_LABELS,
     STAGE_LABELS,
@@ -76,15 +76,18 @@ class DeliveryRequest:
     """What a restore asks the levels for, the same on every rank: `needy` ranks lack a
     verified shard of `step`; `shard_sizes` come from the commit record; `lacking` are the
     ranks whose node-local pieces of the version are not all there (an erasure group
-    rebuilds them too). `place(bytes)` stores shard bytes a level received or rebuilt where
-    the restore reads them (this rank's L1 copy) and returns that file."""
+    rebuilds them too). `open_copy(size, aligned)` opens where a level writes the shard
+    bytes it receives or rebuilds, chunk by chunk as they come (this rank's L1 copy, which
+    the restore then reads and verifies: an io/atomic.AtomicFile, published by the level;
+    `aligned`: every write starts at an aligned offset), or None when none can be stored
+    (said by the restore); the rank still takes its part in the transfer."""
 
     step: int
     world_size: int
     needy: frozenset[int]
     shard_sizes: tuple[int, ...]
-    place: Callable[[np.ndarray], Path | None]
-    own_shard: Callable[[], np.ndarray] | None = None  # a survivor's verified shard bytes
+    open_copy: Callable[[int, bool], AtomicFile | None]
+    own_shard: Callable[[], np.ndarray] | None = None  # a survivor's verified shard bytes (mapped, not read)
     lacking: frozenset[int] = frozenset()
     warnings: list = field(default_factory=list)
 
@@ -329,6 +332,17 @@ class ShardFileLevel:
         path = self.shard_path(step)
         write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
                                mode=self.file_mode)
+
+    def open_shard_copy(self, step: int, size: int, aligned: bool) -> AtomicFile:
+        """This rank's shard file of a version, to take the original file's bytes at offsets
+        as a restore receives or rebuilds them, published whole; a copy already there (bad:
+        the delivered bytes replace it) goes first. `aligned`: every write starts at an
+        aligned offset, so O_DIRECT may take them."""
+        self.version_dir(step).mkdir(parents=True, exist_ok=True)
+        path = self.shard_path(step)
+        path.unlink(missing_ok=True)
+        return AtomicFile(path, size, direct=self.direct_io and aligned, recycle=self.spares.spare_for(path),
+                          mode=self.file_mode)
 
     def store(self, version: VersionImage) -> int:
         if version.image is not None:

@@ -20,16 +20,18 @@ import numpy as np
 from hpcckpt.cluster.collectives import agree_before_exchange, post_exchange, quiet_allgather, wait_all
 from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
-from hpcckpt.format.shardfile import ShardFileWriter, read_shard_table, read_tensor, write_shard
+from hpcckpt.format.shardfile import ShardFileWriter, read_shard_table, verified_piece
 from hpcckpt.io.direct_io import ReusedBuffers
+from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import parity_file_name
+from hpcckpt.levels.rebuild_rounds import SurvivingBlock, WantedBlock, padded_chunk, rebuild_in_rounds
 from hpcckpt.levels.spares import SpareFiles
 from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
 
 TAG_GATHER = 301
 TAG_PARITY = 302
-TAG_REBUILD = 1000  # + stripe index
+TAG_REBUILD = 1000
 
 
 def _piece_name(stripe: int, block: int) -> str:
@@ -102,19 +104,6 @@ class ErasureLevel(NodeLocalFiles):
 
     def _segment(self, shard_sizes) -> int:
         return segment_length([shard_sizes[m] for m in self.members], self.n, self.p)
-
-    @staticmethod
-    def _data_segment(shard: np.ndarray, index: int, segment: int) -> np.ndarray:
-        """Data segment `index` of this member's shard: a view of the shard's bytes, except
-        where the shard ends inside or before it (a zero-padded copy), so the stripes cost no
-        copy of the whole shard."""
-        start = index * segment
-        if start + segment <= shard.size:
-            return shard[start:start + segment]
-        piece = np.zeros(segment, dtype=np.uint8)
-        tail = shard[start:start + segment]
-        piece[:tail.size] = tail
-        return piece
 
     def protect(self, step: int, shard: np.ndarray, shard_sizes, world_size: int,
                 only_missing: bool = False) -> int:
@@ -276,24 +265,11 @@ class ErasureLevel(NodeLocalFiles):
         piece[tail.size:] = 0
         return piece
 
-    def _store(self, step: int, pieces: dict[str, np.ndarray], segment: int, world_size: int,
-               replace: bool = False) -> None:
-        """Write this member's parity file; with `replace`, one already there (damaged, or cut
-        for another group geometry: see has_parity) gives way, since files are never
-        overwritten in place."""
-        self.version_dir(step).mkdir(parents=True, exist_ok=True)
-        path = self.parity_path(step)
-        if replace:
-            path.unlink(missing_ok=True)
-        write_shard(path, step, self.rank, world_size, sorted(pieces.items()),
-                    extra=self._parity_extra(segment), direct=self.direct_io,
-                    recycle=self.spares.spare_for(path), mode=self.file_mode)
-
     def deliver(self, request: DeliveryRequest) -> Path | None:
         """(group) Members of this group that are needy get their shard rebuilt from the
-        survivors' verified pieces, placed where the restore reads it; survivors also store
-        the lost members' parity again. Nothing happens when no member is needy, or when more
-        than p members lack pieces (then the group cannot help)."""
+        survivors' verified pieces, written chunk by chunk where the restore reads it;
+        lost members also store their parity file again. Nothing happens when no member is
+        needy, or when more than p members lack pieces (then the group cannot help)."""
         step = request.step
         members = set(self.members)
         lost_ranks = (set(request.lacking) | set(request.needy)) & members
@@ -317,75 +293,92 @@ class ErasureLevel(NodeLocalFiles):
                                     "more than L3 survives")
             return None
         lost = frozenset(self.members.index(r) for r in lost_ranks)
+        # The rebuilt shard lands at each data segment's offset, which need not be aligned.
+        copy = request.open_copy(request.shard_sizes[self.rank], False) if self.rank in request.needy else None
         try:
-            data = self.rebuild(step, lost, None if self.rank in lost_ranks else shard, parity_pieces,
-                                request.shard_sizes, request.world_size)
+            self.rebuild(step, lost, None if self.rank in lost_ranks else shard, parity_pieces,
+                         request.shard_sizes, request.world_size, copy)
+            if copy is None:
+                return None
+            copy.publish()
         except (HpcckptError, OSError, ValueError) as exc:
+            if copy is not None:
+                copy.discard()
             request.warnings.append(f"version {step}: L3 rebuild in group {self.members} failed: {exc}")
             return None
-        if self.rank in request.needy and data is not None:
-            return request.place(data)
-        return None
+        return Path(copy.path)
 
     def read_parity(self, step: int) -> dict[str, np.ndarray]:
-        """This member's parity pieces of `step`, each checked against its checksum."""
+        """This member's parity pieces of `step`, each checked against its checksum: views of
+        the mapped file, which the rebuild's rounds read a chunk at a time."""
         path = self.parity_path(step)
         table = read_shard_table(path)
-        with open(path, "rb") as f:
-            return {name: read_tensor(f, table, name) for name in table.names}
+        data = map_readonly(path)
+        return {name: verified_piece(data, table, name) for name in table.names}
 
     def rebuild(self, step: int, lost: frozenset[int], shard: np.ndarray | None, parity: dict | None,
-                shard_sizes, world_size: int) -> np.ndarray | None:
+                shard_sizes, world_size: int, copy=None) -> None:
         """(group) Rebuild the shards and parity pieces of the `lost` members (member indices,
-        at most p of them) from the survivors' pieces. Lost members get their shard bytes back
-        (and store their parity file again); survivors return None.
+        at most p of them) from the survivors' pieces, one lost member after the other, in
+        rounds of chunks (levels/rebuild_rounds.py). A lost member writes its shard's bytes
+        into `copy` (a file taking them at offsets, published by the caller; None: not
+        wanted) and stores its parity file again.
 
         Survivors pass their verified shard bytes and parity pieces (from read_parity).
         """
         if not lost:
-            return None
+            return
         if len(lost) > self.p:
             raise ValueError(f"{len(lost)} members lost, the code survives {self.p}")
         segment = self._segment(shard_sizes)
-        sends, receives = [], []
-        for stripe in self.stripes:
-            sources = recovery_sources(stripe, lost, self.k)
-            for target in sorted(lost):
-                if self.me == target:
-                    for block in sources:
-                        receives.append(((stripe.index, block), stripe.member_of_block(block)))
-                elif stripe.block_of_member(self.me) in sources:
-                    block = stripe.block_of_member(self.me)
-                    if block < self.k:
-                        seg = stripe.segments[block]
-                        piece = self._data_segment(shard, seg, segment)
-                    else:
-                        piece = parity[_piece_name(stripe.index, block)]
-                    sends.append((target, piece, stripe.index))
-        buffers = {key: np.empty(segment, dtype=np.uint8) for key, _ in receives}
-        self._exchange_by_stripe(sends, [(member, buffers[key], key[0]) for key, member in receives])
-        if self.me not in lost:
-            return None
-        shard_bytes = np.zeros(self.k * segment, dtype=np.uint8)
-        mine = {}
-        for stripe in self.stripes:
-            available = {block: buffers[(stripe.index, block)] for block in recovery_sources(stripe, lost, self.k)}
-            block = stripe.block_of_member(self.me)
-            rebuilt = self.code.rebuild(available, [block])[block]
-            if block < self.k:
-                seg = stripe.segments[block]
-                shard_bytes[seg * segment:(seg + 1) * segment] = rebuilt
-            else:
-                mine[_piece_name(stripe.index, block)] = np.array(rebuilt)
-        # A member counted lost for a damaged shard or parity file still has that file: the
-        # pieces rebuilt from the survivors replace it.
-        self._store(step, mine, segment, world_size, replace=True)
-        return shard_bytes[: shard_sizes[self.rank]]
+        failure, writer = None, None
+        if self.me in lost:
+            # A member counted lost for a damaged shard or parity file still has that file:
+            # the pieces rebuilt from the survivors replace it.
+            try:
+                writer = self._parity_writer(step, segment, world_size, replace=True)
+            except Exception as exc:  # noqa: BLE001 (raised after the rounds, which the survivors run)
+                failure = exc
+        for decoder in sorted(lost):
+            sources, targets = [], []
+            for stripe in self.stripes:
+                for block in recovery_sources(stripe, lost, self.k):
+                    member = stripe.member_of_block(block)
+                    read = self._block_reader(stripe, block, shard, parity, segment) if member == self.me else None
+                    sources.append(SurvivingBlock(stripe.index, block, member, read))
+                block = stripe.block_of_member(decoder)
+                write = self._block_writer(stripe, block, segment, copy, writer, shard_sizes[self.rank]) \
+                    if decoder == self.me else None
+                targets.append(WantedBlock(stripe.index, block, write))
+            failed = rebuild_in_rounds(self.comm, self.code, decoder, segment, self.chunk_bytes, sources, targets,
+                                       self._receive_buffers, TAG_REBUILD)
+            failure = failure or failed
+        if failure is not None:
+            if writer is not None:
+                writer.discard()
+            raise failure
+        if writer is not None:
+            writer.finish()
 
-    def _exchange_by_stripe(self, sends, receives) -> None:
-        from mpi4py import MPI
+    def _block_reader(self, stripe, block: int, shard: np.ndarray, parity: dict, segment: int):
+        """A survivor's chunks of one of its blocks: its data segment (zero-padded past the
+        shard's end) or its parity piece."""
+        if block < self.k:
+            offset = stripe.segments[block] * segment
+            return lambda start, length: padded_chunk(shard, offset + start, length)
+        piece = parity[_piece_name(stripe.index, block)]
+        return lambda start, length: piece[start:start + length]
 
-        requests = [self.comm.Irecv([buf, MPI.BYTE], source=src, tag=TAG_REBUILD + t) for src, buf, t in receives]
-        requests += [self.comm.Isend([np.ascontiguousarray(buf), MPI.BYTE], dest=dst, tag=TAG_REBUILD + t)
-                     for dst, buf, t in sends]
-        wait_all(requests)
+    def _block_writer(self, stripe, block: int, segment: int, copy, writer, shard_size: int):
+        """Where a lost member's rebuilt chunks of one block go: its shard's bytes into
+        `copy` (the padding past the shard's end dropped), its parity piece into `writer`."""
+        if block >= self.k:
+            name = _piece_name(stripe.index, block)
+            return lambda chunk, start: writer.write(name, chunk) if writer is not None else None
+        offset = stripe.segments[block] * segment
+
+        def write(chunk: np.ndarray, start: int) -> None:
+            keep = min(chunk.size, shard_size - offset - start)
+            if copy is not None and keep > 0:
+                copy.pwrite(chunk[:keep], offset + start)
+        return write

@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.cluster.collectives import agree_before_exchange, exchange, exchange_streamed
+from hpcckpt.errors import HpcckptError
 from hpcckpt.io.atomic import AtomicFile
 from hpcckpt.io.direct_io import ALIGNMENT, ReusedBuffers
+from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import replica_file_name
 from hpcckpt.levels.spares import SpareFiles
@@ -132,24 +134,42 @@ class PartnerLevel(NodeLocalFiles):
 
 
     def deliver(self, request: DeliveryRequest) -> Path | None:
-        """(all ranks) Holders send the replicas of needy ranks back to them; a needy rank
-        whose partner has one gets it, placed where the restore reads it."""
-        data = self.fetch(request.step, set(request.needy))
-        return request.place(data) if data is not None else None
-
-    def fetch(self, step: int, needy: set[int]) -> np.ndarray | None:
-        """(all ranks) Holders send the replicas of `needy` ranks back to them; a needy rank
-        gets its shard bytes (unverified) or None when its partner has no replica."""
-        held = set(self.held(step))
-        offers = {s: self.replica_path(step, s).stat().st_size if s in held else -1 for s in self.sources if s in needy}
+        """(all ranks) Holders send the replicas of needy ranks back to them, read where they
+        lie (mapped); a needy rank whose partner has one writes it, chunk by chunk as it
+        arrives, where the restore reads it (unverified: the restore verifies)."""
+        step = request.step
+        replicas = {}
+        for source in self.sources:
+            if source in request.needy and source in self.held(step):
+                try:
+                    replicas[source] = map_readonly(self.replica_path(step, source))
+                except OSError as exc:  # gone or unreadable since: as good as never held
+                    request.warnings.append(f"version {step}: the L2 replica of rank {source} on rank {self.rank} "
+                                            f"is unreadable: {exc}")
+        offers = {source: int(replicas[source].size) if source in replicas else -1
+                  for source in self.sources if source in request.needy}
         holder = self.partner_of[self.rank]
-        told = self._tell(offers, [holder] if self.rank in needy and holder != self.rank else [])
-        sends = [(s, np.fromfile(self.replica_path(step, s), dtype=np.uint8)) for s, size in offers.items() if size >= 0]
-        receives = []
-        if told.get(holder, -1) >= 0:
-            receives.append((holder, np.empty(told[holder], dtype=np.uint8)))
-        exchange(self.comm, sends, receives, TAG_FETCH)
-        return receives[0][1] if receives else None
+        told = self._tell(offers, [holder] if self.rank in request.needy and holder != self.rank else [])
+        size = told.get(holder, -1)
+        copy = None
+        if size >= 0:
+            copy = request.open_copy(size, self.chunk_bytes % ALIGNMENT == 0)
+        chunk_buffers = [self._receive_buffers.get(("chunk", i), min(self.chunk_bytes, max(size, 1))) for i in (0, 1)]
+        receives = [(holder, size, (lambda data, offset: copy.pwrite(data, offset)) if copy is not None
+                     else (lambda data, offset: None))] if size >= 0 else []
+        failure = exchange_streamed(self.comm, [(source, replicas[source]) for source in replicas], receives,
+                                    TAG_FETCH, self.chunk_bytes, lambda i: chunk_buffers[i])
+        if copy is None:
+            return None
+        try:
+            if failure is not None:
+                raise failure
+            copy.publish()
+        except (HpcckptError, OSError) as exc:
+            copy.discard()
+            request.warnings.append(f"version {step}: storing the L2 replica from rank {holder} failed: {exc}")
+            return None
+        return Path(copy.path)
 
     def _tell(self, numbers: dict[int, int], sources: list[int]) -> dict[int, int]:
         """(point to point) Send each rank in `numbers` its number; receive one from each of

@@ -1,10 +1,11 @@
 """Carry out a RepartitionPlan (all ranks, collectively): read, rebuild, move, verify.
 
-    read:     each provider reads the old shard files the plan gives it (L1 files, L2
-              replicas) whole and verifies them against the commit record; parity files
-              are read piece by piece, each piece against its own checksum
-    rebuild:  the blocks a group rebuild needs travel to its decoder, one message per
-              sender; the decoder decodes the lost members' shards and verifies them
+    read:     each provider maps the old shard files the plan gives it (L1 files, L2
+              replicas) and verifies them whole against the commit record; parity pieces
+              are verified each against its own checksum
+    rebuild:  the blocks a group rebuild needs travel to its decoder in rounds of chunks
+              (levels/rebuild_rounds.py); the decoder writes the lost members' shards into
+              unnamed scratch files beside its node-local versions and verifies them
     move:     every new rank's pieces are cut from the old pieces they overlap
               (format/layout.py's read_requests): providers send the byte ranges, one
               message per (provider, new rank); ranges of L4 shards are read by the new rank
@@ -18,13 +19,14 @@ node, which rank 0 broadcasts (O(ranks) to each rank: the one place where metada
 reaches every rank whole, and only on a restart onto another rank count or placement; see
 cluster/collectives.py); the bad sources are folded at rank 0 each round; shard bytes move
 once, from provider to the rank that needs them.
-Memory: a provider holds the old shards it serves (1-2 for an even loss), the decoder a
-group's blocks; bounded streaming is the bounded-memory issue's.
+Memory (#26): old shard files, parity files and rebuilt shards are mapped, not read into
+buffers, so their pages are the page cache's; a rank's own memory is its new pieces (its
+snapshot buffers), a rebuild's chunks, and the staging of byte ranges that are not
+contiguous in its new pieces (block arrays cut differently).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,11 @@ from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.layout import Layout, destination, place_from_piece, place_read, read_requests, request_payload
 from hpcckpt.format.manifest import Manifest
-from hpcckpt.format.shardfile import read_shard_table, read_tensor, shard_table_of_bytes, verified_piece
+from hpcckpt.format.shardfile import read_shard_table, shard_table_of_bytes, verified_piece
+from hpcckpt.io.direct_io import ReusedBuffers
+from hpcckpt.io.mapped import ScratchFile, map_readonly
+from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES
+from hpcckpt.levels.rebuild_rounds import SurvivingBlock, WantedBlock, padded_chunk, rebuild_in_rounds
 from hpcckpt.levels.stripes import segment_length, stripe_plan
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
 
@@ -62,7 +68,7 @@ class Repartitioned:
 
 @dataclass
 class _Held:
-    """An old shard file in memory, verified whole."""
+    """An old shard file, mapped and verified whole."""
 
     table: object
     data: np.ndarray
@@ -76,7 +82,8 @@ class RepartitionJob:
     """(all ranks) One attempt to load `manifest`'s version onto this job's ranks and layout."""
 
     def __init__(self, comm, manifest: Manifest, layout: Layout, buffers: dict, local_array_names: tuple,
-                 views: list, pfs_shard_path, warn):
+                 views: list, pfs_shard_path, warn, scratch_dir: str | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
@@ -87,6 +94,9 @@ class RepartitionJob:
         self.views = views
         self.pfs_shard_path = pfs_shard_path  # old rank -> its L4 shard file, or None without L4
         self.warn = warn
+        self.scratch_dir = scratch_dir  # where a decoder keeps the shards it rebuilds (node-local)
+        self.chunk_bytes = chunk_bytes
+        self._rebuild_buffers = ReusedBuffers()
         self.bytes_read = 0
         self.bytes_received = 0
 
@@ -149,7 +159,7 @@ class RepartitionJob:
         return (held, parity), bad
 
     def _load_shard(self, path: Path, old_rank: int) -> _Held:
-        data = np.fromfile(path, dtype=np.uint8)
+        data = map_readonly(path)
         self.bytes_read += int(data.size)
         return self._verified(data, old_rank, str(path))
 
@@ -168,9 +178,9 @@ class RepartitionJob:
         if extra.get("group") != members or extra.get("parity") != rebuild.parity or extra.get("segment") != expected:
             raise HpcckptError(f"{block.path} was cut for group {extra.get('group')} with parity "
                                f"{extra.get('parity')}, not for group {members} with parity {rebuild.parity}")
-        piece = read_tensor(block.path, table, f"stripe{block.stripe}.block{block.block}")
+        piece = verified_piece(map_readonly(block.path), table, f"stripe{block.stripe}.block{block.block}")
         self.bytes_read += int(piece.nbytes)
-        return piece.reshape(-1).view(np.uint8)
+        return piece
 
     def _segment(self, rebuild) -> int:
         sizes = [self.manifest.shard(m).size for m in rebuild.members]
@@ -178,74 +188,84 @@ class RepartitionJob:
 
     # -- rebuild -------------------------------------------------------------------------
     def _rebuild(self, plan: RepartitionPlan, held: dict, parity: dict) -> set:
+        """Every group rebuild of the plan, one after the other, in rounds of chunks: its
+        providers send their blocks' chunks, its decoder decodes the lost members' data
+        segments into scratch files, then maps and verifies each rebuilt shard."""
         if not plan.rebuilds:
             return set()
-        outgoing, incoming = defaultdict(list), defaultdict(int)
-        for rebuild in plan.rebuilds:
-            segment = self._segment(rebuild)
-            stripes = stripe_plan(len(rebuild.members), rebuild.parity)
-            for block in rebuild.blocks:
-                if block.provider == self.rank:
-                    outgoing[rebuild.decoder].append(self._block(rebuild, stripes, block, segment, held, parity))
+        scratch, failure = {}, None
+        try:
+            for rebuild in plan.rebuilds:
                 if rebuild.decoder == self.rank:
-                    incoming[block.provider] += segment
-        received = self._exchange(outgoing, incoming, TAG_BLOCKS, "L3 rebuild")
+                    for old_rank in rebuild.lost:
+                        scratch[old_rank] = ScratchFile(self.scratch_dir, self.manifest.shard(old_rank).size)
+        except Exception as exc:
+            failure = exc
+        try:
+            agree_before_exchange(self.comm, failure, "L3 rebuild")
+            bad = set()
+            for rebuild in plan.rebuilds:
+                bad |= self._rebuild_group(plan, rebuild, held, parity, scratch)
+            return bad
+        finally:
+            for file in scratch.values():
+                file.close()
+
+    def _rebuild_group(self, plan: RepartitionPlan, rebuild, held: dict, parity: dict, scratch: dict) -> set:
+        k = len(rebuild.members) - rebuild.parity
+        segment = self._segment(rebuild)
+        stripes = stripe_plan(len(rebuild.members), rebuild.parity)
+        decoding = rebuild.decoder == self.rank
+        sources = [SurvivingBlock(block.stripe, block.block, block.provider,
+                                  self._block_reader(block, stripes, segment, k, held, parity)
+                                  if block.provider == self.rank else None)
+                   for block in rebuild.blocks]
+        targets = []
+        for stripe in stripes:
+            for old_rank in rebuild.lost:
+                index = rebuild.members.index(old_rank)
+                if index in stripe.contributors:
+                    block = stripe.contributors.index(index)
+                    write = self._segment_writer(scratch[old_rank], stripe.segments[block] * segment) \
+                        if decoding else None
+                    targets.append(WantedBlock(stripe.index, block, write))
+        failure = rebuild_in_rounds(self.comm, ErasureCode(k, rebuild.parity), rebuild.decoder, segment,
+                                    self.chunk_bytes, sources, targets, self._rebuild_buffers, TAG_BLOCKS)
+        if failure is not None:
+            self.warn(f"version {plan.step}: the L3 rebuild of group {list(rebuild.members)} failed on this rank: "
+                      f"{failure}")
+            return {("erasure", m) for m in rebuild.lost} if decoding else set()
         bad = set()
-        offsets = defaultdict(int)
-        for rebuild in plan.rebuilds:
-            if rebuild.decoder != self.rank:
-                continue
-            segment = self._segment(rebuild)
-            blocks = {}
-            for block in rebuild.blocks:
-                start = offsets[block.provider]
-                blocks[(block.stripe, block.block)] = received[block.provider][start:start + segment]
-                offsets[block.provider] += segment
+        if decoding:
+            self.bytes_received += segment * sum(1 for block in rebuild.blocks if block.provider != self.rank)
+        for old_rank in rebuild.lost if decoding else ():
+            file = scratch.pop(old_rank)
             try:
-                decoded = self._decode(rebuild, blocks, segment)
+                held[old_rank] = self._verified(file.mapped(), old_rank, f"old rank {old_rank}'s shard rebuilt from L3")
             except HpcckptError as exc:
-                self.warn(f"version {plan.step}: the L3 rebuild of group {list(rebuild.members)} failed: {exc}")
-                bad |= {("erasure", m) for m in rebuild.lost}
-                continue
-            for old_rank, data in decoded.items():
-                try:
-                    held[old_rank] = self._verified(data, old_rank, f"old rank {old_rank}'s shard rebuilt from L3")
-                except HpcckptError as exc:
-                    self.warn(f"version {plan.step}: the L3 rebuild of old rank {old_rank} is unusable: {exc}")
-                    bad.add(("erasure", old_rank))
+                self.warn(f"version {plan.step}: the L3 rebuild of old rank {old_rank} is unusable: {exc}")
+                bad.add(("erasure", old_rank))
         return bad
 
-    def _block(self, rebuild, stripes, block, segment: int, held: dict, parity: dict) -> np.ndarray:
-        k = len(rebuild.members) - rebuild.parity
+    def _block_reader(self, block, stripes, segment: int, k: int, held: dict, parity: dict):
+        """The provider's chunks of one block: a data segment of an old shard it holds
+        (zero-padded past the shard's end) or a parity piece it read."""
         if block.block >= k:
-            return parity[(block.member, block.stripe, block.block)]
+            piece = parity[(block.member, block.stripe, block.block)]
+            return lambda start, length: piece[start:start + length]
         data = held[block.member].data
-        start = stripes[block.stripe].segments[block.block] * segment
-        if start + segment <= data.size:
-            return data[start:start + segment]
-        padded = np.zeros(segment, dtype=np.uint8)  # the shard ends inside or before this segment
-        tail = data[start:start + segment]
-        padded[:tail.size] = tail
-        return padded
+        offset = stripes[block.stripe].segments[block.block] * segment
+        return lambda start, length: padded_chunk(data, offset + start, length)
 
-    def _decode(self, rebuild, blocks: dict, segment: int) -> dict[int, np.ndarray]:
-        """The lost members' shard bytes from k blocks of every stripe."""
-        n, p = len(rebuild.members), rebuild.parity
-        k = n - p
-        code = ErasureCode(k, p)
-        lost_index = {rebuild.members.index(m): m for m in rebuild.lost}
-        shards = {m: np.zeros(k * segment, dtype=np.uint8) for m in rebuild.lost}
-        for stripe in stripe_plan(n, p):
-            wanted = [stripe.block_of_member(i) for i in lost_index if stripe.block_of_member(i) < k]
-            if not wanted:
-                continue
-            available = {block: data for (t, block), data in blocks.items() if t == stripe.index}
-            rebuilt = code.rebuild(available, wanted)
-            for block in wanted:
-                member = rebuild.members[stripe.contributors[block]]
-                seg = stripe.segments[block]
-                shards[member][seg * segment:(seg + 1) * segment] = rebuilt[block]
-        return {m: data[:self.manifest.shard(m).size] for m, data in shards.items()}
+    @staticmethod
+    def _segment_writer(file: ScratchFile, offset: int):
+        """Where the decoder's rebuilt chunks of one data segment go: the old shard's scratch
+        file at the segment's offset, the padding past the shard's end dropped."""
+        def write(chunk: np.ndarray, start: int) -> None:
+            keep = min(chunk.size, file.size - offset - start)
+            if keep > 0:
+                file.pwrite(chunk[:keep], offset + start)
+        return write
 
     # -- move ----------------------------------------------------------------------------
     def _move(self, plan: RepartitionPlan, held: dict):
@@ -334,34 +354,14 @@ class RepartitionJob:
             self.bytes_read += from_l4.bytes_read
         return pieces, bad
 
-    def _exchange(self, outgoing: dict, incoming: dict, tag: int, label: str) -> dict[int, np.ndarray]:
-        """One message per (sender, receiver): the sender's parts concatenated in plan order.
-        Every rank says it is ready first (allocating may fail), or none exchanges."""
-        received, sends, receives, failure = {}, [], [], None
-        try:
-            for dest, parts in outgoing.items():
-                buffer = np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
-                if dest == self.rank:
-                    received[dest] = buffer
-                else:
-                    sends.append((dest, buffer))
-            for source, nbytes in incoming.items():
-                if source != self.rank:
-                    received[source] = np.empty(nbytes, dtype=np.uint8)
-                    receives.append((source, received[source]))
-                    self.bytes_received += nbytes
-        except Exception as exc:
-            failure = exc
-        agree_before_exchange(self.comm, failure, label)
-        exchange(self.comm, sends, receives, tag)
-        return received
-
 
 class OldPieceReader:
-    """Pieces of old shard files on a shared path (L4), each read whole and verified against
-    its checksum and the commit record: a byte range read alone could not be verified. One
-    old piece is kept in memory at a time (requests come grouped by tensor). `path_of(old
-    rank)` names the file; `bytes_read` and `paths` say what was read."""
+    """Pieces of old shard files on a shared path (L4), each verified whole against its
+    checksum and the commit record (a byte range read alone could not be verified), as a
+    view of the mapped file: its pages are the page cache's, read once by the checksum and
+    again, if the kernel dropped them meanwhile, by the copy into the new piece. The last
+    piece asked for is kept verified (requests come grouped by tensor). `path_of(old rank)`
+    names the file; `bytes_read` and `paths` say what was read."""
 
     def __init__(self, manifest: Manifest, path_of):
         self.manifest = manifest
@@ -384,12 +384,12 @@ class OldPieceReader:
             table = read_shard_table(path)
             self.manifest.check_shard_table(table, old_rank, path)
             self.tables[old_rank] = table
-            self.files[old_rank] = open(path, "rb")
-        whole = read_tensor(self.files[old_rank], self.tables[old_rank], name)
-        self.bytes_read += int(whole.nbytes)
-        self._key, self._piece = (old_rank, name), whole.reshape(-1).view(np.uint8)
+            self.files[old_rank] = map_readonly(path)
+        piece = verified_piece(self.files[old_rank], self.tables[old_rank], name)
+        self.bytes_read += int(piece.nbytes)
+        self._key, self._piece = (old_rank, name), piece
         return self._piece
 
     def close(self) -> None:
-        for f in self.files.values():
-            f.close()
+        self.files.clear()  # the mappings go with the last view of them
+        self._key, self._piece = None, None

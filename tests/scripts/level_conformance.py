@@ -19,6 +19,7 @@ from hpcckpt.cluster.topology import Topology, simulated_node_of_rank
 from hpcckpt.format.layout import TensorSpec, plan_layout
 from hpcckpt.format.manifest import Manifest, ShardRecord
 from hpcckpt.format.shardfile import plan_shard, verify_shard
+from hpcckpt.io.atomic import AtomicFile
 from hpcckpt.levels.base import DeliveryRequest, VersionImage
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
@@ -98,13 +99,8 @@ report("holdings", as_lists(level.holdings()))
 def deliver(step, needy, lacking=()):
     placed = base / f"placed-r{rank}-{step}.hck"
     placed.unlink(missing_ok=True)
-
-    def place(data):
-        placed.write_bytes(bytes(data))
-        return placed
-
     sizes = tuple(comm.allgather(len(originals[step])))
-    request = DeliveryRequest(step, size, frozenset(needy), sizes, place,
+    request = DeliveryRequest(step, size, frozenset(needy), sizes, lambda nbytes, aligned: AtomicFile(placed, nbytes),
                               own_shard=lambda: np.frombuffer(originals[step], np.uint8), lacking=frozenset(lacking))
     path = level.deliver(request) if level.collective or rank in needy else None
     if path is None:
