@@ -50,18 +50,18 @@ unchanged), per rank, seconds inside restart():
   fetch       recovery._fetch: read + verify own pieces from L1 (for rank 1 after a loss:
               the re-read of the shard it has just written back)
   parity_rd   ErasureLevel.read_parity (survivors read + verify their parity pieces)
-  transfer    ErasureLevel._exchange_by_stripe: MPI Isend/Irecv of the surviving pieces; on
-              rank 1 this includes waiting for the survivors to arrive. "xfer_net" is the
-              pure part: rank 1's exit minus the last survivor's entry (wall clock).
-  decode      ErasureCode.rebuild (the GF(2^8) decode of the lost blocks)
-  parity_wr   ErasureLevel._store (write + fsync of the rebuilt parity file)
+  rounds      levels/rebuild_rounds.rebuild_in_rounds: the rounds of chunks (transfers of the
+              surviving pieces, decodes, and writes of the rebuilt chunks, interleaved); on
+              rank 1 this includes waiting for the survivors to arrive. "xfer_net": rank
+              1's exit minus the last survivor's entry (wall clock).
+  decode      ErasureCode.rebuild (the GF(2^8) decode of the lost blocks; inside rounds)
+  parity_fin  ShardFileWriter.finish (header, fsync and publish of the rebuilt parity file)
   l4_read     recovery._restore_local_copy (rank 1 copies its verified L4 shard back to L1;
               the L4 read itself is part of fetch)
-  l1_write    LocalLevel.write_shard_bytes (write + fsync of the rebuilt / L4 shard into L1)
-  adopt       recovery._adopt: a delivered shard written as the L1 copy (verified after)
+  l1_write    LocalLevel.write_shard_bytes (write + fsync of the L4 shard into L1)
   l3_stage    ErasureLevel.deliver (everything L3 does, all ranks)
-  l3_rest     l3_stage minus the probed parts above (rank 1: waiting in an allgather while the
-              survivors read their parity; survivors: re-reading their own shard for the rebuild)
+  l3_rest     l3_stage minus parity_rd, rounds and parity_fin (rank 1: waiting in an allgather
+              while the survivors read their parity, publishing its rebuilt L1 copy)
   reprotect   recovery._reprotect (re-encode what is still missing + commit record + barrier)
   load        recovery._load (Allgatherv of every tensor + copy into the arrays)
   disk_rd/wr  read_bytes / write_bytes of /proc/self/io over restart(), MiB
@@ -115,8 +115,8 @@ LABELS = {
     "l4_read": "(b) node 1 lost, rank 1 reads L4 (levels local+pfs)",
     "l1_no_loss": "(c) nothing lost, every rank reads L1 (floor)",
 }
-PARTS = ["discover", "fetch", "parity_rd", "transfer", "xfer_net", "decode", "parity_wr", "l4_read",
-         "l1_write", "adopt", "l3_stage", "l3_rest", "reprotect", "load", "disk_rd", "disk_wr"]
+PARTS = ["discover", "fetch", "parity_rd", "rounds", "xfer_net", "decode", "parity_fin", "l4_read",
+         "l1_write", "l3_stage", "l3_rest", "reprotect", "load", "disk_rd", "disk_wr"]
 DERIVED = ("xfer_net", "l3_rest", "disk_rd", "disk_wr")
 
 # ------------------------------------------------------------------------------------------
@@ -165,16 +165,18 @@ class Probes:
 def _install_probes() -> Probes:
     from hpcckpt import recovery
     from hpcckpt.codec.cpu import ErasureCode
+    from hpcckpt.format.shardfile import ShardFileWriter
+    from hpcckpt.levels import erasure
     from hpcckpt.levels.erasure import ErasureLevel
     from hpcckpt.levels.local import LocalLevel
 
     probes = Probes()
     for owner, attr, key in [
-        (recovery, "_discover", "discover"), (recovery, "_fetch", "fetch"), (recovery, "_adopt", "adopt"),
+        (recovery, "_discover", "discover"), (recovery, "_fetch", "fetch"),
         (recovery, "_restore_local_copy", "l4_read"), (ErasureLevel, "deliver", "l3_stage"),
         (recovery, "_reprotect", "reprotect"), (recovery, "_load", "load"),
-        (ErasureLevel, "read_parity", "parity_rd"), (ErasureLevel, "_exchange_by_stripe", "transfer"),
-        (ErasureLevel, "_store", "parity_wr"), (ErasureCode, "rebuild", "decode"),
+        (ErasureLevel, "read_parity", "parity_rd"), (erasure, "rebuild_in_rounds", "rounds"),
+        (ShardFileWriter, "finish", "parity_fin"), (ErasureCode, "rebuild", "decode"),
         (LocalLevel, "write_shard_bytes", "l1_write"),
     ]:
         probes.wrap(owner, attr, key)
@@ -351,15 +353,15 @@ def _sample(result: dict) -> dict:
         p = {k: r["seconds"].get(k, 0.0) for k in PARTS if k not in DERIVED}
         p["disk_rd"], p["disk_wr"] = r["disk_rd"], r["disk_wr"]
         # The part of the L3 stage no probe covers: on rank 1 mostly the blocking allgather in which
-        # it waits for the survivors to read their parity; on survivors the re-read of their shard.
-        p["l3_rest"] = max(0.0, p["l3_stage"] - p["parity_rd"] - p["transfer"] - p["decode"] - p["parity_wr"]
-                           - p["adopt"]) if p["l3_stage"] else 0.0
+        # it waits for the survivors to read their parity, and publishing its rebuilt L1 copy.
+        p["l3_rest"] = max(0.0, p["l3_stage"] - p["parity_rd"] - p["rounds"] - p["parity_fin"]) \
+            if p["l3_stage"] else 0.0
         return p
 
     lost_parts = parts(lost)
-    if "transfer" in lost["enter"]:
-        last_in = max(r["enter"].get("transfer", 0.0) for r in survivors)
-        lost_parts["xfer_net"] = max(0.0, lost["exit"]["transfer"] - last_in)
+    if "rounds" in lost["enter"]:
+        last_in = max(r["enter"].get("rounds", 0.0) for r in survivors)
+        lost_parts["xfer_net"] = max(0.0, lost["exit"]["rounds"] - last_in)
     else:
         lost_parts["xfer_net"] = 0.0
     surv_parts = {k: max(parts(r)[k] for r in survivors) for k in lost_parts if k != "xfer_net"}
@@ -524,18 +526,18 @@ def main(argv=None) -> None:
           "time; pre-load: restart() minus recovery._load (the Allgatherv + copy every variant does alike), "
           "largest over ranks; disk rd/wr: MiB the block layer read / was sent for writing, all ranks")
     print("\nbreakdown inside restart(), seconds (medians; 'others' = the largest over ranks 0, 2, 3):")
-    head = ["discover", "fetch", "parity_rd", "transfer", "xfer_net", "decode", "parity_wr", "l4_read", "l1_write",
-            "adopt", "l3_stage", "l3_rest", "reprotect", "load"]
+    head = ["discover", "fetch", "parity_rd", "rounds", "xfer_net", "decode", "parity_fin", "l4_read", "l1_write",
+            "l3_stage", "l3_rest", "reprotect", "load"]
     print(f"{'':26s}{'rank':>7s}" + "".join(f"{h:>10s}" for h in head) + f"{'disk_rd':>9s}{'disk_wr':>9s}")
     for v in VARIANTS:
         for who, label in (("lost", "1"), ("survivors", "others")):
             p = stats[v][who]
             print(f"{v:26s}{label:>7s}" + "".join(f"{p[h]:10.3f}" for h in head)
                   + f"{p['disk_rd']:9.0f}{p['disk_wr']:9.0f}")
-    print("  (transfer on rank 1 includes waiting for the survivors' reads; xfer_net: from the last survivor "
-          "entering the exchange to rank 1 leaving it; adopt = the delivered shard written as the L1 copy; l3_rest = l3_stage minus "
-          "the probed parts: rank 1 waiting in an allgather for the survivors' parity reads, survivors re-reading "
-          "their shard; disk in MiB)")
+    print("  (rounds on rank 1 include waiting for the survivors; xfer_net: from the last survivor entering the "
+          "rounds to rank 1 leaving them; decode is inside rounds; l3_rest = l3_stage minus parity_rd, rounds and "
+          "parity_fin: rank 1 waiting in an allgather for the survivors' parity reads, publishing its L1 copy; "
+          "disk in MiB)")
     print(f"\nthe one save (local+erasure+pfs): blocking {flat['save_blocking_s']:.3f} s, durable "
           f"{flat['save_durable_s']:.3f} s; rebuilt shard byte-identical every time; rebuilt parity file "
           f"{'byte-identical' if parity_same else 'DIFFERS from the original (contents verified by checksums)'}")

@@ -251,7 +251,7 @@ def test_the_memory_forecast_counts_the_snapshot_and_every_levels_chunks():
 
     from hpcckpt.ckpt.memory_forecast import BOUNCE_BYTES, WRITING_THREADS, RankNeed, describe, rank_need, short_nodes
 
-    erasure = SimpleNamespace(n=4, p=2)
+    erasure = SimpleNamespace(n=4, p=2, k=2)
     mib = 1 << 20
     levels = SimpleNamespace(partner=object(), erasure=erasure)
     need = rank_need(256 * mib, levels, 8 * mib)
@@ -259,6 +259,9 @@ def test_the_memory_forecast_counts_the_snapshot_and_every_levels_chunks():
     assert need == RankNeed(256 * mib, 2 * 8 * mib + 6 * 8 * mib + WRITING_THREADS * BOUNCE_BYTES)
     small = rank_need(3 * mib, levels, 8 * mib)  # chunks no larger than what travels
     assert small.chunks == 2 * 3 * mib + 6 * (3 * mib // 2) + WRITING_THREADS * BOUNCE_BYTES
+    # Group 8, parity 2: a restart's rebuild holds 2 k = 12 chunks, more than a checkpoint's 10.
+    wide = rank_need(256 * mib, SimpleNamespace(partner=None, erasure=SimpleNamespace(n=8, p=2, k=6)), 8 * mib)
+    assert wide.chunks == 12 * 8 * mib + WRITING_THREADS * BOUNCE_BYTES
     local_only = rank_need(256 * mib, SimpleNamespace(partner=None, erasure=None), 8 * mib)
     assert local_only.chunks == WRITING_THREADS * BOUNCE_BYTES
     everyone = [(0, need, 1 << 40), (1, need, 350 * mib), (1, small, 500 * mib), (2, need, None)]  # None: unknown

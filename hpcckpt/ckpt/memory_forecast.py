@@ -4,8 +4,8 @@ instead of an OOM kill in the middle of a run.
 
 Per rank: the snapshot (one buffer laid out as the shard file, the only one the size of the
 shard) and the chunk buffers of the levels (L2: 2 chunks; L3: group size + parity chunks of
-a stripe's segment; see checkpoint.chunk_mib), plus the bounce buffers of the threads that
-write with O_DIRECT. Per node: the sum over its ranks, against the smallest MemAvailable its
+a stripe's segment, or the 2 k chunks of a rebuild's rounds at a restart where that is more;
+see checkpoint.chunk_mib), plus the bounce buffers of the threads that write with O_DIRECT. Per node: the sum over its ranks, against the smallest MemAvailable its
 ranks read. The buffers are allocated but not yet touched when this runs, so MemAvailable
 still holds the room they will take.
 """
@@ -43,7 +43,7 @@ def rank_need(snapshot_bytes: int, levels, chunk_bytes: int) -> RankNeed:
         chunks += 2 * min(chunk_bytes, snapshot_bytes)
     if erasure is not None:
         segment = segment_length([snapshot_bytes], erasure.n, erasure.p)
-        chunks += (erasure.n + erasure.p) * min(chunk_bytes, segment)
+        chunks += max(erasure.n + erasure.p, 2 * erasure.k) * min(chunk_bytes, segment)
     return RankNeed(int(snapshot_bytes), int(chunks))
 
 

@@ -332,6 +332,9 @@ class ErasureLevel(NodeLocalFiles):
             raise ValueError(f"{len(lost)} members lost, the code survives {self.p}")
         segment = self._segment(shard_sizes)
         failure, writer = None, None
+        # A restart's rounds have chunk buffers of their own, given back once it is over: the
+        # checkpoints' buffers (kept) are other roles, and 2 k chunks more would stay for good.
+        buffers = ReusedBuffers()
         if self.me in lost:
             # A member counted lost for a damaged shard or parity file still has that file:
             # the pieces rebuilt from the survivors replace it.
@@ -351,7 +354,7 @@ class ErasureLevel(NodeLocalFiles):
                     if decoder == self.me else None
                 targets.append(WantedBlock(stripe.index, block, write))
             failed = rebuild_in_rounds(self.comm, self.code, decoder, segment, self.chunk_bytes, sources, targets,
-                                       self._receive_buffers, TAG_REBUILD)
+                                       buffers, TAG_REBUILD)
             failure = failure or failed
         if failure is not None:
             if writer is not None:
