@@ -92,3 +92,15 @@ def test_no_level_keeps_a_buffer_larger_than_a_chunk(answers):
     segment = -(-shard // 3)  # group of 4, parity 1: a stripe's segment is a third of the largest shard
     for largest in got["largest_buffer"]:
         assert largest <= min(chunk, segment if kind == "erasure" else shard), (largest, chunk, shard)
+
+
+def test_a_delivery_holds_chunks_not_the_shard_it_delivers(answers):
+    """#26 item 2: a 4 MiB shard delivered to rank 2 in 16 KiB chunks, byte for byte; no
+    rank's NumPy buffers (traced) reach an eighth of it (32 chunks) at any time: an L3
+    rebuild holds 2 k = 6 chunks of input and the codec's temporaries. Mapped files are not
+    buffers: their pages are the page cache's. L1 and L4 hand over rank 2's own file."""
+    kind, got = answers
+    answers = got["large_delivery"]
+    assert answers[2]["delivered"] and answers[2]["same_bytes"] and answers[2]["verifies"], answers[2]
+    for answer in answers:
+        assert answer["peak"] < answer["shard_bytes"] / 8, (answer["peak"], answer["shard_bytes"])

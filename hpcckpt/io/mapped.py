@@ -21,7 +21,9 @@ def map_readonly(path: str | os.PathLike) -> np.ndarray:
     (an empty file: an empty array; mmap refuses a length of 0)."""
     if os.path.getsize(path) == 0:
         return np.empty(0, dtype=np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r")
+    # A plain array over the mapping (which it keeps alive): its slices, one per chunk in
+    # flight, are plain views too, not memmap objects each carrying the file's details.
+    return np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
 
 
 class ScratchFile:
@@ -49,7 +51,7 @@ class ScratchFile:
         try:
             if self.size == 0:
                 return np.empty(0, dtype=np.uint8)
-            return np.memmap(self._file, dtype=np.uint8, mode="r", shape=(self.size,))
+            return np.memmap(self._file, dtype=np.uint8, mode="r", shape=(self.size,)).view(np.ndarray)
         finally:
             self.close()
 

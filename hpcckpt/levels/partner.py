@@ -138,9 +138,9 @@ class PartnerLevel(NodeLocalFiles):
         lie (mapped); a needy rank whose partner has one writes it, chunk by chunk as it
         arrives, where the restore reads it (unverified: the restore verifies)."""
         step = request.step
-        replicas = {}
+        replicas, held = {}, set(self.held(step))
         for source in self.sources:
-            if source in request.needy and source in self.held(step):
+            if source in request.needy and source in held:
                 try:
                     replicas[source] = map_readonly(self.replica_path(step, source))
                 except OSError as exc:  # gone or unreadable since: as good as never held
