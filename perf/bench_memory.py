@@ -116,18 +116,25 @@ def sampled(ranks: int, args: list[str], what: str, signals: Path, code: str | N
     return [peaks[pid] - baselines[pid] for pid in baselines], available_before - available_min, done["result"]
 
 
+def _chunk_args(chunk_mib: float | None) -> list[str]:
+    return ["--chunk-mib", str(chunk_mib)] if chunk_mib is not None else []
+
+
 def measure(variant: str, size_gib: float, ranks: int, checkpoints: int, chunk_mib: float | None,
             code: str | None = None) -> dict:
     """One run of `variant`, sampled from here."""
     with tempfile.TemporaryDirectory(prefix="bench_memory_", dir=os.environ.get("BENCH_DIR")) as tmp:
-        args = ["--variant", variant, "--size", str(size_gib), "--dir", tmp, "--checkpoints", str(checkpoints)]
-        if chunk_mib is not None:
-            args += ["--chunk-mib", str(chunk_mib)]
+        args = ["--variant", variant, "--size", str(size_gib), "--dir", tmp, "--checkpoints", str(checkpoints),
+                *_chunk_args(chunk_mib)]
         extras, drop, result = sampled(ranks, args, variant, Path(tmp) / "signals", code)
-        shard = size_gib * GIB / ranks
-        return {"extra_per_rank_gib": max(extras) / GIB, "x_shard": max(extras) / shard,
-                "node_extra_gib": sum(extras) / GIB, "mem_available_drop_gib": drop / GIB,
-                "durable_s": result["durable_s"], "rss_after": result["rss_after"]}
+        return {**_figures(extras, drop, size_gib * GIB / ranks, "x_shard"), "durable_s": result["durable_s"],
+                "rss_after": result["rss_after"]}
+
+
+def _figures(extras: list, drop: int, shard: float, per_shard: str) -> dict:
+    """The table's memory columns from each rank's peak extra and the MemAvailable drop."""
+    return {"extra_per_rank_gib": max(extras) / GIB, per_shard: max(extras) / shard,
+            "node_extra_gib": sum(extras) / GIB, "mem_available_drop_gib": drop / GIB}
 
 
 def measure_restore(scenario: str, saved: Path, size_gib: float, chunk_mib: float | None,
@@ -141,14 +148,9 @@ def measure_restore(scenario: str, saved: Path, size_gib: float, chunk_mib: floa
         for replica in (Path(tmp) / "run" / "local").glob(f"node*/run-*/v*/replica-of-r{replica_gone:05d}-*") \
                 if replica_gone is not None else ():
             replica.unlink()
-        args = ["--restore", scenario, "--size", str(size_gib), "--dir", tmp]
-        if chunk_mib is not None:
-            args += ["--chunk-mib", str(chunk_mib)]
+        args = ["--restore", scenario, "--size", str(size_gib), "--dir", tmp, *_chunk_args(chunk_mib)]
         extras, drop, result = sampled(ranks, args, scenario, Path(tmp) / "signals", code)
-        new_shard = size_gib * GIB / ranks
-        return {"extra_per_rank_gib": max(extras) / GIB, "x_new_shard": max(extras) / new_shard,
-                "node_extra_gib": sum(extras) / GIB, "mem_available_drop_gib": drop / GIB,
-                "restart_s": result["restart_s"]}
+        return {**_figures(extras, drop, size_gib * GIB / ranks, "x_new_shard"), "restart_s": result["restart_s"]}
 
 
 # -- the worker (each rank) --------------------------------------------------------------
@@ -248,9 +250,8 @@ def _slowest(comm, seconds: float) -> float:
 
 def save_once(size_gib: float, chunk_mib: float | None, code: str | None, directory: Path) -> Path:
     """The run directory of one checkpoint (step 1) of the state on 4 ranks, all four levels."""
-    args = ["--variant", "all four", "--size", str(size_gib), "--dir", str(directory), "--checkpoints", "1"]
-    if chunk_mib is not None:
-        args += ["--chunk-mib", str(chunk_mib)]
+    args = ["--variant", "all four", "--size", str(size_gib), "--dir", str(directory), "--checkpoints", "1",
+            *_chunk_args(chunk_mib)]
     sampled(4, args, "save", directory / "signals", code)
     return directory / "run"
 
