@@ -5,15 +5,16 @@ agree:    rank 0 gathers what every rank holds and decides (recovery_plan.py): t
           version for which every rank has a source wins; each rank is told its own sources.
 fetch:    each rank reads only its own shard, from the cheapest level that holds it: its own
           L1 file, else what the redundancy levels deliver (levels/base.py: a partner's
-          replica, an erasure rebuild, each collective over its peers), else L4; on a
-          different number of ranks, the byte ranges of the old shards that its new pieces
-          need, from L4.
+          replica, an erasure rebuild, each collective over its peers), else L4; on
+          another rank count or layout, the byte ranges of the old shards that its new
+          pieces need, from wherever they survived (repartition/). Files it only passes on
+          are mapped, not read into buffers, and what travels goes in chunks (#26).
 verify:   checksums per tensor; a mismatch makes that source missing and the rank falls
           through to the next level; if a rank has no good source left, the whole job drops
           that version and agrees on the next older one.
 load:     pieces are exchanged with allgather so every rank holds the full replicated
-          tensors, written in place into the protected arrays; the RestoreResult carries
-          the registered state, which the engine sets last.
+          tensors, written in place into the protected arrays (recovery_load.py); the
+          RestoreResult carries the registered state, which the engine sets last.
 
 The engine hands over a frozen RestoreContext and gets a frozen RestoreResult back; nothing
 here reads or writes the engine itself.
@@ -21,8 +22,6 @@ here reads or writes the engine itself.
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -33,7 +32,6 @@ import numpy as np
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
 from hpcckpt.ckpt.run_identity import read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
-from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import (
     agree,
     allgather_compact,
@@ -47,10 +45,9 @@ from hpcckpt.cluster.collectives import (
     quiet_bcast,
     quiet_gather,
     quiet_scatter,
-    wait_all,
 )
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
-from hpcckpt.format.layout import BlockLayout, Layout, copy_strided, extract_piece, place_from_piece, read_requests
+from hpcckpt.format.layout import Layout, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.io.mapped import map_readonly
@@ -59,6 +56,7 @@ from hpcckpt.levels.naming import LEVEL_LABELS, PFS_COMMIT_NAME, commit_file_nam
 from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.spares import SPARE_DIR_NAME
 from hpcckpt.levels.survey import NodeLocalView, Writing, survey
+from hpcckpt.recovery_load import assemble, keep_what_gaps_leave, write_in_place
 from hpcckpt.recovery_plan import Candidate, Holdings, plan_restore
 from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan
@@ -343,7 +341,7 @@ def _try_repartition(ctx, manifest: Manifest, candidate: Candidate, repair: bool
     this job's geometry (RestoreResult.protect_again), so a second loss is survived at once."""
     step = manifest.step
     pfs_holds = candidate.pfs_holds
-    _keep_what_gaps_leave(ctx, manifest.layout, ctx.layout)
+    keep_what_gaps_leave(ctx, manifest.layout, ctx.layout)
     job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names, candidate.views,
                          (lambda old_rank: ctx.pfs.shard_path(step, old_rank)) if ctx.pfs is not None else None,
                          lambda message: _warn(ctx, message), scratch_dir=ctx.local_dir, chunk_bytes=ctx.chunk_bytes)
@@ -548,7 +546,7 @@ def _fetch_repartitioned(ctx, level, manifest: Manifest, layout: Layout) -> dict
     from 2 to 3 at worst."""
     rank = ctx.rank
     pieces = {tl.name: ctx.buffers[tl.name] for tl in layout.rank_pieces(rank)}
-    _keep_what_gaps_leave(ctx, manifest.layout, layout)
+    keep_what_gaps_leave(ctx, manifest.layout, layout)
     reader = OldPieceReader(manifest, lambda old_rank: level.shard_path(manifest.step, old_rank))
     try:
         for request in read_requests(manifest.layout, layout, rank):
@@ -560,20 +558,6 @@ def _fetch_repartitioned(ctx, level, manifest: Manifest, layout: Layout) -> dict
     return pieces
 
 
-def _keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> None:
-    """Where the old blocks of an array left gaps (allowed when they were protected), the
-    restored array keeps what the protected array holds there: its current values go into
-    this rank's new piece first, and the old blocks are placed over them."""
-    for tl in new.rank_pieces(ctx.rank):
-        before = old.get(tl.name)
-        if not (isinstance(before, BlockLayout) and before.gaps):
-            continue
-        target = ctx.targets[tl.name]
-        host = target if isinstance(target, np.ndarray) else target.get()
-        current = host if isinstance(tl, BlockLayout) else extract_piece(host, tl, ctx.rank)
-        np.copyto(ctx.buffers[tl.name], current.reshape(ctx.buffers[tl.name].shape))
-
-
 def _log_reads(ctx, paths, payload_bytes: int) -> None:
     if ctx.log:
         ctx.log.info(f"restore read {payload_bytes} payload bytes from {len(paths)} file(s): "
@@ -583,69 +567,11 @@ def _log_reads(ctx, paths, payload_bytes: int) -> None:
 def _load(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
     """(all ranks) Reassemble every replicated tensor everywhere, each rank's blocks on it;
     write all arrays in place; then the engine sets the registered state (ctx.apply_state)."""
-    _assemble(ctx, ctx.layout, pieces)
+    assemble(ctx, ctx.layout, pieces)
     for name in ctx.local_array_names:
-        _write_in_place(ctx.targets[name], pieces[name])
+        write_in_place(ctx.targets[name], pieces[name])
     if ctx.apply_state is not None:
         ctx.apply_state(manifest.state)
-
-
-def _assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
-    """(all ranks) Every replicated tensor of `layout` from every rank's pieces, and this
-    rank's block of every block array, written in place."""
-    from mpi4py import MPI
-
-    for tl in layout.tensors:
-        if isinstance(tl, BlockLayout):
-            if tl.holds(ctx.rank):
-                _write_in_place(ctx.targets[tl.name], pieces[tl.name])
-            continue
-        target = ctx.targets[tl.name]
-        mine = pieces.get(tl.name)
-        send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
-        shape = tl.logical_shape
-        if not math.prod(shape):
-            continue
-        if math.prod(shape[:tl.axis]) == 1 and isinstance(target, np.ndarray) and target.flags.c_contiguous:
-            # Pieces hold their rows along the cut axis one after the other: where no axis
-            # before it is longer than 1, the pieces in rank order ARE the array's bytes,
-            # received in place.
-            counts = [tl.piece_nbytes(r) for r in range(ctx.world_size)]
-            displacements = [0, *itertools.accumulate(counts)][:-1]
-            wait_all([ctx.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
-                                                   MPI.BYTE])])
-        else:
-            _gather_in_slabs(ctx, tl, target if target.ndim == len(shape) else target.reshape(shape), send)
-
-
-def _gather_in_slabs(ctx, tl, target, send: np.ndarray) -> None:
-    """(all ranks) One replicated tensor gathered into `target` (in place, any strides,
-    NumPy or CuPy) a slab at a time, each about ctx.chunk_bytes (one row of every piece at
-    least), so a restore holds no second copy of a large tensor (#26). A piece holds its
-    rows along the cut axis one after the other (the axis moved to the front), so a slab is
-    the same rows of every piece, one byte range of each."""
-    from mpi4py import MPI
-
-    shape, axis, row = tl.logical_shape, tl.axis, tl.row_bytes
-    bounds = [tl.bounds_of(rank) for rank in range(ctx.world_size)]
-    slab = max(1, ctx.chunk_bytes // max(1, row * ctx.world_size))
-    buffer = np.empty(0, np.uint8)
-    for first in range(0, max(stop - start for start, stop in bounds), slab):
-        spans = [(start + min(first, stop - start), start + min(first + slab, stop - start)) for start, stop in bounds]
-        counts = [(high - low) * row for low, high in spans]
-        displacements = [0, *itertools.accumulate(counts)][:-1]
-        total = sum(counts)
-        if buffer.size < total:
-            buffer = np.empty(total, np.uint8)
-        offset = (spans[ctx.rank][0] - bounds[ctx.rank][0]) * row
-        mine = send[offset:offset + counts[ctx.rank]]
-        wait_all([ctx.comm.Iallgatherv(mine, [buffer[:total], counts, displacements, MPI.BYTE])])
-        for rank, (low, high) in enumerate(spans):
-            if not counts[rank]:
-                continue
-            rows = buffer[displacements[rank]:displacements[rank] + counts[rank]].view(tl.spec.dtype)
-            part = np.moveaxis(rows.reshape((high - low,) + shape[:axis] + shape[axis + 1:]), 0, axis)
-            _write_in_place(target[(slice(None),) * axis + (slice(low, high),)], part)
 
 
 def init_from(ctx, source: str, select) -> Manifest:
@@ -676,7 +602,7 @@ def init_from(ctx, source: str, select) -> Manifest:
             raise CheckpointError(str(exc)) from None
 
     pieces = agree(ctx.comm, f"--init-from {source}: reading", read_pieces, step=manifest.step)
-    _assemble(ctx, wanted_new, pieces)
+    assemble(ctx, wanted_new, pieces)
     return manifest
 
 
@@ -709,15 +635,6 @@ def _init_source(source: str) -> tuple[str, bytes]:
     except OSError as exc:
         raise ConfigError(f"--init-from {source}: cannot read the commit record of version {step}: "
                           f"{exc.strerror or exc}") from None
-
-
-def _write_in_place(target, host: np.ndarray) -> None:
-    if isinstance(target, np.ndarray):
-        copy_strided(target, host.reshape(target.shape))
-    elif target.flags.c_contiguous:
-        target.set(np.ascontiguousarray(host.reshape(target.shape)))
-    else:  # a view, e.g. a block's interior without its halo: CuPy's set() takes contiguous targets only
-        target[...] = array_module(target).asarray(host.reshape(target.shape))
 
 
 def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedger | None = None) -> None:

@@ -42,12 +42,13 @@ restore (read_bytes of /proc/self/io, summed over ranks). "warm" repeats follow 
 in the page cache. bytes_read_per_rank is rchar of /proc/self/io (bytes returned by read
 system calls, any file) over the timed region, the largest over ranks.
 
-hpcckpt breakdown (timing probes wrapped around hpcckpt.recovery's module functions by this
-script, restored after each restore; nothing in hpcckpt is changed): read = read + verify shard
-bytes (_fetch, _read_file: on the L4 path the L4 shard is read whole, written back as this
-rank's L1 copy and read again from there), L1 back = writing that L1 copy (_adopt minus its
-read) + re-protection (_reprotect), allgather = exchange of every tensor (_load minus place),
-place = copies into the protected arrays (_write_in_place), other = the rest (Checkpointer()
+hpcckpt breakdown (timing probes wrapped around the module functions of hpcckpt.recovery and
+recovery_load by this script, restored after each restore; nothing in hpcckpt is changed):
+read = read + verify shard bytes (_fetch, _read_file: on the L4 path the L4 shard is read
+whole, written back as this rank's L1 copy and read again from there), L1 back = writing that
+L1 copy (_restore_local_copy) + re-protection (_reprotect), allgather = exchange of every
+tensor (_load minus place), place = copies into the protected arrays (write_in_place), other =
+the rest (Checkpointer()
 and protect() = setup, discover, agree, waits, close). Each is the largest over ranks,
 median over repeats.
 
@@ -227,17 +228,19 @@ class Worker:
         of a resuming job would write the version again for M ranks and delete the N-rank
         node-local copies the next repeat reads."""
         from hpcckpt import Checkpointer
-        from hpcckpt import recovery
+        from hpcckpt import recovery, recovery_load
 
-        # Timing probes on the recovery module's functions (restored afterwards).
-        probes = {"_fetch": "fetch_s", "_read_file": "read_file_s", "_adopt": "adopt_s", "_restore_local_copy": "adopt_s",
-                  "_reprotect": "reprotect_s", "_load": "load_s", "_write_in_place": "place_s"}
-        probes = {name: key for name, key in probes.items() if hasattr(recovery, name)}
+        # Timing probes on the restore flow's module functions (restored afterwards).
+        probes = {(recovery, "_fetch"): "fetch_s", (recovery, "_read_file"): "read_file_s",
+                  (recovery, "_restore_local_copy"): "adopt_s", (recovery, "_reprotect"): "reprotect_s",
+                  (recovery, "_load"): "load_s", (recovery, "write_in_place"): "place_s",
+                  (recovery_load, "write_in_place"): "place_s"}
+        probes = {where: key for where, key in probes.items() if hasattr(*where)}
         times = {key: 0.0 for key in probes.values()}
-        originals = {name: getattr(recovery, name) for name in probes}
+        originals = {where: getattr(*where) for where in probes}
 
-        def probe(name, key):
-            original = originals[name]
+        def probe(where, key):
+            original = originals[where]
 
             def wrapped(*a, **k):
                 t = time.perf_counter()
@@ -256,8 +259,8 @@ class Worker:
         ckpt.layout  # plan the layout and allocate the shard buffers (as a fresh job does on its first call)
         setup = time.perf_counter() - t_setup
         quiet_barrier(self.comm)
-        for name, key in probes.items():
-            setattr(recovery, name, probe(name, key))
+        for (module, name), key in probes.items():
+            setattr(module, name, probe((module, name), key))
         try:
             t0 = time.perf_counter()
             step = ckpt.restart(step=step)
@@ -267,8 +270,8 @@ class Worker:
                 extra["shard_bytes_read"] = self.comm.allreduce(read, op=self.MPI.MAX)
                 extra["bytes_received"] = self.comm.allreduce(received, op=self.MPI.MAX)
         finally:
-            for name, fn in originals.items():
-                setattr(recovery, name, fn)
+            for (module, name), fn in originals.items():
+                setattr(module, name, fn)
         # The restore worked: without this, the restart ledger counts every repeat as a restart
         # that crashed, and marks the version failed after a few.
         ckpt.confirm_restart()
