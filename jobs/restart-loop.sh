@@ -171,6 +171,9 @@ hpcckpt_restart_loop() {
             [ "$_hpcckpt_trapped" = 1 ] || break
         done
         _hpcckpt_child=""
+        # The record is this attempt's: a command the script runs after the loop (the demo's
+        # report) would write its own there, after the loop has read and removed it.
+        unset HPCCKPT_EXIT_FILE
         kill "$watcher" 2>/dev/null
         wait "$watcher" 2>/dev/null
         if [ -e "$exit_file.hung" ]; then

@@ -48,8 +48,11 @@ def straight_digest(tmp_path: Path, config: Path, n: int = 4) -> str:
 
 
 def test_demo_loses_two_nodes_restarts_and_summarises(tmp_path):
+    markers_before = set(REPO.glob(".hpcckpt-exit.*"))  # the demo runs in the repository's root
     proc = run_job_script("demo.sh", tmp_path, RUN_DIR=tmp_path / "demo")
     assert_ok(proc)
+    # Each attempt's exit record is read and removed; the report after the loop writes none.
+    assert set(REPO.glob(".hpcckpt-exit.*")) == markers_before
     out = proc.stdout
     assert "injected node-loss on rank 1 (node 1) at step 350 in phase snapshot" in proc.stderr
     assert "attempt 2" in out and "finished after 2 attempt(s)" in out
