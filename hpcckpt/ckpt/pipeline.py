@@ -619,7 +619,7 @@ class SavePipeline:
         # without a second shard-sized buffer beside the snapshot's.
         # The coordinator's record lists every shard: it is the rank that measures L4's room.
         version = VersionImage(step, self.world_size, sizes, functools.cache(
-            lambda: np.memmap(source.shard_path(step), dtype=np.uint8, mode="r")),
+            lambda: map_readonly(source.shard_path(step))),
             version_bytes=bytes_to_write(sizes))
         held_by = tuple(level.label for level in self.node_local if level.name in manifest.levels)
         took = False

@@ -25,7 +25,14 @@ from hpcckpt.io.direct_io import ReusedBuffers
 from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, DeliveryRequest, NodeLocalFiles, VersionImage, hold_to_bandwidth
 from hpcckpt.levels.naming import parity_file_name
-from hpcckpt.levels.rebuild_rounds import SurvivingBlock, WantedBlock, padded_chunk, rebuild_in_rounds
+from hpcckpt.levels.rebuild_rounds import (
+    SurvivingBlock,
+    WantedBlock,
+    padded_chunk,
+    rebuild_in_rounds,
+    segment_reader,
+    segment_writer,
+)
 from hpcckpt.levels.spares import SpareFiles
 from hpcckpt.levels.stripes import recovery_sources, segment_length, stripe_plan
 
@@ -253,17 +260,9 @@ class ErasureLevel(NodeLocalFiles):
         """Bytes [position, position + length) of this member's shard, zero-padded past its
         end: a view; the one chunk of a round that the end cuts, in a reused buffer; zeros
         (never written, so the kernel's zero page: no memory) past the end."""
-        if position + length <= shard.size:
-            return shard[position:position + length]
-        if position >= shard.size:
-            if self._zeros is None or self._zeros.size < length:
-                self._zeros = np.zeros(length, dtype=np.uint8)
-            return self._zeros[:length]
-        piece = self._buffer("tail", length)
-        tail = shard[position:]
-        piece[:tail.size] = tail
-        piece[tail.size:] = 0
-        return piece
+        if self._zeros is None or self._zeros.size < length:
+            self._zeros = np.zeros(length, dtype=np.uint8)
+        return padded_chunk(shard, position, length, tail=self._buffer("tail", length), zeros=self._zeros)
 
     def deliver(self, request: DeliveryRequest) -> Path | None:
         """(group) Members of this group that are needy get their shard rebuilt from the
@@ -342,17 +341,15 @@ class ErasureLevel(NodeLocalFiles):
                 writer = self._parity_writer(step, segment, world_size, replace=True)
             except Exception as exc:  # noqa: BLE001 (raised after the rounds, which the survivors run)
                 failure = exc
+        sources = [SurvivingBlock(stripe.index, block, stripe.member_of_block(block),
+                                  self._block_reader(stripe, block, shard, parity, segment)
+                                  if stripe.member_of_block(block) == self.me else None)
+                   for stripe in self.stripes for block in recovery_sources(stripe, lost, self.k)]
         for decoder in sorted(lost):
-            sources, targets = [], []
-            for stripe in self.stripes:
-                for block in recovery_sources(stripe, lost, self.k):
-                    member = stripe.member_of_block(block)
-                    read = self._block_reader(stripe, block, shard, parity, segment) if member == self.me else None
-                    sources.append(SurvivingBlock(stripe.index, block, member, read))
-                block = stripe.block_of_member(decoder)
-                write = self._block_writer(stripe, block, segment, copy, writer, shard_sizes[self.rank]) \
-                    if decoder == self.me else None
-                targets.append(WantedBlock(stripe.index, block, write))
+            targets = [WantedBlock(stripe.index, stripe.block_of_member(decoder),
+                                   self._block_writer(stripe, stripe.block_of_member(decoder), segment, copy, writer,
+                                                      shard_sizes[self.rank]) if decoder == self.me else None)
+                       for stripe in self.stripes]
             failed = rebuild_in_rounds(self.comm, self.code, decoder, segment, self.chunk_bytes, sources, targets,
                                        buffers, TAG_REBUILD)
             failure = failure or failed
@@ -367,21 +364,14 @@ class ErasureLevel(NodeLocalFiles):
         """A survivor's chunks of one of its blocks: its data segment (zero-padded past the
         shard's end) or its parity piece."""
         if block < self.k:
-            offset = stripe.segments[block] * segment
-            return lambda start, length: padded_chunk(shard, offset + start, length)
+            return segment_reader(shard, stripe.segments[block] * segment)
         piece = parity[_piece_name(stripe.index, block)]
         return lambda start, length: piece[start:start + length]
 
     def _block_writer(self, stripe, block: int, segment: int, copy, writer, shard_size: int):
         """Where a lost member's rebuilt chunks of one block go: its shard's bytes into
-        `copy` (the padding past the shard's end dropped), its parity piece into `writer`."""
-        if block >= self.k:
-            name = _piece_name(stripe.index, block)
-            return lambda chunk, start: writer.write(name, chunk) if writer is not None else None
-        offset = stripe.segments[block] * segment
-
-        def write(chunk: np.ndarray, start: int) -> None:
-            keep = min(chunk.size, shard_size - offset - start)
-            if copy is not None and keep > 0:
-                copy.pwrite(chunk[:keep], offset + start)
-        return write
+        `copy`, its parity piece into `writer`."""
+        if block < self.k:
+            return segment_writer(copy, stripe.segments[block] * segment, shard_size)
+        name = _piece_name(stripe.index, block)
+        return lambda chunk, start: writer.write(name, chunk) if writer is not None else None

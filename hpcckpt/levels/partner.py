@@ -155,8 +155,8 @@ class PartnerLevel(NodeLocalFiles):
         if size >= 0:
             copy = request.open_copy(size, self.chunk_bytes % ALIGNMENT == 0)
         chunk_buffers = [self._receive_buffers.get(("chunk", i), min(self.chunk_bytes, max(size, 1))) for i in (0, 1)]
-        receives = [(holder, size, (lambda data, offset: copy.pwrite(data, offset)) if copy is not None
-                     else (lambda data, offset: None))] if size >= 0 else []
+        receives = [(holder, size, copy.pwrite if copy is not None else (lambda data, offset: None))] \
+            if size >= 0 else []
         failure = exchange_streamed(self.comm, [(source, replicas[source]) for source in replicas], receives,
                                     TAG_FETCH, self.chunk_bytes, lambda i: chunk_buffers[i])
         if copy is None:

@@ -101,13 +101,34 @@ def rebuild_in_rounds(comm, code, decoder: int, segment: int, chunk: int, source
     return failure
 
 
-def padded_chunk(data: np.ndarray, position: int, length: int) -> np.ndarray:
+def padded_chunk(data: np.ndarray, position: int, length: int, tail: np.ndarray | None = None,
+                 zeros: np.ndarray | None = None) -> np.ndarray:
     """Bytes [position, position + length) of `data`, zero-padded past its end: a view where
-    the range lies inside (no copy), else a new chunk-sized array."""
+    the range lies inside (no copy); where the end cuts it, a copy in `tail` (a reused
+    buffer of at least `length`) or a new array; wholly past the end, `zeros[:length]` or a
+    new array of zeros."""
     if position + length <= data.size:
         return data[position:position + length]
-    piece = np.zeros(length, dtype=np.uint8)
-    if position < data.size:
-        tail = data[position:]
-        piece[:tail.size] = tail
+    if position >= data.size:
+        return zeros[:length] if zeros is not None and zeros.size >= length else np.zeros(length, dtype=np.uint8)
+    piece = tail[:length] if tail is not None else np.empty(length, dtype=np.uint8)
+    cut = data[position:]
+    piece[:cut.size] = cut
+    piece[cut.size:] = 0
     return piece
+
+
+def segment_reader(data: np.ndarray, offset: int):
+    """A SurvivingBlock's read for a data segment that starts at `offset` of a shard."""
+    return lambda start, length: padded_chunk(data, offset + start, length)
+
+
+def segment_writer(file, offset: int, size: int):
+    """A WantedBlock's write for a data segment that starts at `offset` of a shard of `size`
+    bytes, into `file` (anything with pwrite(data, offset); None: not wanted): the padding
+    past the shard's end is dropped."""
+    def write(chunk: np.ndarray, start: int) -> None:
+        keep = min(chunk.size, size - offset - start)
+        if file is not None and keep > 0:
+            file.pwrite(chunk[:keep], offset + start)
+    return write

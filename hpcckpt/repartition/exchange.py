@@ -47,7 +47,7 @@ from hpcckpt.format.shardfile import read_shard_table, shard_table_of_bytes, ver
 from hpcckpt.io.direct_io import ReusedBuffers
 from hpcckpt.io.mapped import ScratchFile, map_readonly
 from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES
-from hpcckpt.levels.rebuild_rounds import SurvivingBlock, WantedBlock, padded_chunk, rebuild_in_rounds
+from hpcckpt.levels.rebuild_rounds import SurvivingBlock, WantedBlock, rebuild_in_rounds, segment_reader, segment_writer
 from hpcckpt.levels.stripes import segment_length, stripe_plan
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
 
@@ -226,8 +226,8 @@ class RepartitionJob:
                 index = rebuild.members.index(old_rank)
                 if index in stripe.contributors:
                     block = stripe.contributors.index(index)
-                    write = self._segment_writer(scratch[old_rank], stripe.segments[block] * segment) \
-                        if decoding else None
+                    write = segment_writer(scratch[old_rank], stripe.segments[block] * segment,
+                                           scratch[old_rank].size) if decoding else None
                     targets.append(WantedBlock(stripe.index, block, write))
         failure = rebuild_in_rounds(self.comm, ErasureCode(k, rebuild.parity), rebuild.decoder, segment,
                                     self.chunk_bytes, sources, targets, self._rebuild_buffers, TAG_BLOCKS)
@@ -253,19 +253,7 @@ class RepartitionJob:
         if block.block >= k:
             piece = parity[(block.member, block.stripe, block.block)]
             return lambda start, length: piece[start:start + length]
-        data = held[block.member].data
-        offset = stripes[block.stripe].segments[block.block] * segment
-        return lambda start, length: padded_chunk(data, offset + start, length)
-
-    @staticmethod
-    def _segment_writer(file: ScratchFile, offset: int):
-        """Where the decoder's rebuilt chunks of one data segment go: the old shard's scratch
-        file at the segment's offset, the padding past the shard's end dropped."""
-        def write(chunk: np.ndarray, start: int) -> None:
-            keep = min(chunk.size, file.size - offset - start)
-            if keep > 0:
-                file.pwrite(chunk[:keep], offset + start)
-        return write
+        return segment_reader(held[block.member].data, stripes[block.stripe].segments[block.block] * segment)
 
     # -- move ----------------------------------------------------------------------------
     def _move(self, plan: RepartitionPlan, held: dict):
