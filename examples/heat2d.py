@@ -13,11 +13,21 @@ Jacobi is pointwise and the convergence test a max-reduction, both exact, so the
 bit-identical whatever the decomposition: an interrupted run restarted on any rank count
 ends on the same grid as an uninterrupted one.
 
+The library decides when to checkpoint (`--every auto`, the default: the shortest interval
+whose overhead stays under checkpoint.max_overhead, from the costs it measures; a number for
+a fixed interval; `--set checkpoint.mtbf_hours=H` for Young/Daly) and when to stop: on
+SIGTERM, SIGUSR1 or SIGUSR2 (a batch system's warning), a file <run-dir>/HALT (`hpcckpt halt`)
+or the allocation's end (run.end_time, which the job scripts set), every rank stops after the
+same iteration with a final version on L4 and the process exits 75; run it again to go on.
+close() leaves the newest version on L4 in any case. Under jobs/slurm.sbatch or jobs/pbs.pbs:
+APP="python examples/heat2d.py --run-dir run --nodes 0".
+
 At the end rank 0 prints one JSON line (RESULT ...): the rank count, the version restored and
-where each old rank's shard came from, the iterations and the last change. Options for tests
-and demos: --crash-at K kills the last rank at iteration K as a node crash would (mpiexec
-then stops the job); --dump DIR makes rank 0 write the global grid to DIR as it is after a
-restart (restored.npy), at every checkpoint (step-<K>.npy) and at the end (final.npy).
+where each old rank's shard came from, the iterations, the last change and why it stopped
+early, if it did. Options for tests and demos: --crash-at K kills the last rank at iteration K
+as a node crash would (mpiexec then stops the job); --dump DIR makes rank 0 write the global
+grid to DIR as it is after a restart (restored.npy), at every checkpoint (step-<K>.npy) and
+at the end (final.npy; not written when it stopped early).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt import Checkpointer, load_config
+from hpcckpt import Checkpointer, load_config, run_main
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,13 +50,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shape", type=int, nargs=2, default=(48, 40), metavar=("ROWS", "COLS"))
     parser.add_argument("--iterations", type=int, default=2000, help="at most this many iterations")
     parser.add_argument("--tol", type=float, default=1e-4, help="stop when no point moves more than this")
-    parser.add_argument("--every", type=int, default=100, help="checkpoint every this many iterations")
-    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (ranks split evenly)")
+    parser.add_argument("--every", default="auto", type=_interval,
+                        help="checkpoint interval in iterations, or auto (default: chosen from measured costs)")
+    parser.add_argument("--nodes", type=int, default=2,
+                        help="simulated nodes (ranks split evenly); 0: the real nodes, as under a batch system")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a job setting (hpcckpt's config keys), e.g. resilience.parity=1")
     parser.add_argument("--crash-at", type=int, default=None, metavar="K")
     parser.add_argument("--dump", type=Path, default=None, metavar="DIR")
     return parser.parse_args(argv)
+
+
+def _interval(text: str):
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number of iterations, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a number of iterations >= 1, got {value}")
+    return value
 
 
 class Block:
@@ -116,7 +140,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     comm = MPI.COMM_WORLD
     config = load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={args.nodes}",
-                                'resilience.levels=["local", "partner", "erasure", "pfs"]', *args.set])
+                                'resilience.levels=["local", "partner", "erasure", "pfs"]',
+                                f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *args.set])
     block = Block(comm, tuple(args.shape))
     solver = {"iteration": 0, "change": float("inf")}
     ckpt = Checkpointer(comm, config)
@@ -124,7 +149,7 @@ def main(argv=None) -> int:
         ckpt.protect("u", block.interior, global_shape=block.shape, offset=block.start)
         ckpt.register_state("solver", lambda: dict(solver), solver.update)
         restored = ckpt.restart()
-        started = last_saved = solver["iteration"]
+        started = solver["iteration"]
         dump(args, block, "restored.npy" if restored is not None else None)
         while solver["iteration"] < args.iterations and solver["change"] > args.tol:
             if solver["iteration"] == args.crash_at and comm.rank == comm.size - 1:
@@ -132,19 +157,21 @@ def main(argv=None) -> int:
             change = block.jacobi()
             solver["iteration"] += 1
             solver["change"] = comm.allreduce(change, op=MPI.MAX)
-            if solver["iteration"] % args.every == 0:
-                ckpt.checkpoint(last_saved := solver["iteration"])
-                dump(args, block, f"step-{last_saved}.npy")
-        if solver["iteration"] > last_saved:
-            ckpt.checkpoint(solver["iteration"], final=True)
-        dump(args, block, "final.npy")
+            iteration = solver["iteration"]
+            if ckpt.due(iteration, last=iteration == args.iterations or solver["change"] <= args.tol):
+                ckpt.checkpoint(iteration)
+                dump(args, block, f"step-{iteration}.npy")
+            if ckpt.stopping:
+                break
+        if not ckpt.stopping:
+            dump(args, block, "final.npy")
     finally:
-        ckpt.close()
+        code = ckpt.close()  # the newest version durable on L4; 75 after a stop
     if comm.rank == 0:
         print("RESULT " + json.dumps({"ranks": comm.size, "restored": restored, "sources": ckpt.restored_sources,
-                                      "started": started,
-                                      "iteration": solver["iteration"], "change": solver["change"]}), flush=True)
-    return 0
+                                      "started": started, "iteration": solver["iteration"],
+                                      "change": solver["change"], "stopped": ckpt.stopping}), flush=True)
+    return code
 
 
 def dump(args, block: Block, name: str | None) -> None:
@@ -157,4 +184,4 @@ def dump(args, block: Block, name: str | None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -5,7 +5,7 @@ Library use: ``from hpcckpt import Checkpointer, load_config`` (see README).
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "load_config", "__version__"]
+__all__ = ["Checkpointer", "load_config", "run_main", "EXIT_HALTED", "__version__"]
 
 
 def __getattr__(name):
@@ -18,4 +18,12 @@ def __getattr__(name):
         from hpcckpt.config import load_config
 
         return load_config
+    if name == "run_main":
+        from hpcckpt.application import run_main
+
+        return run_main
+    if name == "EXIT_HALTED":
+        from hpcckpt.ckpt.stopping import EXIT_HALTED
+
+        return EXIT_HALTED
     raise AttributeError(f"module 'hpcckpt' has no attribute {name!r}")

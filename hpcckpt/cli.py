@@ -1,5 +1,5 @@
-"""Command line: hpcckpt train | evaluate | inspect | report | verify | export | make-data | clean-shm
-(run train and evaluate under mpiexec for several ranks)."""
+"""Command line: hpcckpt train | evaluate | inspect | report | verify | export | halt | exec | make-data |
+clean-shm (run train, evaluate and exec under mpiexec for several ranks)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
-import traceback  # noqa: E402
-
-from hpcckpt.errors import HpcckptError  # noqa: E402
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     clean_shm.add_argument("--newer-than", type=float, metavar="EPOCH_SECONDS",
                            help="only segments last modified at or after this time (e.g. the failed job's start)")
 
+    halt = commands.add_parser(
+        "halt", help="ask the job running a run to stop cleanly after its current step (writes <run.dir>/HALT: "
+                     "final checkpoint, drained to L4, exit 75)")
+    _add_config_arguments(halt)
+    halt.add_argument("--run-dir", help="the run directory (default: run.dir of the config)")
+    halt.add_argument("--reason", default="", help="a line for the job's log")
+    halt.add_argument("--remove", action="store_true", help="take a halt request back before the job saw it")
+
+    run_app = commands.add_parser(
+        "exec", help="run an application (any SPMD program that uses the hpcckpt library) on this rank after the "
+                     "MPI start-up settings hpcckpt train makes: the job scripts start APP this way")
+    run_app.add_argument("command_line", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
+
     make_data = commands.add_parser("make-data", help="write a synthetic HDF5 data set (datasets x, y)")
     make_data.add_argument("-o", "--output", required=True, help="HDF5 file to write")
     make_data.add_argument("--samples", type=int, default=4096)
@@ -113,7 +123,7 @@ def _command_train(args) -> int:
     summary = run_training(config, comm, restart=args.restart, faults=faults, init_from=args.init_from,
                            init_optimizer=args.init_optimizer)
     if summary.halted:
-        from hpcckpt.train.stopping import EXIT_HALTED
+        from hpcckpt.ckpt.stopping import EXIT_HALTED
 
         return EXIT_HALTED
     return 0
@@ -197,6 +207,7 @@ def _command_inspect(args) -> int:
 
     from hpcckpt.ckpt.catalog import l4_lag, version_overview
     from hpcckpt.config import load_config
+    from hpcckpt.levels.naming import LEVEL_NUMBERS
 
     config = load_config(args.config, args.overrides)
     versions = version_overview(config)
@@ -206,10 +217,9 @@ def _command_inspect(args) -> int:
     if not versions:
         print(f"no checkpoint versions under {config.run.dir!r}")
         return 0
-    labels = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
     print(f"{'step':>8} {'levels':12} {'ranks':>5} {'size':>12}  {'survives':18} {'restart onto':12} metrics")
     for v in versions:
-        levels = " ".join(labels[level] for level in v.levels) or ("rebuildable" if v.assembled_from else "incomplete")
+        levels = " ".join(LEVEL_NUMBERS[level] for level in v.levels) or ("rebuildable" if v.assembled_from else "incomplete")
         survives = "any node losses" if v.survives is None else f"{v.survives} node loss(es)"
         onto = {"any": "any ranks", "": "-"}.get(v.restart_ranks, f"{v.restart_ranks} ranks")
         metrics = " ".join(f"{k}={x:.4g}" for k, x in v.metrics.items() if isinstance(x, (int, float)) and k != "step")
@@ -331,72 +341,56 @@ def _command_clean_shm(args) -> int:
     return 0
 
 
-COMMANDS = {"clean-shm": _command_clean_shm, "train": _command_train, "make-data": _command_make_data,
+def _command_halt(args) -> int:
+    from pathlib import Path
+
+    from hpcckpt.ckpt.stopping import HALT_FILE_NAME
+    from hpcckpt.config import load_config
+    from hpcckpt.errors import ConfigError
+
+    run_dir = Path(args.run_dir or load_config(args.config, args.overrides).run.dir)
+    path = run_dir / HALT_FILE_NAME
+    if args.remove:
+        path.unlink(missing_ok=True)
+        print(f"removed {path}")
+        return 0
+    if not run_dir.is_dir():
+        raise ConfigError(f"halt: {run_dir} is not a run directory (it does not exist); pass the run's --run-dir")
+    path.write_text((args.reason or "hpcckpt halt") + "\n")
+    print(f"wrote {path}: the job stops after its current step (rank 0 looks for it about once a second), takes "
+          "a final checkpoint, copies it to L4 and exits 75; the file is removed then")
+    return 0
+
+
+def _command_exec(args) -> int:
+    """Become the application (os.execvp: same process, so the launcher's signals reach it)
+    once the MPI start-up settings are made, which must precede MPI_Init."""
+    from hpcckpt.errors import ConfigError
+
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        raise ConfigError("exec: name the application to run, e.g. hpcckpt exec python examples/heat2d.py "
+                          "--run-dir run")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        raise ConfigError(f"exec: cannot run {command[0]!r}: {exc.strerror or exc}; check APP (or the command "
+                          "line) and the PATH") from None
+    return 1  # not reached: execvp returns only by raising
+
+
+COMMANDS = {"clean-shm": _command_clean_shm, "exec": _command_exec, "halt": _command_halt, "train": _command_train, "make-data": _command_make_data,
             "inspect": _command_inspect, "export": _command_export, "evaluate": _command_evaluate,
             "verify": _command_verify, "report": _command_report}
 
 
 def main(argv=None) -> int:
-    from hpcckpt.exit_record import record_exit
+    from hpcckpt.application import run_main
 
     args = build_parser().parse_args(argv)
-    _prepare_mpi_startup()
-    try:
-        code = COMMANDS[args.command](args)
-        if _rank_or_zero() == 0:
-            record_exit(code, 0)
-        return code
-    except HpcckptError as exc:
-        # Errors every rank sees alike (a bad config) are printed once; exit without abort so
-        # mpiexec reports the exit code instead of a kill.
-        rank = _rank_or_zero()
-        record_exit(exc.exit_code, rank, str(exc))
-        if exc.collective:
-            if rank == 0:
-                print(f"hpcckpt: error: {exc}", file=sys.stderr, flush=True)
-            return exc.exit_code
-        print(f"hpcckpt: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
-        _abort_world(exc.exit_code)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        traceback.print_exc()
-        record_exit(1, _rank_or_zero(), f"{type(exc).__name__}: {exc}")
-        _abort_world(1)
-        return 1
-
-
-def _prepare_mpi_startup() -> None:
-    from hpcckpt.cluster.slurm_pmi import prepare_mpi_startup
-
-    said = prepare_mpi_startup()
-    if said and os.environ.get("PMI_RANK", "0") == "0":
-        print(f"hpcckpt: {said}", file=sys.stderr, flush=True)
-
-
-def _rank_or_zero() -> int:
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized():
-            return MPI.COMM_WORLD.Get_rank()
-    # Config errors come before MPI starts; the launcher's variables still tell the rank.
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PALS_RANKID"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
-
-
-def _abort_world(code: int) -> None:
-    """An uncaught error on one rank must not leave the others hanging in a collective."""
-    if "mpi4py.MPI" not in sys.modules:
-        return
-    from mpi4py import MPI
-
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(code)
+    return run_main(lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def world():
 
 
 def test_a_stop_signal_is_reported_after_the_step_not_during_it(world):
-    from hpcckpt.train.stopping import StopRequests
+    from hpcckpt.ckpt.stopping import StopRequests
 
     stopper = StopRequests(world).install()
     try:
@@ -31,7 +31,7 @@ def test_a_stop_signal_is_reported_after_the_step_not_during_it(world):
 
 
 def test_the_allocation_end_stops_the_run_halt_seconds_early(world):
-    from hpcckpt.train.stopping import StopRequests
+    from hpcckpt.ckpt.stopping import StopRequests
 
     now = [1000.0]
     stopper = StopRequests(world, end_time=1100.0, halt_seconds=30.0, clock=lambda: now[0])

@@ -31,6 +31,13 @@ class SnapshotCapture:
         self._open: _Open | None = None
         self.copies: BackgroundCopies | None = None
 
+    def is_open_at(self, step: int) -> bool:
+        return self._open is not None and self._open.step == step
+
+    @property
+    def open_step(self) -> int | None:
+        return self._open.step if self._open is not None else None
+
     def refuse_if_open(self, step: int) -> None:
         if self._open is not None:
             raise CheckpointError(f"begin_checkpoint({step}) while the snapshot of step {self._open.step} is open")
@@ -71,9 +78,10 @@ class SnapshotCapture:
             event.wait()
         copies.report.copy_wait_s += time.perf_counter() - started
 
-    def close(self, ordinal: int, metrics: dict, final: bool) -> tuple[Snapshot, PersistReport, float]:
-        """Capture whatever is left and freeze the small state: (the snapshot, its report
-        (still filling), when the rest of the capture began)."""
+    def close(self, ordinal: int, metrics: dict, final: bool, engine_state: dict) -> tuple[Snapshot, PersistReport, float]:
+        """Capture whatever is left and freeze the small state (the application's and the
+        engine's own): (the snapshot, its report (still filling), when the rest of the
+        capture began)."""
         pending = self._open
         if pending is None:
             raise CheckpointError("end_checkpoint() without begin_checkpoint()")
@@ -81,7 +89,7 @@ class SnapshotCapture:
         for name in self.arrays.arrays:
             if name not in pending.captured:
                 self.arrays.take_or_queue(name, self.copies)
-        snapshot = self.arrays.freeze(pending.step, ordinal, metrics, final)
+        snapshot = self.arrays.freeze(pending.step, ordinal, metrics, final, engine_state)
         self._open = None
         report = self.copies.report if self.copies is not None else PersistReport(pending.step)
         report.snapshot_s = time.perf_counter() - started

@@ -1,22 +1,29 @@
 """The checkpointer: the library API.
 
-    ckpt = Checkpointer(comm, config)        # (all ranks)
-    ckpt.protect("w", w)                     # NumPy or CuPy array, filled in place on restart
+    ckpt = Checkpointer(comm, config)        # (all ranks) also catches the scheduler's stop signals
+    ckpt.protect("w", w)                     # NumPy/CuPy array (or a PyTorch tensor), filled in place on restart
     ckpt.register_state("loop", get, set)    # small state: nested dicts/lists/tuples, scalars, small arrays
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
-    ckpt.checkpoint(step, metrics)           # (all ranks) returns once the snapshot is taken
-    ckpt.close()                             # (all ranks) drains what is in flight
+    for step in range(start + 1, last + 1):
+        work(step)
+        if ckpt.due(step, last=step == last):  # (all ranks) the interval, the last step, or a stop agreed
+            ckpt.checkpoint(step, metrics)   # returns once the snapshot is taken
+        if ckpt.stopping:                    # a stop asked for (signal, allocation end, run.dir/HALT)
+            break
+    return ckpt.close()                      # (all ranks) newest version made durable on L4; 0, or 75 after a stop
 
 Or, to overlap the snapshot with the step (what the trainer does):
 
-    ckpt.begin_checkpoint(step, copy_in_background=True)
+    if ckpt.planned(step): ckpt.begin_checkpoint(step, copy_in_background=True)
     ...  ckpt.before_update(name); update name in place; ckpt.capture(name)  ...
-    ckpt.end_checkpoint(metrics)             # returns at once; copies finish behind the step
+    if ckpt.due(step): ckpt.checkpoint(step, metrics)  # closes the open snapshot; copies finish behind
 
-Where each part of the flow lives: the protected arrays and their snapshot in
-ckpt/snapshot.py, the snapshot being filled in ckpt/capture.py, the commit records in
-ckpt/commit_record.py; the save behind training (levels due, agreement per stage, commit,
-retention) in ckpt/pipeline.py; this run's directories and level stack in
+Where each part of the flow lives: when to checkpoint and when to stop in ckpt/schedule.py
+(ckpt/policy.py the interval, ckpt/stopping.py the stop requests), what checkpoints cost the
+run in ckpt/tally.py; the protected arrays and their snapshot in ckpt/snapshot.py (arrays of
+other frameworks in ckpt/foreign_arrays.py), the snapshot being filled in ckpt/capture.py,
+the commit records in ckpt/commit_record.py; the save behind training (levels due, agreement
+per stage, commit, retention) in ckpt/pipeline.py; this run's directories and level stack in
 ckpt/job_storage.py; the restore in recovery.py, and a version loaded over another job's
 shards written again in ckpt/resume.py. Checkpoint traffic uses its own communicator (a
 duplicate), never interleaved with the application's collectives. A failure on any rank
@@ -28,45 +35,64 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 from hpcckpt import recovery
 from hpcckpt.ckpt.capture import SnapshotCapture
 from hpcckpt.ckpt.commit_record import CommitRecords
+from hpcckpt.ckpt.foreign_arrays import protectable_array
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.pipeline import PersistReport, PipelineSettings, SavePipeline, Snapshot
 from hpcckpt.ckpt.resume import protect_again
+from hpcckpt.ckpt.schedule import CheckpointSchedule
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
+from hpcckpt.ckpt.stopping import EXIT_HALTED, HALT_FILE_NAME
+from hpcckpt.ckpt.tally import CheckpointTally
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, StorageError
-from hpcckpt.faults import NO_FAULTS
+from hpcckpt.exit_record import record_started
+from hpcckpt.faults import NO_FAULTS, current_attempt
 from hpcckpt.format import pytree
 from hpcckpt.format.layout import Layout
 from hpcckpt.format.manifest import record_peers
+from hpcckpt.runlog import RunLog, read_heartbeat
 
-__all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY"]
+__all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXIT_HALTED"]
 
 
 class Checkpointer:
-    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, read_only: bool = False):
+    def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, read_only: bool = False,
+                 catch_signals: bool = True):
         """(all ranks) Collective: claims the run (ckpt/lease.py), checks storage on every rank
-        and fails together. `read_only`: for jobs that only read checkpoints (evaluate), which
-        must leave a run as it is: no lease (they may run beside the job that writes it) and
-        no pruning of the spare files this job could not reuse (levels/spares.py)."""
+        and fails together. `config`: a job config (hpcckpt.load_config), a LibraryConfig or
+        a job TOML's path. `log`: a runlog.RunLog; by default the checkpointer keeps one of
+        its own (<run.dir>/log/rank<R>.log, rank 0's console lines, <run.dir>/metrics.jsonl).
+        `catch_signals`: SIGTERM, SIGUSR1 and SIGUSR2 become stop requests (ckpt/stopping.py)
+        until close(). `read_only`: for jobs that only read checkpoints (evaluate), which must
+        leave a run as it is: no lease (they may run beside the job that writes it), no
+        signals caught, no pruning of the spare files this job could not reuse
+        (levels/spares.py)."""
         from mpi4py import MPI
 
         config = self.config = LibraryConfig.of(config)  # also a JobConfig or a job TOML's path
         self.comm = comm.Dup()  # checkpoint traffic apart from the application's collectives
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
+        self.read_only = read_only
+        self._own_log = log is None
+        self.log = log if log is not None else RunLog(config.run_dir, self.rank, self.world_size)
+        log = self.log
         self.topology = topology or discover_topology(comm, config.simulated_nodes)
         self.node = self.topology.node_of_rank[self.rank]
-        self.log = log
         self.faults = faults
+        self._closed = False
+        record_started(self.comm)  # the job script's start-up watchdog: every rank is through MPI_Init
         self._claim = RunClaim(self.comm, config, JobStorage.pfs_dir_for(config), log, read_only)
         self.run = self._claim.identity
+        self.schedule = None
         try:
             self.storage = JobStorage(self.comm, config, self.topology, self.run, log)
             shard_extra = {"node": self.node}  # the shard's extra record (the snapshot's layout depends on it)
@@ -87,7 +113,19 @@ class Checkpointer:
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
             self.storage.prepare(read_only)
             self.storage.log_placement()
+            self.schedule = CheckpointSchedule(comm, config.checkpoint, end_time=config.end_time,
+                                               halt_seconds=config.halt_seconds,
+                                               halt_file=Path(config.run_dir) / HALT_FILE_NAME, log=log,
+                                               catch_signals=catch_signals and not read_only)
+            self.tally = CheckpointTally(log)
+            self._steps_run = 0  # steps done since the start (or restart), for confirm_after_steps
+            self._final_step: int | None = None  # the step due() said is the last (a stop, or last=True)
+            self._begin_blocked = (0.0, 0.0)  # begin_checkpoint(): (seconds blocked, of them waiting for a persist)
+            self._last_checkpoint: int | None = None
+            self._previous_durable: float | None = None  # seconds until the previous checkpoint was durable
         except BaseException:
+            if self.schedule is not None:
+                self.schedule.close()
             self._claim.release()
             raise
 
@@ -120,7 +158,9 @@ class Checkpointer:
     # -- the library API -----------------------------------------------------------------
     def protect(self, name: str, array, replicated: bool = True, *, global_shape: Sequence[int] | None = None,
                 offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
-        """Protect a NumPy/CuPy array, restored in place. Three kinds:
+        """Protect an array, restored in place: a NumPy or CuPy array, or anything writable
+        in place that speaks DLPack or the buffer protocol (a PyTorch tensor or parameter on
+        the CPU or a GPU: a view of its memory is kept, no copy). Three kinds:
 
         replicated (the default): the same on every rank, like data-parallel weights; sharded
             across ranks, restored onto any rank count.
@@ -133,7 +173,7 @@ class Checkpointer:
             the same number of ranks.
         Block arrays are checked across ranks at the first checkpoint or restart: one
         error on every rank names what does not fit."""
-        self.arrays.protect(name, array, replicated, global_shape, offset, allow_gaps)
+        self.arrays.protect(name, protectable_array(name, array), replicated, global_shape, offset, allow_gaps)
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
         """Small state (step, iterator position, RNG states) saved with every version: what
@@ -142,13 +182,61 @@ class Checkpointer:
         at a restart with its types intact; anything else fails the checkpoint naming it."""
         self.arrays.register_state(name, get, set)
 
-    def checkpoint(self, step: int, metrics: dict | None = None, final: bool = False) -> PersistReport | None:
+    # -- when: the schedule ----------------------------------------------------------------
+    def due(self, step: int, last: bool = False, *, step_seconds: float | None = None) -> bool:
+        """(all ranks, once per step, after the step's work) Should `step` be checkpointed
+        now? True when the interval says so (checkpoint.every_steps: fixed, "auto" under
+        checkpoint.max_overhead, Young/Daly with checkpoint.mtbf_hours), at the `last` step,
+        and when the ranks agreed to stop (a stop signal, the allocation's end, a halt file:
+        then `stopping` says why, and this checkpoint is the run's final one). The ranks
+        decide alike without a blocking collective. The step's time is measured from the
+        return of the checkpointer's previous call; `step_seconds` reports it instead."""
+        if self.schedule.stopping is not None:
+            return self.capture_state.is_open_at(step)
+        planned = self.schedule.planned(step, last) or self.capture_state.is_open_at(step)
+        stop = self.schedule.step_over(step_seconds, observe=not self.capture_state.is_open_at(step))
+        self.tally.step_over()
+        self.log.heartbeat(step)
+        self._steps_run += 1
+        if self._steps_run == self.config.checkpoint.confirm_after_steps:
+            self.confirm_restart()
+        if stop is not None or last:
+            self._final_step = step
+        self.schedule.restart_clock(self.pipeline.persisting)
+        return planned or stop is not None
+
+    def planned(self, step: int, last: bool = False) -> bool:
+        """Whether the interval puts a checkpoint at `step`, asked before the step (to open
+        the snapshot with begin_checkpoint() and capture arrays during it); due(step) after
+        the step says the same, or True for a stop. No collective."""
+        return self.schedule.stopping is None and self.schedule.planned(step, last)
+
+    @property
+    def stopping(self) -> str | None:
+        """Why the run stops (agreed by all ranks), or None: leave the loop after the step's
+        checkpoint; close() then makes that version durable on L4 and returns EXIT_HALTED."""
+        return self.schedule.stopping
+
+    def request_stop(self, reason: str) -> None:
+        """Ask for a clean stop from this rank (agreed by all ranks at a later due())."""
+        self.schedule.stops.request(reason)
+
+    @property
+    def exit_code(self) -> int:
+        """What the process should exit with: EXIT_HALTED (75) after a stop, which job
+        scripts read as "stopped cleanly, submit again"; else 0."""
+        return EXIT_HALTED if self.stopping is not None else 0
+
+    # -- the checkpoint --------------------------------------------------------------------
+    def checkpoint(self, step: int, metrics: dict | None = None, final: bool | None = None) -> PersistReport | None:
         """(all ranks) Take a snapshot of `step` and persist it in the background.
 
         Returns once the snapshot is taken. Raises here if the previous checkpoint failed.
         Returns the report of the previous checkpoint (its durability times), if any.
+        A snapshot of `step` opened with begin_checkpoint() is closed here. `final`: the
+        run's last version, written to every level; by default, when due() said so.
         """
-        previous = self.begin_checkpoint(step)
+        previous = None if self.capture_state.is_open_at(step) else self.begin_checkpoint(step)
         self.end_checkpoint(metrics, final)
         return previous
 
@@ -167,11 +255,17 @@ class Checkpointer:
         the host (without copy_in_background, capture() does so at once).
         """
         self.capture_state.refuse_if_open(step)
+        opened = time.perf_counter()
         previous = self.pipeline.finish_in_flight()
+        waited = time.perf_counter() - opened
+        self.tally.durable(previous)
+        if previous is not None and previous.durable_s:
+            self._previous_durable = max(previous.durable_s.values())
         self.confirm_restart()
         self._ensure_layout()
         self.faults.strike(step, "snapshot")
         self.capture_state.open(step, copy_in_background and self.pipeline.threaded)
+        self._begin_blocked = (time.perf_counter() - opened, waited)
         return previous
 
     def capture(self, name: str) -> None:
@@ -186,12 +280,33 @@ class Checkpointer:
         background; call before changing a protected array in place. Cheap otherwise."""
         self.capture_state.before_update(name)
 
-    def end_checkpoint(self, metrics: dict | None = None, final: bool = False) -> PersistReport:
+    def end_checkpoint(self, metrics: dict | None = None, final: bool | None = None) -> PersistReport:
         """(all ranks) Capture whatever is left, freeze the small state and hand the snapshot
-        to the background persist. Returns the (still filling) report of this checkpoint."""
+        to the background persist. Returns the (still filling) report of this checkpoint.
+        With an adaptive interval its costs are agreed across ranks here (and the first
+        checkpoint, which measures them, is waited for until durable)."""
+        step = self.capture_state.open_step
+        final = (step == self._final_step) if final is None else final
+        in_background = self.capture_state.copies is not None
         self._ordinal += 1
-        snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final)
+        snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final,
+                                                            {"schedule": self.schedule.state()})
         self.pipeline.submit(snapshot, report, started, self.capture_state.copies, self.arrays.copy_piece)
+        self._last_checkpoint = step
+        blocked, waited = self._begin_blocked
+        blocked += report.snapshot_s + report.captured_early_s
+        self._begin_blocked = (0.0, 0.0)
+        self.tally.taken(report, blocked, in_background)
+        durable = self._previous_durable
+        if self.schedule.profiling:
+            self.wait()  # the profiling checkpoint: the first interval accounts for the persist's time
+            durable = max(report.durable_s.values()) if report.durable_s else 0.0
+        said = self.schedule.checkpoint_taken(step, blocked, waited, durable)
+        if said and self.schedule.policy.adaptive:
+            self.log.info(said, console=True)
+        elif said:
+            self.log.warning(said)
+        self.schedule.restart_clock(self.pipeline.persisting)
         return report
 
     @property
@@ -202,32 +317,76 @@ class Checkpointer:
     def wait(self) -> PersistReport | None:
         """(all ranks) Block until the checkpoint in flight is durable, on L4 too when L4 copies
         at its own pace (storage.pfs_async); raise if it failed."""
-        return self._finish_in_flight()
+        report = self._finish_in_flight()
+        self.tally.durable(report)
+        if self.schedule is not None:
+            self.schedule.restart_clock(False)
+        return report
 
-    def close(self, confirm: bool | None = None) -> None:
-        """(all ranks) Drain what is in flight and release the communicator. A clean close
-        confirms a restart: a resumed run that had nothing left to do, or stopped before its
-        next checkpoint, did not crash on the version it loaded, and must not get it marked
-        failed by the next restart. `confirm` None: clean means no exception is being handled
-        where close() is called (sys.exc_info); a caller inside an `except` block that
-        recovered passes True, one that knows the run went wrong passes False."""
+    def close(self, confirm: bool | None = None, drain: bool | None = None) -> int:
+        """(all ranks) End checkpointing: wait for what is in flight and, after a clean run,
+        leave the newest committed version durable on L4 (drain(): the node-local versions
+        L4's retention keeps, copied and verified), log what checkpoints cost the run, and
+        release the communicator and the run. Returns the exit code for the process: 0, or
+        EXIT_HALTED (75) when the run stopped on request (`stopping`).
+
+        Clean means no exception is being handled where close() is called (sys.exc_info);
+        a caller inside an `except` block that recovered passes confirm=True, one that knows
+        the run went wrong confirm=False (nothing is copied to L4 then, as after an
+        exception). A clean close also confirms a restart: a resumed run that had nothing
+        left to do, or stopped before its next checkpoint, did not crash on the version it
+        loaded, and must not get it marked failed by the next restart. `drain`: False keeps
+        the newest version where it is (node-local only, if L4 skipped it); True copies even
+        when not clean."""
+        if self._closed:
+            return self.exit_code
+        self._closed = True
+        clean = confirm if confirm is not None else sys.exc_info()[0] is None
+        drain = clean if drain is None else drain
         self.capture_state.abandon()
         try:
-            self._finish_in_flight()
-            if confirm if confirm is not None else sys.exc_info()[0] is None:
+            self.tally.durable(self._finish_in_flight())
+            if clean:
                 self.confirm_restart()
+            if drain and not self.read_only:
+                self.drain()
+            if clean and not self.read_only:
+                self.tally.summarise(self.comm, self.bytes_stored, self.levels_enabled, self.pipeline.flush)
+            if self.stopping is not None:
+                self._report_stop(drained=drain)
         finally:
             self.pipeline.stop()
             self.storage.close()
+            self.schedule.close()
             if self.comm is not None:
                 self.comm.Free()
                 self.comm = None
             self._claim.release()
+            if self._own_log:
+                self.log.close()
+        return self.exit_code
+
+    def _report_stop(self, drained: bool) -> None:
+        step = self._last_checkpoint
+        if step is None:
+            where = "no checkpoint was taken at the stop (due() said one was due): this run resumes from its " \
+                    "newest earlier version"
+        elif self.pfs is not None and drained:
+            where = f"its final checkpoint (step {step}) is durable on the PFS ({self.pfs_dir})"
+        else:
+            where = (f"its final checkpoint (step {step}) is on node-local storage only (the pfs level is "
+                     f"{'off' if self.pfs is None else 'not drained'}), so it survives only on these nodes")
+        self.log.info(f"stopped cleanly after step {self._final_step}: {self.stopping}; {where}; run the job "
+                      "again to continue", console=True)
+        self.log.metrics({"event": "halted", "step": self._final_step, "reason": self.stopping})
+        removed = self.schedule.stops.consume_halt_file()
+        if removed:
+            self.log.info(f"removed the halt file {removed}: the next job of this run goes on", console=True)
 
     def confirm_restart(self) -> None:
-        """(all ranks) The resumed run works: the version it restarted from is good. Called at
-        the next checkpoint; the trainer calls it earlier, after checkpoint.confirm_after_steps.
-        Until then a crash marks that version failed (see ckpt/ledger.py)."""
+        """(all ranks) The resumed run works: the version it restarted from is good. Called
+        after checkpoint.confirm_after_steps steps (counted by due()), at the next checkpoint
+        and at a clean close(). Until then a crash marks that version failed (see ckpt/ledger.py)."""
         ledger, self.restart_unconfirmed = self.restart_unconfirmed, None
         if ledger is not None and self.rank == 0:
             ledger.confirm()
@@ -236,7 +395,8 @@ class Checkpointer:
         """(all ranks) Before node-local storage goes away with the allocation: copy to L4 the
         committed node-local versions that L4's retention would keep (the newest keep_pfs, the
         best by keep_best) but that skipped L4 (storage.pfs_every). Returns the steps copied;
-        each copy is verified against its checksums before its manifest is written."""
+        each copy is verified against its checksums before its manifest is written. close()
+        calls it after a clean run."""
         self._finish_in_flight()
         if self.local is None or self.pfs is None:
             return []
@@ -260,10 +420,9 @@ class Checkpointer:
         self._finish_in_flight()
         select = select or (lambda name: True)
         manifest = recovery.init_from(self._restore_context(), source, select)
-        if self.log:
-            count = sum(1 for t in self.layout.tensors if select(t.name))
-            self.log.info(f"initialized {count} array(s) from version {manifest.step} of run "
-                          f"{manifest.run_id or '(no run id)'} ({source})")
+        count = sum(1 for t in self.layout.tensors if select(t.name))
+        self.log.info(f"initialized {count} array(s) from version {manifest.step} of run "
+                      f"{manifest.run_id or '(no run id)'} ({source})")
         return manifest.step
 
     def restart(self, mode: str = "auto", step: int | None = None) -> int | None:
@@ -274,16 +433,40 @@ class Checkpointer:
         version instead of the newest.
         """
         self._finish_in_flight()
+        resuming = step is None and not self.read_only  # evaluating a chosen version confirms nothing
+        reached_before = read_heartbeat(self.config.run_dir) if resuming and self.rank == 0 else None
         result = recovery.restore(self._restore_context(), mode, step)
-        if result is None:
-            return None
-        self.restored_sources = result.sources
-        self.restore_traffic = result.traffic
-        if step is None:  # a resuming job; evaluating a chosen version confirms nothing
-            self.restart_unconfirmed = result.unconfirmed
-            if result.protect_again:
-                self._protect_again(result)
-        return result.step
+        if result is not None:
+            self.restored_sources = result.sources
+            self.restore_traffic = result.traffic
+            if resuming:
+                self.restart_unconfirmed = result.unconfirmed
+                if result.protect_again:
+                    self._protect_again(result)
+        restored = result.step if result is not None else None
+        if resuming:
+            self._report_restart(restored, reached_before)
+            said = self.schedule.begin(restored)
+            if said:
+                self.log.info(said, console=True)
+            self.tally.restart_clock()
+            self.schedule.restart_clock(self.pipeline.persisting)
+        return restored
+
+    def _report_restart(self, restored: int | None, reached_before) -> None:
+        """Where each rank's shard came from (each old rank's, when the version was written by
+        another rank count) and how much work the failure cost, for metrics.jsonl and
+        `hpcckpt report`."""
+        record = {"event": "restart", "attempt": current_attempt(), "step": restored or 0,
+                  "sources": list(self.restored_sources), "ranks": self.world_size}
+        if reached_before is not None:
+            reached, _ = reached_before
+            record["reached_before"] = reached
+            record["lost_steps"] = max(0, reached - (restored or 0))
+            if record["lost_steps"] and restored is not None:
+                self.log.info(f"the previous run had reached step {reached}: {record['lost_steps']} step(s) are done "
+                              "again", console=True)
+        self.log.metrics(record)
 
     def _protect_again(self, result: recovery.RestoreResult) -> None:
         def write(levels: tuple) -> None:
@@ -297,7 +480,10 @@ class Checkpointer:
         for name, (_, setter) in self.arrays.states.items():
             if name in state:
                 setter(pytree.decode(state[name]))
-        self._ordinal = int(state.get(ENGINE_STATE_KEY, {}).get("ordinal", 0))
+        engine = state.get(ENGINE_STATE_KEY, {})
+        self._ordinal = int(engine.get("ordinal", 0))
+        if "schedule" in engine:  # the interval's profile: a restart does not profile again
+            self.schedule.load_state(engine["schedule"])
 
     # -- internals -----------------------------------------------------------------------
     def _ensure_layout(self) -> Layout:

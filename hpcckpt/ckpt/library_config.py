@@ -21,6 +21,10 @@ class LibraryConfig:
     storage: StorageConfig
     resilience: ResilienceConfig
     simulated_nodes: int = 0  # >0: ranks spread over that many simulated nodes on one host
+    # The allocation's end (seconds since the epoch, 0 unknown) and how long before it a run
+    # stops cleanly (run.end_time, run.halt_seconds; the job scripts set both).
+    end_time: float = 0.0
+    halt_seconds: float = 0.0
     # The whole job's settings, recorded in every commit record, so a restart can say what
     # changed since a version was written (ckpt/settings_record.py).
     recorded: dict = field(default_factory=dict)
@@ -36,4 +40,5 @@ class LibraryConfig:
             config = load_config(config)
         return cls(run_dir=str(config.run.dir), checkpoint=config.checkpoint, storage=config.storage,
                    resilience=config.resilience, simulated_nodes=config.cluster.simulated_nodes,
+                   end_time=config.run.end_time, halt_seconds=config.run.halt_seconds,
                    recorded=recorded_settings(config))

@@ -141,6 +141,11 @@ class IntervalPolicy:
             self.reason = str(state.get("reason", ""))
 
 
+def checkpoints_enabled(cfg) -> bool:
+    """checkpoint.every_steps > 0, "auto", or an MTBF to derive the interval from."""
+    return IntervalPolicy.from_config(cfg).enabled
+
+
 def _smooth(previous: float, value: float) -> float:
     return value if previous == 0 else (1 - EWMA) * previous + EWMA * value
 

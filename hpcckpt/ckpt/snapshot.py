@@ -188,12 +188,12 @@ class ProtectedArrays:
         this rank's pieces in the buffers, and the state is the version's own."""
         return Snapshot(step, ordinal, tuple(self._pieces()), state, copy.deepcopy(metrics), False, tuple(levels))
 
-    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool) -> Snapshot:
+    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool, engine_state: dict | None = None) -> Snapshot:
         pieces = self._pieces()
         # Encoded (format/pytree.py: nested containers, scalars, small arrays, types kept) and
         # through JSON once: the state is frozen as it is now, whatever get() returned.
         state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in self.states.items()}
-        state[ENGINE_STATE_KEY] = {"ordinal": ordinal}
+        state[ENGINE_STATE_KEY] = {"ordinal": ordinal, **(engine_state or {})}
         state = json.loads(json.dumps(state))
         return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
 

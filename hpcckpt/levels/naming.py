@@ -16,6 +16,7 @@ from pathlib import Path
 
 LEVEL_ORDER = ("local", "partner", "erasure", "pfs")  # data-flow order: cheapest to restore first
 LEVEL_LABELS = {"local": "L1 local", "partner": "L2 partner", "erasure": "L3 erasure", "pfs": "L4 pfs"}
+LEVEL_NUMBERS = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
 # What each level's part of a checkpoint is called in errors and logs.
 STAGE_LABELS = {"local": "L1 local write", "partner": "L2 partner copy", "erasure": "L3 erasure coding",
                 "pfs": "L4 pfs write"}

@@ -1,0 +1,133 @@
+"""When an application checkpoints and when it stops: the schedule behind Checkpointer.due().
+
+The interval comes from ckpt/policy.py (fixed, "auto" under checkpoint.max_overhead, or
+Young/Daly from checkpoint.mtbf_hours); stop requests from ckpt/stopping.py. This module
+feeds them what they measure and keeps every rank deciding alike:
+
+- step times: the wall time between two calls of step_over() (once per step, after the
+  step's work), less nothing: the checkpointer restarts the clock when its own blocking calls
+  return, so a step's time is the application's. An application that knows better (the
+  trainer times its step alone, without logging and evaluation) reports it.
+- costs of each checkpoint: what it blocked, and how long its persist took to be durable.
+  With an adaptive interval they are agreed as maxima over ranks (the slowest rank's costs)
+  in one sleeping allreduce after each checkpoint, so the interval is the same everywhere.
+- stops: the per-step OR-reduce of ckpt/stopping.py.
+
+Collectives (all ranks, main thread, on a communicator of the schedule's own): one posted
+Iallreduce of an int per step (the stop flags); with an adaptive interval one sleeping
+Iallreduce of four doubles per checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpcckpt.ckpt.policy import IntervalPolicy
+from hpcckpt.ckpt.stopping import StopRequests
+from hpcckpt.cluster.collectives import wait_all
+
+
+class CheckpointSchedule:
+    def __init__(self, comm, checkpoint_config, *, end_time: float = 0.0, halt_seconds: float = 0.0,
+                 halt_file=None, log=None, catch_signals: bool = True):
+        """(all ranks) Collective: duplicates `comm`."""
+        self.comm = comm.Dup()  # main thread only: the stop exchange and the cost agreement
+        self.log = log
+        self.policy = IntervalPolicy.from_config(checkpoint_config)
+        self.every_steps = checkpoint_config.every_steps
+        self.stops = StopRequests(self.comm, end_time, halt_seconds, halt_file, dup=False)
+        if catch_signals:
+            self.stops.install(log)
+        self._clock_started: float | None = None
+        self._persisting_at_start = False
+        self._warned_short_interval = False
+
+    # -- the step ---------------------------------------------------------------------------
+    def restart_clock(self, persisting: bool) -> None:
+        """The application's step begins now (after a checkpointer call that blocked)."""
+        self._clock_started = time.perf_counter()
+        self._persisting_at_start = persisting
+
+    def begin(self, restored_step: int | None) -> str | None:
+        """(all ranks) After the restart: the interval counts from the version loaded, the
+        stop exchange of the first step is posted (a stop asked for while loading is agreed
+        after the first step). Returns a log line when a saved profile sets the interval."""
+        if restored_step is not None:
+            self.policy.last_checkpoint = restored_step
+        self.stops.post_if_idle()
+        if restored_step is not None and self.policy.adaptive and self.policy.interval:
+            return (f"checkpoint interval {self.policy.interval} steps, kept from the checkpoint's profile: "
+                    f"{self.policy.reason}")
+        return None
+
+    def planned(self, step: int, last: bool = False) -> bool:
+        """Whether the interval puts a checkpoint at `step` (the last step always has one;
+        with checkpoint.every_steps = 0 only the last has); pure, the same on every rank.
+        Stops are not considered."""
+        return last or self.policy.due(step, -1)
+
+    def step_over(self, seconds: float | None, observe: bool) -> str | None:
+        """(all ranks, once per step, after its work) Time the step (unless `observe` is
+        false: a snapshot was open during it) and complete the stop agreement. Returns the
+        agreed reason to stop, if any."""
+        now = time.perf_counter()
+        if seconds is None and self._clock_started is not None:
+            seconds = now - self._clock_started
+        if observe and seconds is not None and seconds > 0:
+            self.policy.observe_step(seconds, self._persisting_at_start)
+        return self.stops.step_over()
+
+    @property
+    def stopping(self) -> str | None:
+        return self.stops.reason
+
+    # -- the checkpoint ---------------------------------------------------------------------
+    def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None) -> str | None:
+        """(all ranks) One checkpoint's costs: `blocked` in all (`waited` of it for the
+        previous persist), `durable` seconds until the last level of the previous (or this
+        profiling) checkpoint was durable. Returns a line to log (interval changed, or a
+        fixed interval shorter than a persist) or None."""
+        policy = self.policy
+        if not policy.adaptive:
+            policy.observe_checkpoint(step, blocked, None)
+            if waited > 0.5 * blocked > 0.01 and not self._warned_short_interval:
+                # At most one checkpoint is in flight: a fixed interval shorter than a persist
+                # turns the persist's duration into blocking time.
+                self._warned_short_interval = True
+                return (f"checkpoint.every_steps = {self.every_steps} is shorter than a persist takes: step {step} "
+                        f"waited {waited:.3f} s for the previous one; use a larger interval or every_steps = \"auto\"")
+            return None
+        step_time, busy_step_time, blocking, agreed_durable = self._agreed_max(
+            [policy.step_time, policy.busy_step_time, blocked, durable or 0.0])
+        policy.step_time, policy.busy_step_time = step_time, busy_step_time
+        return policy.observe_checkpoint(step, blocking, agreed_durable or None)
+
+    @property
+    def profiling(self) -> bool:
+        """The next checkpoint measures the costs the first interval is chosen from: it is
+        waited for until durable."""
+        return self.policy.adaptive and self.policy.interval == 0
+
+    def _agreed_max(self, values: list[float]) -> list[float]:
+        """The policy must decide the same everywhere: feed it the slowest rank's costs."""
+        from mpi4py import MPI
+
+        local = np.asarray(values, dtype=np.float64)
+        agreed = np.empty_like(local)
+        wait_all([self.comm.Iallreduce(local, agreed, op=MPI.MAX)])
+        return agreed.tolist()
+
+    # -- saved with every version -----------------------------------------------------------
+    def state(self) -> dict:
+        return self.policy.state()
+
+    def load_state(self, state: dict) -> None:
+        self.policy.load_state(state)
+
+    def close(self) -> None:
+        self.stops.close()
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None

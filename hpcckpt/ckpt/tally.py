@@ -1,0 +1,79 @@
+"""What checkpoints cost one run of an application: the per-checkpoint records in
+metrics.jsonl as they happen, and one summary line at the end (how many, blocking median and
+max, estimated overhead, bytes per level, what L4 at its own pace copied or skipped).
+
+A checkpoint blocks the application in begin_checkpoint() (waiting for the previous persist),
+in capture() during the step, in end_checkpoint(), and later in before_update() while a
+background copy is not taken yet: the last comes in after the next step, and is added to the
+checkpoint it belongs to.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hpcckpt.cluster.collectives import fold_at_root
+from hpcckpt.levels.naming import LEVEL_NUMBERS
+
+
+class CheckpointTally:
+    def __init__(self, log):
+        self.log = log
+        self.blocking: list[float] = []
+        self.started = time.perf_counter()
+        self._copies_behind = None  # the report of a snapshot whose copies may still be running
+
+    def restart_clock(self) -> None:
+        """The run's time, for the overhead estimate, counts from here (after its restart)."""
+        self.started = time.perf_counter()
+
+    def durable(self, report) -> None:
+        if report is not None and report.durable_s and self.log:
+            self.log.metrics({"step": report.step, "checkpoint_durable_s": report.durable_s})
+
+    def taken(self, report, blocked: float, copies_in_background: bool) -> None:
+        self.blocking.append(blocked)
+        self._copies_behind = report if copies_in_background else None
+        if self.log:
+            self.log.metrics({"step": report.step, "checkpoint_blocking_s": blocked,
+                              "checkpoint_captured_during_step_s": report.captured_early_s})
+
+    def step_over(self) -> None:
+        """After the step that followed a checkpoint: what its background copies made it wait."""
+        behind, self._copies_behind = self._copies_behind, None
+        if behind is None:
+            return
+        self.blocking[-1] += behind.copy_wait_s
+        if self.log:
+            self.log.metrics({"step": behind.step, "checkpoint_copy_wait_s": behind.copy_wait_s,
+                              "checkpoint_background_copy_s": behind.background_copy_s})
+
+    def summarise(self, comm, bytes_stored: dict, levels: tuple[str, ...], flush) -> None:
+        """(all ranks) One line per run: how many checkpoints, what they cost the application,
+        and how many bytes each level took (summed over ranks)."""
+        seconds = time.perf_counter() - self.started
+        per_level = fold_at_root(comm, bytes_stored, lambda stored: {
+            level: sum(s.get(level, 0) for s in stored) for level in levels})
+        if not self.log:
+            return
+        blocking = np.asarray(self.blocking or [0.0])
+        overhead = 100.0 * blocking.sum() / seconds if seconds else 0.0
+        written = ", ".join(f"{LEVEL_NUMBERS[level]} {_megabytes(n)}" for level, n in per_level.items())
+        self.log.info(f"checkpoints: {len(self.blocking)} taken, blocking median {1000 * np.median(blocking):.1f} ms, "
+                      f"max {1000 * blocking.max():.1f} ms, estimated overhead {overhead:.2f} % of the run's time; "
+                      f"written {written}", console=True)
+        if flush is not None and flush.stats.describe():
+            self.log.info(flush.stats.describe(), console=True)
+        self.log.metrics({"event": "checkpoint_summary", "checkpoints": len(self.blocking),
+                          "blocking_median_s": float(np.median(blocking)), "blocking_max_s": float(blocking.max()),
+                          "overhead_pct": overhead, "bytes_per_level": per_level,
+                          **({"l4_async": {"offered": flush.stats.offered, "skipped": flush.stats.skipped,
+                                           "copied": [step for step, _ in flush.stats.copied],
+                                           "lag_s": [lag for _, lag in flush.stats.copied]}}
+                             if flush is not None else {})})
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
