@@ -25,7 +25,8 @@ APP="python examples/heat2d.py --run-dir run --nodes 0".
 At the end rank 0 prints one JSON line (RESULT ...): the rank count, the version restored and
 where each old rank's shard came from, the iterations, the last change and why it stopped
 early, if it did. Options for tests and demos: --crash-at K kills the last rank at iteration K
-as a node crash would (mpiexec then stops the job); --dump DIR makes rank 0 write the global
+as a node crash would (mpiexec then stops the job; under a job script's restart loop, in its
+first attempt only); --dump DIR makes rank 0 write the global
 grid to DIR as it is after a restart (restored.npy), at every checkpoint (step-<K>.npy) and
 at the end (final.npy; not written when it stopped early).
 """
@@ -144,6 +145,7 @@ def main(argv=None) -> int:
                                 f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *args.set])
     block = Block(comm, tuple(args.shape))
     solver = {"iteration": 0, "change": float("inf")}
+    first_attempt = os.environ.get("HPCCKPT_ATTEMPT", "1") == "1"  # a job script's loop counts its attempts
     ckpt = Checkpointer(comm, config)
     try:
         ckpt.protect("u", block.interior, global_shape=block.shape, offset=block.start)
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
         started = solver["iteration"]
         dump(args, block, "restored.npy" if restored is not None else None)
         while solver["iteration"] < args.iterations and solver["change"] > args.tol:
-            if solver["iteration"] == args.crash_at and comm.rank == comm.size - 1:
+            if solver["iteration"] == args.crash_at and comm.rank == comm.size - 1 and first_attempt:
                 os.kill(os.getpid(), signal.SIGKILL)
             change = block.jacobi()
             solver["iteration"] += 1

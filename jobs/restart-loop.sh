@@ -1,19 +1,29 @@
 # shellcheck shell=bash
 # The restart loop shared by jobs/slurm.sbatch and jobs/pbs.pbs (sourced, not run).
 #
-# The caller defines
+# It runs `hpcckpt train -c CONFIG`, or any application that checkpoints with the hpcckpt
+# library (APP). The caller defines
 #   hpcckpt_launch ARGS...   start `hpcckpt ARGS...` on every rank of the current node set; it runs
 #                            in a background subshell and must `exec` the launcher (srun,
 #                            mpiexec), so that signals passed on reach the launcher itself
 #   hpcckpt_replan           before a restart: leave failed nodes out (may be a no-op); returns
 #                            non-zero when the job cannot go on (the loop then stops)
 # and may set, before calling hpcckpt_restart_loop:
+#   APP             the application to run instead of `hpcckpt train`, a command line (e.g.
+#                   "python examples/heat2d.py --run-dir run --nodes 0"), split at blanks like
+#                   TRAIN_ARGS. Each attempt starts it as `hpcckpt exec APP...` (the MPI start-up
+#                   settings first, then the application in the same process); it restarts from
+#                   its newest version with Checkpointer.restart(), stops on the signal this loop
+#                   passes on, and reports its exit code through hpcckpt.run_main (the exit record
+#                   below), as `hpcckpt train` does. Its run directory and settings are its own;
+#                   the storage paths (HPCCKPT_STORAGE_*) and run.end_time/halt_seconds reach it
+#                   through the environment as they reach `hpcckpt train`
 #   CONFIG          job TOML (hpcckpt train -c)
 #   MAX_RESTARTS    restarts after failures within this allocation (default 3)
 #   END_TIME        the allocation's end, seconds since the epoch (unknown: empty)
 #   HALT_SECONDS    stop cleanly this long before END_TIME (default 120)
 #   HPCCKPT         how to run hpcckpt (default: hpcckpt; e.g. "python -m hpcckpt"), split at blanks
-#   TRAIN_ARGS      extra arguments for every attempt (e.g. --set or --inject ...:attempt=1),
+#   TRAIN_ARGS      extra arguments for every attempt of `hpcckpt train` (e.g. --set or --inject ...:attempt=1),
 #                   split at blanks and never glob-expanded (--set 'model.hidden=[64]' arrives
 #                   as typed). Quotes in it are not honoured, so a value with a blank cannot be
 #                   passed here: put it in the CONFIG file or an HPCCKPT_SECTION_KEY variable.
@@ -23,7 +33,8 @@
 #                   attempt still starting then is stopped and counts as failed (a PMI server
 #                   that dropped a request or a node that does not answer hangs MPI_Init for good)
 #
-# Exit codes of `hpcckpt train`: 0 finished; 75 stopped on request after a final checkpoint
+# Exit codes of `hpcckpt train` (and of an APP run through hpcckpt.run_main): 0 finished; 75
+# stopped on request after a final checkpoint
 # on the PFS (signal, allocation end); 2 bad config or data and 4 no loadable checkpoint,
 # which another attempt cannot fix; anything else (a crashed rank, a lost node) is retried.
 # The launcher's own exit code does not say which rank failed first (srun reports 143 when it
@@ -138,10 +149,16 @@ hpcckpt_restart_loop() {
     fi
     local attempt=0 status=0 attempt_started recorded exit_file watcher
     local job=${SLURM_JOB_ID:-${PBS_JOBID:-pid$$}}
-    local -a train_args=()
+    local -a train_args=() command=()
     # read -a splits at blanks without pathname expansion, which an unquoted $TRAIN_ARGS would
     # do: [64] or * in a --set value would turn into names of files in the current directory.
     IFS=$' \t\n' read -r -d '' -a train_args <<< "$TRAIN_ARGS" || :
+    IFS=$' \t\n' read -r -d '' -a command <<< "${APP:-}" || :
+    if [ "${#command[@]}" -gt 0 ]; then
+        command=(exec -- "${command[@]}")
+    else
+        command=(train -c "$CONFIG" --restart auto ${train_args[@]+"${train_args[@]}"})
+    fi
     while :; do
         attempt=$((attempt + 1))
         export HPCCKPT_ATTEMPT=$attempt
@@ -156,10 +173,10 @@ hpcckpt_restart_loop() {
         exit_file="${EXIT_DIR:-$PWD}/.hpcckpt-exit.${job%%.*}.$attempt"
         rm -f "$exit_file" "$exit_file.started" "$exit_file.hung"
         export HPCCKPT_EXIT_FILE=$exit_file
-        hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT train -c $CONFIG --restart auto $TRAIN_ARGS"
+        hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT ${command[*]}"
         attempt_started=$(( $(date +%s) - 1 ))
         # In the background, so a signal reaches the trap while we wait.
-        hpcckpt_launch train -c "$CONFIG" --restart auto ${train_args[@]+"${train_args[@]}"} &
+        hpcckpt_launch "${command[@]}" &
         _hpcckpt_child=$!
         _hpcckpt_watch_startup "$exit_file.started" "$_hpcckpt_child" "$exit_file.hung" &
         watcher=$!

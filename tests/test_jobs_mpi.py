@@ -47,6 +47,41 @@ def straight_digest(tmp_path: Path, config: Path, n: int = 4) -> str:
     return final_record(clean / "run")["weights_digest"]
 
 
+HEAT2D = REPO / "examples" / "heat2d.py"
+
+
+def test_the_job_script_runs_any_application_and_restarts_it_after_a_crash(tmp_path):
+    """APP instead of `hpcckpt train`: heat2d loses its last rank at iteration 350 in the
+    first attempt; the loop starts it again, it resumes from version 300 and ends on the grid
+    of an uninterrupted run."""
+    heat = f"{shlex.quote(sys.executable)} {HEAT2D} --run-dir run --nodes 4 --every 100 --tol 1e-4"
+    proc = run_job_script("slurm.sbatch", tmp_path, APP=f"{heat} --crash-at 350 --dump grids")
+    assert_ok(proc)
+    assert f"attempt 1 (at most 4): {sys.executable} -m hpcckpt exec -- {sys.executable} {HEAT2D}" in proc.stdout
+    assert "attempt 1 failed with exit code" in proc.stdout and "finished after 2 attempt(s)" in proc.stdout
+    assert "restored version 300: 4 rank(s) from L1 local" in proc.stdout
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    straight = subprocess.run([*mpiexec_prefix(), "-n", "4", *shlex.split(heat), "--dump", "grids"], cwd=clean,
+                              env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert_ok(straight)
+    import numpy as np
+
+    resumed, expected = np.load(tmp_path / "grids" / "final.npy"), np.load(clean / "grids" / "final.npy")
+    assert resumed.tobytes() == expected.tobytes()
+
+
+def test_a_bad_application_argument_or_setting_is_not_retried(tmp_path):
+    heat = f"{shlex.quote(sys.executable)} {HEAT2D} --run-dir run --nodes 4"
+    for app, said in ((f"{heat} --every -3", "argument --every: expected auto or a number of iterations >= 1"),
+                      (f"{heat} --set checkpoint.keep_local=0", "checkpoint.keep_local: must be > 0, got 0")):
+        proc = run_job_script("pbs.pbs", tmp_path, APP=app)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "attempt 1 failed with exit code 2" in proc.stdout and "not retrying" in proc.stdout
+        assert "attempt 2" not in proc.stdout
+        assert said in proc.stderr + proc.stdout
+
+
 def test_demo_loses_two_nodes_restarts_and_summarises(tmp_path):
     markers_before = set(REPO.glob(".hpcckpt-exit.*"))  # the demo runs in the repository's root
     proc = run_job_script("demo.sh", tmp_path, RUN_DIR=tmp_path / "demo")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, final_record, mpi_env, read_metrics
+from conftest import REPO, final_record, mpi_env, mpiexec_prefix, read_metrics
 
 SLURM = REPO / "tests" / "slurm"
 SLURM_RUN = Path("/run/hpcckpt-slurm")  # up.sh's pid files
@@ -282,6 +282,53 @@ def test_the_time_limit_signal_stops_cleanly_and_a_resubmitted_job_resumes_there
     assert code == 0, out
     assert f"restored version {stop}: 4 rank(s) from L4 pfs" in out
     assert final_record(directory / "run")["step"] == stop + 100
+
+
+HEAT2D = REPO / "examples" / "heat2d.py"
+HEAT2D_ARGS = "--run-dir run --shape 200 200 --iterations 4000 --tol 0 --every 100 --dump grids"
+
+
+@pytest.fixture(scope="module")
+def heat2d_uninterrupted(tmp_path_factory) -> Path:
+    """The final grid of heat2d run straight through (4 ranks, mpiexec on this machine: the
+    grid is bit-identical whatever the rank count and placement)."""
+    directory = tmp_path_factory.mktemp("heat2d-straight")
+    command = [*mpiexec_prefix(), "-n", "4", sys.executable, str(HEAT2D), *HEAT2D_ARGS.split(), "--nodes", "4"]
+    proc = _run(command, cwd=directory, env=mpi_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return directory / "grids" / "final.npy"
+
+
+def test_an_application_survives_a_failed_node_on_the_nodes_that_are_left(cluster, tmp_path, heat2d_uninterrupted):
+    """APP: heat2d through jobs/slurm.sbatch on 4 real nodes; n3 fails mid-run; the loop starts
+    it again on n1, n2 and n4, it restores its newest version from the node-local levels
+    (n3's shard from its partner copy or an erasure rebuild) and ends on the same grid."""
+    import numpy as np
+
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1",
+                 APP=f"{sys.executable} {HEAT2D} {HEAT2D_ARGS} --nodes 0")
+    wait_for_step(directory, job, 600)
+    fail_node("n3", job, directory)
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert f"exec -- {sys.executable} {HEAT2D}" in out
+    assert "next attempt on 3 node(s): n1 n2 n4" in out
+    assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
+                     r"1 from (L2 partner|L3 erasure)", out), out
+    assert "finished after 2 attempt(s)" in out
+    final = np.load(directory / "grids" / "final.npy")
+    assert final.tobytes() == np.load(heat2d_uninterrupted).tobytes()
+
+
+def test_a_bad_application_argument_is_not_retried(cluster, tmp_path):
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1",
+                 APP=f"{sys.executable} {HEAT2D} --run-dir run --nodes 0 --shape 200")
+    code, out = wait_for(job, directory)
+    assert code == 2, out
+    assert "argument --shape: expected 2 arguments" in out
+    assert "attempt 1 failed with exit code 2" in out and "not retrying" in out and "attempt 2" not in out
 
 
 def test_a_second_job_on_a_running_run_is_refused(cluster, tmp_path):
