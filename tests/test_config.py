@@ -191,15 +191,15 @@ def test_shipped_job_configs_are_valid(tmp_path):
         os.chdir(cwd)
 
 
-def test_readme_config_reference_lists_every_key_with_the_code_default():
+def test_the_configuration_reference_lists_every_key_with_the_code_default():
     import dataclasses
     import re
     import tomllib
 
     from hpcckpt.config import SECTIONS
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    rows = re.findall(r"^\| `([a-z_]+\.[a-z_0-9]+)` \| `([^`]*)` \|", readme, flags=re.MULTILINE)
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z_0-9]+)` \| `([^`]*)` \|", reference, flags=re.MULTILINE)
     documented = {key: tomllib.loads(f"v = {value}")["v"] for key, value in rows}
     in_code = {}
     for section, cls in SECTIONS.items():
