@@ -308,9 +308,15 @@ def _command_report(args) -> int:
     from hpcckpt.report import read_records, summarise
 
     config = load_config(args.config, args.overrides)
+    damaged: list[int] = []
+    records = read_records(config.run.dir, damaged)
     print(f"run {config.run.dir}:")
-    for line in summarise(read_records(config.run.dir)):
+    for line in summarise(records):
         print("  " + line)
+    if damaged:
+        shown = ", ".join(map(str, damaged[:10])) + (" ..." if len(damaged) > 10 else "")
+        print(f"  note: {len(damaged)} damaged line(s) of metrics.jsonl skipped (line {shown}): a crash cut them "
+              "short, or the file was damaged; the rest is told above")
     return 0
 
 

@@ -41,6 +41,12 @@ class FormatError(HpcckptError, ValueError):
     exit_code = 3
 
 
+class DamagedRecordError(FormatError):
+    """A stored record (a commit record, the run's identity) is damaged: cut short, bytes
+    flipped, not what it should be. That copy is not used; readers set it aside or rewrite it
+    from an intact copy and go on with what is intact."""
+
+
 class ChecksumError(FormatError):
     """Bytes read back do not match the checksum written with them."""
 

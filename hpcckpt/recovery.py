@@ -22,7 +22,7 @@ here reads or writes the engine itself.
 
 from __future__ import annotations
 
-import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.ckpt.ledger import RestartLedger, ledger_path
-from hpcckpt.ckpt.run_identity import read_run_identity
+from hpcckpt.ckpt.records import RecordReader
+from hpcckpt.ckpt.run_identity import RunIdentity, read_run_identity
 from hpcckpt.ckpt.settings_record import changed_settings
 from hpcckpt.cluster.collectives import (
     agree,
@@ -46,7 +47,14 @@ from hpcckpt.cluster.collectives import (
     quiet_gather,
     quiet_scatter,
 )
-from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
+from hpcckpt.errors import (
+    CheckpointError,
+    ConfigError,
+    DamagedRecordError,
+    HpcckptError,
+    IncompatibleCheckpointError,
+    UnrecoverableError,
+)
 from hpcckpt.format.layout import Layout, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
@@ -134,7 +142,9 @@ def _foreign(ctx, manifest: Manifest, label: str) -> bool:
     return True
 
 
-def _discover(ctx) -> Holdings:
+def _discover(ctx, repair: bool) -> Holdings:
+    """(each rank) What the levels this rank reaches hold. `repair`: a resuming job, which
+    sets a damaged L4 version aside (an evaluating one leaves the run as it is)."""
     local, replicas, parity, pfs, local_writings, pfs_writings, pfs_geometry = {}, {}, [], {}, {}, {}, {}
     read = {}  # step -> this rank's own commit record, read once for discovery and the survey
     if ctx.local is not None:
@@ -156,9 +166,13 @@ def _discover(ctx) -> Holdings:
                 if ctx.erasure is not None and "erasure" in manifest.levels and ctx.erasure.has_parity(step):
                     parity.append(step)
     if ctx.pfs is not None:
+        records = RecordReader(ctx.rank, ctx.log, repair)
         for step in ctx.pfs.committed_steps():
             try:
                 manifest = ctx.pfs.manifest(step)
+            except DamagedRecordError as exc:  # set aside by rank 0 (ckpt/records.py); the others ignore it
+                records.damaged(ctx.pfs, step, exc)
+                continue
             except (HpcckptError, OSError) as exc:
                 _warn(ctx, f"ignoring L4 version {step}: {exc}")
                 continue
@@ -188,10 +202,10 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
     where each rank's shard came from and its registered state; None for a fresh start."""
     if mode not in RESTART_MODES:
         raise ConfigError(f"--restart {mode!r}: use one of {', '.join(RESTART_MODES)}")
-    mine = _discover(ctx)
+    mine = _discover(ctx, repair=wanted is None)
     # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
     # restart crashed and records the one it tries, so a crash while loading is not repeated.
-    ledger = RestartLedger(ledger_path(ctx.run_dir)) if wanted is None else None
+    ledger = RestartLedger(ledger_path(ctx.run_dir), lambda message: _warn(ctx, message)) if wanted is None else None
     outlook, my_sources = decide_at_root(ctx.comm, _RANK0_WORK, mine,
                                          lambda everyone: plan_restore(ctx, everyone, mode, wanted, ledger))
     if not outlook.candidates:
@@ -610,7 +624,11 @@ def _init_source(source: str) -> tuple[str, bytes]:
     """(rank 0) The L4 directory and the commit record of the version `source` names."""
     path = Path(source).expanduser()
     step = None
-    identity = read_run_identity(path)
+    try:
+        identity = read_run_identity(path)
+    except DamagedRecordError as exc:  # the source run's own files are left as they are
+        _warn_init(f"--init-from {source}: {exc}; its L4 directory is taken as {path / 'pfs'}")
+        identity = RunIdentity("", str(path), "", "", 0.0)
     if identity is not None:
         root = Path(identity.pfs_dir) if identity.pfs_dir else path / "pfs"
     elif path.name.startswith("v") and path.name[1:].isdigit() and (path / PFS_COMMIT_NAME).is_file():
@@ -622,19 +640,26 @@ def _init_source(source: str) -> tuple[str, bytes]:
                           f"v<step> directories) or an L4 version directory (v{0:012d} with a manifest.json)")
     level = PfsLevel(root, 0)
     committed = level.committed_steps()
-    if step is None:
-        if not committed:
-            raise ConfigError(f"--init-from {source}: no complete version in {str(root)!r}; another run starts only "
-                              "from an L4 (PFS) version: drain the source run to L4 first")
-        step = max(committed)
-    elif step not in committed:
+    if step is not None and step not in committed:
         raise ConfigError(f"--init-from {source}: version {step} is not complete on L4 ({version_dir_name(step)} "
                           "has no readable commit record)")
-    try:
-        return str(root), level.manifest(step).to_bytes()
-    except OSError as exc:
-        raise ConfigError(f"--init-from {source}: cannot read the commit record of version {step}: "
-                          f"{exc.strerror or exc}") from None
+    for candidate in [step] if step is not None else sorted(committed, reverse=True):
+        try:
+            return str(root), level.manifest(candidate).to_bytes()
+        except DamagedRecordError as exc:
+            if step is not None:
+                raise ConfigError(f"--init-from {source}: {exc}; name another version of that run") from None
+            _warn_init(f"--init-from {source}: {exc}; taking the newest intact version before it")
+        except OSError as exc:
+            raise ConfigError(f"--init-from {source}: cannot read the commit record of version {candidate}: "
+                              f"{exc.strerror or exc}") from None
+    raise ConfigError(f"--init-from {source}: no complete version with an intact commit record in {str(root)!r}; "
+                      "another run starts only from an L4 (PFS) version: drain the source run to L4 first")
+
+
+def _warn_init(message: str) -> None:
+    """(rank 0, before the job's log exists for it) What --init-from passes over, on stderr."""
+    print(f"hpcckpt: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedger | None = None) -> None:
@@ -661,12 +686,10 @@ def _clear_newer(ctx, restored: int, failed: dict[int, str], ledger: RestartLedg
                     ctx.pfs.remove(step)
             for step in ctx.pfs.committed_steps():
                 if step > restored:
-                    directory = ctx.pfs.version_dir(step)
-                    aside = _free_name(directory, ".failed" if step in failed else ".unusable")
-                    os.replace(directory, aside)
-                    _warn(ctx, f"L4 version {step} was not loaded; kept aside as {aside.name}")
+                    aside = ctx.pfs.set_aside(step, ".failed" if step in failed else ".unusable")
+                    _warn(ctx, f"L4 version {step} was not loaded; kept aside as {aside}")
                     if ledger is not None and step in failed:
-                        ledger.set_aside(step, aside.name)
+                        ledger.set_aside(step, aside)
         if ledger is not None:
             for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
                 ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
@@ -724,16 +747,6 @@ def _remove_node_local(ctx, step: int) -> None:
         if level.node_local:
             level.remove(step)
     ctx.local.remove_strays(step)  # files of levels this job does not run
-
-
-def _free_name(directory, suffix: str):
-    """directory + suffix, or + suffix.N when an earlier restart already used that name."""
-    candidate = directory.with_name(directory.name + suffix)
-    count = 1
-    while candidate.exists():
-        count += 1
-        candidate = directory.with_name(f"{directory.name}{suffix}.{count}")
-    return candidate
 
 
 def _collective(exc: HpcckptError) -> HpcckptError:

@@ -285,8 +285,13 @@ def _failed_versions(ctx, ledger) -> dict[int, str]:
     one of them now."""
     settled = ledger.settle_pending()
     if settled is not None:
-        warn(ctx, f"version {settled[0]} is marked failed: {settled[1]}; falling back to an older version "
-                   f"(the record is in {ledger.path})")
+        step, what, failed = settled
+        if failed:
+            warn(ctx, f"version {step} is marked failed: {what}; falling back to an older version (the record is "
+                       f"in {ledger.path})")
+        else:
+            warn(ctx, f"version {step}: {what}; it is tried once more (one crash may be a node that died under "
+                       "the restart; a second one in a row marks it failed)")
     return ledger.failed_steps()
 
 

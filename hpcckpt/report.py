@@ -15,18 +15,23 @@ from hpcckpt.errors import ConfigError
 from hpcckpt.levels.naming import LEVEL_LABELS
 
 
-def read_records(run_dir) -> list[dict]:
+def read_records(run_dir, damaged: list | None = None) -> list[dict]:
+    """The records of metrics.jsonl; the numbers of lines that are not records (a crash cut
+    one short, or the file was damaged) go to `damaged`: skipped, everything else counts."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: no run has written to run.dir {str(run_dir)!r} yet")
     records = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
-                # A crash can cut the last line short; everything before it still counts.
-                continue
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            elif damaged is not None:
+                damaged.append(number)
     return records
 
 

@@ -27,6 +27,18 @@ def read_heartbeat(run_dir) -> tuple[int, float] | None:
         return None
 
 
+def _ends_in_a_cut_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
 class RunLog:
     def __init__(self, run_dir: str | Path, rank: int, world_size: int, console: bool = True):
         self.rank = rank
@@ -48,6 +60,7 @@ class RunLog:
         self.console = console and rank == 0
         self._progress_on_screen = False
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._metrics_checked = False
         self._heartbeat_fd: int | None = None
 
     def info(self, message: str, *, console: bool = False) -> None:
@@ -72,6 +85,14 @@ class RunLog:
             return
         record = {"time": round(time.time(), 3), **record}
         with open(self.metrics_path, "a") as f:
+            if not self._metrics_checked:
+                self._metrics_checked = True
+                if _ends_in_a_cut_line(self.metrics_path):
+                    # A crash cut the last record short: it stays (readers skip it), and what
+                    # follows starts on a line of its own instead of joining it.
+                    f.write("\n")
+                    self.warning(f"{self.metrics_path}: its last line was cut short (a crash while it was written); "
+                                 "kept, and skipped by its readers")
             f.write(json.dumps(record) + "\n")
 
     def heartbeat(self, step: int) -> None:

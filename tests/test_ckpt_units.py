@@ -105,15 +105,21 @@ def test_fault_attempt_field_limits_the_fault_to_one_attempt(monkeypatch):
         parse_fault("rank-kill:rank=1:step=20:attempt=x")
 
 
-def test_restart_ledger_marks_a_pending_version_failed_once(tmp_path):
+def test_restart_ledger_marks_a_version_failed_only_after_two_crashed_restarts_in_a_row(tmp_path):
     from hpcckpt.ckpt.ledger import RestartLedger
 
     ledger = RestartLedger(tmp_path / "restarts.json")
     assert ledger.settle_pending() is None and ledger.failed_steps() == {}
     ledger.begin(300)
-    step, reason = ledger.settle_pending()  # the restart from 300 never confirmed
-    assert step == 300 and "crashed" in reason
-    assert list(ledger.failed_steps()) == [300]
+    step, reason, failed = ledger.settle_pending()  # one restart from 300 never confirmed: a node may have died
+    assert (step, failed) == (300, False) and "crashed" in reason and ledger.failed_steps() == {}
+    ledger.begin(300)
+    ledger.confirm()  # the next one from 300 worked: the crash before is forgotten
+    ledger.begin(300)
+    assert ledger.settle_pending()[2] is False
+    ledger.begin(300)
+    step, reason, failed = ledger.settle_pending()  # a second crash in a row: failed
+    assert failed and reason.startswith("2 restarts from it in a row") and list(ledger.failed_steps()) == [300]
     assert ledger.settle_pending() is None  # settled only once
     ledger.begin(250)
     ledger.confirm()
@@ -123,9 +129,23 @@ def test_restart_ledger_marks_a_pending_version_failed_once(tmp_path):
     ledger.set_aside(300, "v000000000300.failed")
     assert ledger.failed_steps() == {}
     assert "crashed" in json.loads((tmp_path / "restarts.json").read_text())["set_aside"]["v000000000300.failed"]
-    (tmp_path / "restarts.json").write_text("{not json")
-    with pytest.raises(HpcckptError, match="restart ledger cannot be read"):
-        ledger.failed_steps()
+    # The ranks' own verdict marks a version at once.
+    ledger.begin(400)
+    ledger.mark_failed(400, "its loss is not finite")
+    assert ledger.failed_steps() == {400: "its loss is not finite"} and ledger.settle_pending() is None
+
+
+def test_a_damaged_restart_ledger_is_set_aside_with_a_warning_and_restarts_go_on(tmp_path):
+    from hpcckpt.ckpt.ledger import RestartLedger
+
+    said = []
+    ledger = RestartLedger(tmp_path / "restarts.json", said.append)
+    (tmp_path / "restarts.json").write_text('{"pending": {"step": 3')  # cut short
+    assert ledger.settle_pending() is None and ledger.failed_steps() == {}
+    assert len(said) == 1 and "restarts.json is damaged" in said[0] and "set aside as restarts.json.damaged" in said[0]
+    assert (tmp_path / "restarts.json.damaged").read_text() == '{"pending": {"step": 3'
+    ledger.begin(20)
+    assert json.loads((tmp_path / "restarts.json").read_text())["pending"]["step"] == 20
 
 
 def test_report_tells_attempts_sources_and_work_lost():

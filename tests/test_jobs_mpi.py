@@ -205,19 +205,23 @@ def test_halt_seconds_stops_the_run_before_the_allocation_ends(tmp_path):
     assert _pfs_versions(tmp_path / "run").get(halted["step"]) is True
 
 
-def test_a_version_whose_restart_crashed_is_marked_failed_and_skipped(tmp_path):
+def test_a_version_whose_restart_crashed_twice_is_marked_failed_and_skipped(tmp_path):
     config = job(tmp_path)
     # Attempt 1 crashes once the checkpoint of step 20 is durable (the next snapshot waits for
-    # it); attempt 2 crashes while loading 20;
-    # attempt 3 must not load 20 again but fall back to 15, and still end bit-identical.
+    # it); attempts 2 and 3 crash while loading 20. One crash may be a node dying under the
+    # restart: attempt 3 tries 20 again. After the second, attempt 4 must not load 20 again
+    # but fall back to 15, and still end bit-identical.
     proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
                           TRAIN_ARGS="--inject rank-kill:rank=1:step=25:phase=snapshot:attempt=1 "
-                                     "--inject rank-kill:rank=2:step=20:phase=restore:attempt=2")
+                                     "--inject rank-kill:rank=2:step=20:phase=restore:attempt=2 "
+                                     "--inject rank-kill:rank=3:step=20:phase=restore:attempt=3")
     assert_ok(proc)
     out = proc.stdout + proc.stderr
     assert "injected rank-kill on rank 2 (node 1) at step 20 in phase restore" in out
-    assert "version 20 is marked failed" in out and "restored version 15" in out
-    assert "finished after 3 attempt(s)" in out
+    assert "injected rank-kill on rank 3 (node 1) at step 20 in phase restore" in out
+    assert "it is tried once more (one crash may be a node that died under the restart" in out
+    assert "version 20 is marked failed: 2 restarts from it in a row" in out and "restored version 15" in out
+    assert "finished after 4 attempt(s)" in out
     ledger = json.loads((tmp_path / "run" / "restarts.json").read_text())
     # Set aside, the failed writing of 20 no longer blocks the one attempt 3 wrote.
     assert ledger["failed"] == {} and ledger["pending"] is None

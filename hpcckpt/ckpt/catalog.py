@@ -7,6 +7,7 @@ them with simulated nodes on one machine, only the ones of the node it runs on i
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.ckpt.retention import best_step
-from hpcckpt.ckpt.run_identity import LOCAL_SUBDIR_PREFIX, pfs_owner, read_run_identity
+from hpcckpt.ckpt.ledger import LEDGER_NAME
+from hpcckpt.ckpt.run_identity import LOCAL_SUBDIR_PREFIX, PFS_OWNER_FILE, RUN_FILE, pfs_owner, read_run_identity
 from hpcckpt.cluster.placement import pfs_dir_of, user_name
 from hpcckpt.cluster.topology import expand_dir_template, job_id
-from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, UnrecoverableError
+from hpcckpt.errors import CheckpointError, ConfigError, DamagedRecordError, HpcckptError, UnrecoverableError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor, verify_shard
 from hpcckpt.levels.naming import (
@@ -52,8 +54,14 @@ def run_id_of(config) -> str | None:
     """The run whose versions the offline commands show: the run directory's, else the owner
     recorded in the PFS directory (an archived copy of it); None for a run stored by an hpcckpt
     without run identities (then every version there is shown)."""
-    identity = read_run_identity(config.run.dir) or pfs_owner(pfs_root(config))
-    return identity.run_id if identity else None
+    for read in (lambda: read_run_identity(config.run.dir), lambda: pfs_owner(pfs_root(config))):
+        try:
+            identity = read()
+        except DamagedRecordError:  # verify says so; the other copy tells the same run
+            continue
+        if identity is not None:
+            return identity.run_id
+    return None
 
 
 def local_roots(config) -> list[Path]:
@@ -360,8 +368,9 @@ def verify_all(config) -> tuple[int, list[str], list[str]]:
     failing). A node-local version whose lost shards a restart can assemble from L2/L3 (or L4)
     is a note, not a problem. (files checked, problems, notes)"""
     problems, notes, checked = [], [], 0
-    entries = list_versions(config)
-    if not entries:
+    damaged = _damaged_records(config, problems, notes)
+    entries = [e for e in list_versions(config) if (e.level, e.step) not in damaged]
+    if not entries and not damaged:
         problems.append(f"no checkpoint version found under {pfs_root(config)} or node-local directories "
                         f"matching {config.storage.local_dir!r}; check run.dir and the storage paths")
     surveys = _surveys(config)
@@ -406,6 +415,58 @@ def verify_all(config) -> tuple[int, list[str], list[str]]:
             problems.append(f"{entry.level} version {entry.step}: the shard file of rank(s) {missing} is missing "
                             f"from {entry.location}")
     return checked, problems, notes
+
+
+SET_ASIDE_WHY = {".damaged": "a damaged commit record", ".failed": "restarts from it crashed",
+                 ".unusable": "it could not be loaded"}
+
+
+def _damaged_records(config, problems: list[str], notes: list[str]) -> set[tuple[str, int]]:
+    """Records that cannot be read as written (ckpt/records.py), and versions set aside: each
+    said once. Returns the (level, step) whose record is damaged, which the file checks skip."""
+    damaged = set()
+    for name, read in ((RUN_FILE, lambda path: read_run_identity(path.parent)),
+                       (LEDGER_NAME, lambda path: json.loads(path.read_text()))):
+        path = Path(config.run.dir) / name
+        try:
+            read(path)
+        except (ValueError, HpcckptError) as exc:
+            problems.append(f"{path}: damaged ({exc}); the next start sets it aside"
+                            + (" and rewrites it from the PFS directory's record of the run" if name == RUN_FILE
+                               else ""))
+        except OSError:
+            pass
+    root = pfs_root(config)
+    try:
+        pfs_owner(root)
+    except HpcckptError as exc:
+        problems.append(f"{root / PFS_OWNER_FILE}: damaged ({exc}); the next start rewrites it from run.json")
+    for step in list_version_steps(root):
+        path = root / version_dir_name(step) / PFS_COMMIT_NAME
+        try:
+            Manifest.read(path)
+        except DamagedRecordError as exc:
+            damaged.add(("pfs", step))
+            problems.append(f"pfs version {step}: {exc}; the next start sets it aside (and writes it again from "
+                            "node-local storage where that holds it)")
+        except (HpcckptError, OSError):
+            pass
+    if root.is_dir():
+        for aside in sorted(root.glob("v*.*")):
+            why = next((why for suffix, why in SET_ASIDE_WHY.items() if suffix in aside.name), None)
+            if why is not None and aside.is_dir():
+                (problems if "damaged" in why else notes).append(
+                    f"{aside}: set aside ({why}); kept for inspection, never loaded: delete it when done")
+    for local_root in local_roots(config):
+        for step in list_version_steps(local_root):
+            for record in sorted((local_root / version_dir_name(step)).glob(COMMIT_GLOB)):
+                try:
+                    Manifest.read(record)
+                except DamagedRecordError as exc:
+                    problems.append(f"{exc}; a restart rewrites it from an intact copy of the version's record")
+                except (HpcckptError, OSError):
+                    pass
+    return damaged
 
 
 def _plan_for_incomplete(config, entry: VersionEntry, surveys: list[dict], on_l4: bool):

@@ -52,7 +52,7 @@ from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.ckpt.stopping import EXIT_HALTED, HALT_FILE_NAME
 from hpcckpt.ckpt.tally import CheckpointTally
 from hpcckpt.cluster.placement import discover_topology
-from hpcckpt.errors import CheckpointError, StorageError
+from hpcckpt.errors import CheckpointError, ConfigError, StorageError
 from hpcckpt.exit_record import record_started
 from hpcckpt.faults import NO_FAULTS, current_attempt
 from hpcckpt.format import pytree
@@ -61,6 +61,9 @@ from hpcckpt.format.manifest import record_peers
 from hpcckpt.runlog import RunLog, read_heartbeat
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXIT_HALTED"]
+
+# Errors that end a run whatever version it loaded (ckpt/ledger.py: they never mark it).
+NOT_THE_VERSIONS_DOING = (StorageError, ConfigError)  # a LeaseError is a ConfigError
 
 
 class Checkpointer:
@@ -341,9 +344,12 @@ class Checkpointer:
         if self._closed:
             return self.exit_code
         self._closed = True
-        clean = confirm if confirm is not None else sys.exc_info()[0] is None
+        in_flight = sys.exc_info()[1]
+        clean = confirm if confirm is not None else in_flight is None
         drain = clean if drain is None else drain
         self.capture_state.abandon()
+        if confirm is None and isinstance(in_flight, NOT_THE_VERSIONS_DOING):
+            self.confirm_restart()  # storage, settings or another job: the version loaded is not to blame
         try:
             self.tally.durable(self._finish_in_flight())
             if clean:

@@ -21,7 +21,7 @@ from hpcckpt.ckpt.run_identity import (
 from hpcckpt.cluster.collectives import decide_at_root, fold_at_root, on_root, quiet_any, raise_if_any_failed
 from hpcckpt.cluster.placement import local_dir_of, pfs_dir_of, user_name
 from hpcckpt.cluster.topology import fit_redundancy, job_id
-from hpcckpt.errors import ConfigError, HpcckptError, StorageError
+from hpcckpt.errors import ConfigError, DamagedRecordError, HpcckptError, StorageError
 from hpcckpt.format.compact import pack_dirs, unpack_dirs
 from hpcckpt.levels import dir_safety
 from hpcckpt.levels.base import LevelStack
@@ -45,11 +45,12 @@ class RunClaim:
 
     def _claim(self, comm, config, pfs_dir: str, log, read_only: bool) -> RunIdentity:
         run_dir = Path(config.run_dir)
+        warn = log.warning if log else None
 
         def on_rank0() -> RunIdentity:
             try:
                 if read_only:
-                    identity = read_run_identity(run_dir)
+                    identity = readable_run_identity(run_dir, pfs_dir)
                     if identity is None:
                         raise ConfigError(f"run.dir {str(run_dir)!r} holds no run ({RUN_FILE} is missing): point "
                                           "run.dir (-c, --set run.dir=...) at the directory of the run to read")
@@ -57,7 +58,7 @@ class RunClaim:
                 dir_safety.check_path(run_dir, "run.dir")
                 run_dir.mkdir(parents=True, exist_ok=True)
                 self.lease = RunLease(run_dir, job_id(os.environ), user_name(), log).acquire()
-                identity, created = establish_run_identity(run_dir, user_name(), pfs_dir)
+                identity, created = establish_run_identity(run_dir, user_name(), pfs_dir, warn)
             except OSError as exc:
                 raise StorageError(f"run.dir {str(run_dir)!r}: cannot take the run's lease or record its identity: "
                                    f"{exc.strerror or exc}; point run.dir at a writable directory") from None
@@ -66,7 +67,7 @@ class RunClaim:
             if "pfs" in config.resilience.levels:
                 dir_safety.check_path(pfs_dir, "storage.pfs_dir")
                 try:
-                    claim_pfs_dir(pfs_dir, identity, foreign_pfs_steps(pfs_dir, identity))
+                    claim_pfs_dir(pfs_dir, identity, foreign_pfs_steps(pfs_dir, identity), warn)
                 except OSError as exc:
                     raise StorageError(f"storage.pfs_dir {str(pfs_dir)!r} is not usable: {exc.strerror or exc}; "
                                        "point it at a writable directory") from None
@@ -87,17 +88,38 @@ class RunClaim:
 def foreign_pfs_steps(pfs_dir: str, identity: RunIdentity) -> list[int]:
     """Committed versions in a PFS directory no run has claimed yet that another run (or an
     hpcckpt without run identities) wrote."""
-    if pfs_owner(pfs_dir) is not None:
-        return []
+    try:
+        if pfs_owner(pfs_dir) is not None:
+            return []
+    except DamagedRecordError:
+        pass  # no owner to go by: the versions' records tell (claim_pfs_dir sets it aside)
     probe = PfsLevel(pfs_dir, 0)
     foreign = []
     for step in probe.committed_steps():
         try:
             if probe.manifest(step).run_id != identity.run_id:
                 foreign.append(step)
+        except DamagedRecordError:
+            continue  # tells nothing about whose it is; a restart sets it aside
         except (HpcckptError, OSError):
             foreign.append(step)
     return foreign
+
+
+def readable_run_identity(run_dir, pfs_dir) -> RunIdentity | None:
+    """For jobs that only read a run: run.json, or where it is damaged the PFS directory's
+    record of the same run (nothing is rewritten)."""
+    try:
+        return read_run_identity(run_dir)
+    except DamagedRecordError as exc:
+        try:
+            owner = pfs_owner(pfs_dir)
+        except DamagedRecordError:
+            owner = None
+        if owner is None:
+            raise ConfigError(f"{exc}; the PFS directory has no intact record of the run either: restore run.json "
+                              "from a backup") from None
+        return owner
 
 
 class JobStorage:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
+from hpcckpt.io.first_write import write_if_absent
 
 LEASE_NAME = "lease.json"
 RENEW_S = 10.0
@@ -94,23 +95,32 @@ class RunLease:
             if verdict == "take":
                 if holder is not None and self.log is not None and holder.pid != self.me.pid:
                     self.log.info(f"taking over the run directory's lease from {holder.describe(now)}")
+                elif holder is None and self.log is not None:
+                    self.log.warning(f"the lease {self.path} is damaged (it names no job) and no job renewed it for "
+                                     f"{min(expire_s, 2 * RENEW_S):.0f} s: taken over")
                 self._write(self.me)
                 return self._started()
             if verdict == "refuse" or (waited_since is not None and now - waited_since > expire_s + RENEW_S):
                 raise LeaseError(
-                    f"run.dir {str(self.path.parent)!r} is in use by {holder.describe(now)}; two jobs writing "
+                    f"run.dir {str(self.path.parent)!r} is in use by "
+                    f"{holder.describe(now) if holder else 'a job whose lease is damaged'}; two jobs writing "
                     "one run would delete each other's checkpoints. Wait for that job to end (or cancel it), "
                     f"or give this job its own run.dir. If that job is gone, delete {self.path}")
             if waited_since is None:
                 waited_since = now
                 if self.log is not None:
-                    self.log.info(f"run.dir is leased to {holder.describe(now)} on another host; waiting up to "
-                             f"{expire_s:.0f} s for the lease to expire", console=True)
+                    who = (f"leased to {holder.describe(now)} on another host" if holder is not None else
+                           f"leased, but its lease {self.path} is damaged (it names no job)")
+                    self.log.info(f"run.dir is {who}; waiting up to {expire_s:.0f} s for the lease to expire",
+                                  console=True)
             time.sleep(min(1.0, expire_s / 10))
 
     def _verdict(self, holder: Holder | None, now: float, expire_s: float) -> str:
-        if holder is None:  # unreadable: a writer died mid-write, or a stranger's file
-            return "take" if now - self._mtime() > expire_s else "wait"
+        if holder is None:
+            # Damaged (leases are written whole, so only from outside): a live holder on any
+            # host replaces the file whole at its next renewal; one that stayed damaged for two
+            # renewal periods has none.
+            return "take" if now - self._mtime() > min(expire_s, 2 * RENEW_S) else "wait"
         me = self.me
         if holder.job == me.job and me.job != "local":
             return "take"  # an earlier attempt of this batch job
@@ -121,13 +131,8 @@ class RunLease:
         return "take" if now - holder.renewed > expire_s else "wait"
 
     def _create(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(self.me), f)
-        return True
+        # Whole or not at all: a lease torn by a crash mid-write would name no holder.
+        return write_if_absent(self.path, json.dumps(asdict(self.me)))
 
     def _read(self) -> Holder | None:
         try:

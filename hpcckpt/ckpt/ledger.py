@@ -1,25 +1,40 @@
-"""The restart ledger: which version a restart is loading, and which versions made one fail.
+"""The restart ledger: which version a restart is loading, and which versions made restarts fail.
 
-A restart writes "pending: step V" before it loads V and clears it once the resumed run has
-proved itself (its next checkpoint, or checkpoint.confirm_after_steps steps). A pending entry
-found by the next restart means the previous one crashed while loading V or right after it:
-V is marked failed, and restarts fall back to older versions instead of looping on it.
+The rule: a version is charged only for a failure it can have caused, and only when the
+evidence says so.
+- A restart writes "pending: step V" before it loads V, and clears it once the resumed run
+  has proved itself: checkpoint.confirm_after_steps steps, its next checkpoint, or a clean
+  end. Work that does not depend on what was loaded clears it too, so its failures are never
+  charged: the end-of-run copy to L4 comes after a clean close has confirmed; an error every
+  rank agreed on while loading (an incompatible model), a storage or configuration error
+  and a stop request confirm on the way out (Checkpointer.close).
+- A pending entry found by the next restart is one crash from V: while loading it or right
+  after. One crash proves nothing (a node that died under the restart, a kill from outside):
+  V is tried again, and only a second consecutive restart from V that crashes marks it
+  failed (CRASHES_TO_FAIL). A restart from V that is confirmed clears its count.
+- A failure the ranks report themselves (mark_failed: e.g. a state that is not finite) marks
+  V at once.
+A failed version is skipped: restarts fall back to older versions instead of looping on it.
 
 One JSON file, <run.dir>/restarts.json, owned by rank 0 (run.dir is shared by all nodes):
 
     {"pending": {"step": 300, "since": 1700000000.0},
-     "failed": {"300": "the restart from it at 2026-11-23 10:00:00 crashed before it was confirmed"},
-     "set_aside": {"v000000000300.failed": "the restart from it at ... crashed ..."}}
+     "crashes": {"300": 1},
+     "failed": {"300": "two restarts from it (the last at 2026-11-23 10:00:00) crashed ..."},
+     "set_aside": {"v000000000300.failed": "two restarts from it ... crashed ..."}}
 
 Delete a step's entry under "failed" to let restarts try it again. Once a restart has fallen
 back past a failed version, that version's files are set aside (L4) or deleted (node-local) and
 the resumed run writes the step again: the entry then moves to "set_aside", for the record,
-since it must not keep the new writing of that step from being loaded.
+since it must not keep the new writing of that step from being loaded. A ledger that cannot
+be read (cut short, not JSON) is set aside as restarts.json.damaged with a warning: what it
+said about failed versions is lost, and restarts go on.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -27,6 +42,7 @@ from hpcckpt.errors import StorageError
 from hpcckpt.io.atomic import write_bytes_atomically
 
 LEDGER_NAME = "restarts.json"
+CRASHES_TO_FAIL = 2  # consecutive crashed restarts from one version that mark it failed
 
 
 def ledger_path(run_dir) -> Path:
@@ -34,22 +50,42 @@ def ledger_path(run_dir) -> Path:
 
 
 class RestartLedger:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, warn=None):
+        """`warn(message)`: how a damaged ledger is reported (rank 0's log)."""
         self.path = Path(path)
+        self.warn = warn
 
     def _load(self) -> dict:
+        empty = {"pending": None, "crashes": {}, "failed": {}, "set_aside": {}}
         try:
             record = json.loads(self.path.read_text())
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+            return {"pending": _pending(record.get("pending")), "crashes": dict(record.get("crashes", {})),
+                    "failed": dict(record.get("failed", {})), "set_aside": dict(record.get("set_aside", {}))}
         except FileNotFoundError:
-            return {"pending": None, "failed": {}, "set_aside": {}}
-        except (OSError, ValueError) as exc:
-            raise StorageError(f"{self.path}: the restart ledger cannot be read ({exc}); fix or delete the file "
-                               "(deleting it forgets which versions made restarts fail)") from None
-        return {"pending": record.get("pending"), "failed": dict(record.get("failed", {})),
-                "set_aside": dict(record.get("set_aside", {}))}
+            return empty
+        except (ValueError, TypeError, AttributeError) as exc:
+            aside = self._set_aside_damaged()
+            if self.warn is not None:
+                self.warn(f"the restart ledger {self.path} is damaged ({exc}): set aside as {aside}; which versions "
+                          "made restarts crash is forgotten, and restarts go on")
+            return empty
+        except OSError as exc:
+            raise StorageError(f"{self.path}: the restart ledger cannot be read ({exc.strerror or exc}); check "
+                               "run.dir's file system") from None
+
+    def _set_aside_damaged(self) -> str:
+        aside = self.path.with_name(self.path.name + ".damaged")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            raise StorageError(f"{self.path}: the restart ledger is damaged and cannot be set aside "
+                               f"({exc.strerror or exc}); delete it") from None
+        return aside.name
 
     def _save(self, record: dict) -> None:
-        if not record["pending"] and not record["failed"] and not record["set_aside"]:
+        if not record["pending"] and not record["crashes"] and not record["failed"] and not record["set_aside"]:
             self.path.unlink(missing_ok=True)  # nothing to remember: leave no file behind
             return
         write_bytes_atomically(self.path, json.dumps(record, indent=1).encode(), overwrite=True)
@@ -57,19 +93,36 @@ class RestartLedger:
     def failed_steps(self) -> dict[int, str]:
         return {int(step): reason for step, reason in self._load()["failed"].items()}
 
-    def settle_pending(self) -> tuple[int, str] | None:
-        """A pending entry left by the previous restart: mark its version failed (returned)."""
+    def settle_pending(self) -> tuple[int, str, bool] | None:
+        """A pending entry left by the previous restart is a crash from its version: (step,
+        what happened, whether that marked it failed), or None when there is none."""
         record = self._load()
         pending = record["pending"]
         if not pending:
             return None
         step = int(pending["step"])
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(pending.get("since", 0))))
-        reason = f"the restart from it at {since} crashed while loading or before it was confirmed"
-        record["failed"][str(step)] = reason
+        crashes = int(record["crashes"].get(str(step), 0)) + 1
         record["pending"] = None
+        if crashes >= CRASHES_TO_FAIL:
+            reason = (f"{crashes} restarts from it in a row (the last at {since}) crashed while loading or before "
+                      "they were confirmed")
+            record["failed"][str(step)] = reason
+            record["crashes"].pop(str(step), None)
+        else:
+            reason = f"the restart from it at {since} crashed while loading or before it was confirmed"
+            record["crashes"][str(step)] = crashes
         self._save(record)
-        return step, reason
+        return step, reason, crashes >= CRASHES_TO_FAIL
+
+    def mark_failed(self, step: int, reason: str) -> None:
+        """The ranks found the version bad themselves: no restart loads it again."""
+        record = self._load()
+        record["failed"][str(step)] = reason
+        record["crashes"].pop(str(step), None)
+        if record["pending"] and int(record["pending"]["step"]) == step:
+            record["pending"] = None
+        self._save(record)
 
     def set_aside(self, step: int, where: str) -> None:
         """The failed version of `step` is gone from where restarts look (`where` says what
@@ -86,7 +139,19 @@ class RestartLedger:
         self._save(record)
 
     def confirm(self) -> None:
+        """The restart from the pending version worked (or failed for a reason that is not
+        the version's): no crash is counted, and the count of earlier ones goes."""
         record = self._load()
         if record["pending"] is not None:
+            record["crashes"].pop(str(record["pending"]["step"]), None)
             record["pending"] = None
             self._save(record)
+
+
+def _pending(value):
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "step" not in value:
+        raise ValueError(f"its pending entry {value!r} names no step")
+    int(value["step"])
+    return value

@@ -39,6 +39,7 @@ import numpy as np
 from hpcckpt.ckpt.flush import AsyncFlush
 from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.policy import levels_due
+from hpcckpt.ckpt.records import RecordReader
 from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
 from hpcckpt.ckpt.room import RoomMaker, bytes_to_write, out_of_space
 from hpcckpt.ckpt.worker import Worker
@@ -243,6 +244,7 @@ class SavePipeline:
         self.room = RoomMaker(self.rank, self.node_local, self.global_levels, settings.keep_best, log,
                               remove_node_local=self._remove_node_local, prune=self._prune)
         self.health = LevelHealth(settings.max_unprotected, log)
+        self.records = RecordReader(rank, log)
         # Versions the node-local levels committed while this rank's node could not take its
         # part: they count toward its node-local retention as on the other ranks, or it would
         # keep an older version there that no other rank keeps.
@@ -789,12 +791,12 @@ class SavePipeline:
         manifests: dict[int, Manifest | None] = {}
 
         def manifest(step: int) -> Manifest | None:  # each commit record read once per retention
-            if step not in manifests:
-                try:
-                    manifests[step] = level.manifest(step)
-                except (HpcckptError, OSError):  # OSError: none here (committed_without_me)
-                    manifests[step] = None
+            if step not in manifests:  # None: none here (committed_without_me), or damaged
+                manifests[step] = self.records.manifest(level, step)
             return manifests[step]
+
+        if not level.node_local:  # its one record per version: a damaged one sets the version aside
+            committed = [s for s in committed if manifest(s) is not None or (level.name, s) not in self.records.aside]
 
         metrics = {}
         if self.settings.keep_best:
@@ -817,18 +819,22 @@ class SavePipeline:
         """(all ranks) Copy to the global level `target` the committed versions of `source`
         (L1) that its retention would keep but that skipped it; each copy is verified against
         its checksums before its commit record is written. Returns the steps copied."""
-        common = fold_at_root(self.comm, source.committed_steps(), lambda held: set.intersection(*map(set, held)))
-        on_target = set(self.comm.bcast(target.committed_steps() if self.rank == 0 else None, root=0))
+        # Versions every rank holds with a readable record (a damaged one is not copied from).
+        readable = {step: m for step in source.committed_steps() if (m := self.records.manifest(source, step))}
+        common = fold_at_root(self.comm, list(readable), lambda held: set.intersection(*map(set, held)))
+        # L4's intact versions and their metrics, read once by rank 0 (damaged ones set aside).
+        on_target_metrics = self.comm.bcast(
+            {step: m.metrics for step in target.committed_steps() if (m := self.records.manifest(target, step))}
+            if self.rank == 0 else None, root=0)
+        on_target = set(on_target_metrics)
         manifests = {}
         for step in sorted(common - on_target - self.room.dropped.get(target.name, set())):
-            manifest = source.manifest(step)
-            if manifest.world_size == self.world_size:
-                manifests[step] = manifest
+            if readable[step].world_size == self.world_size:
+                manifests[step] = readable[step]
         metrics = {step: m.metrics for step, m in manifests.items()}
         keep, keep_best = self.settings.keep["global"], self.settings.keep_best
-        if keep_best:  # one broadcast of rank 0's reads, not one per version
-            metrics.update(self.comm.bcast({step: target.manifest(step).metrics for step in on_target}
-                                           if self.rank == 0 else None, root=0))
+        if keep_best:
+            metrics.update(on_target_metrics)
         dropped = set(steps_to_delete(sorted(set(manifests) | on_target), keep, metrics, keep_best))
         copied = [step for step in sorted(manifests) if step not in dropped]
         for step in copied:

@@ -22,8 +22,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpcckpt.errors import ConfigError
+from hpcckpt.errors import ConfigError, DamagedRecordError, HpcckptError
 from hpcckpt.io.first_write import write_if_absent
+from hpcckpt.levels.naming import free_aside_name
 
 RUN_FILE = "run.json"
 PFS_OWNER_FILE = ".hpcckpt-run.json"
@@ -55,23 +56,30 @@ def _parse(path: Path) -> RunIdentity:
         return RunIdentity(str(fields["run_id"]), str(fields["run_dir"]), str(fields["user"]),
                            str(fields["host"]), float(fields["created"]), str(fields.get("pfs_dir", "")))
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a readable run identity ({exc}); it is written once, at the run's first "
-                          "start: restore it from a backup, or give the job a new run.dir") from None
+        raise DamagedRecordError(f"{path}: not a readable run identity ({exc})") from None
 
 
 def read_run_identity(run_dir: str | Path) -> RunIdentity | None:
-    """The identity of the run in `run_dir`; None if no run has started there."""
+    """The identity of the run in `run_dir`; None if no run has started there. A damaged
+    record raises DamagedRecordError."""
     path = Path(run_dir) / RUN_FILE
     if not path.exists():
         return None
     return _parse(path)
 
 
-def establish_run_identity(run_dir: str | Path, user: str, pfs_dir: str | Path = "") -> tuple[RunIdentity, bool]:
+def establish_run_identity(run_dir: str | Path, user: str, pfs_dir: str | Path = "",
+                           warn=None) -> tuple[RunIdentity, bool]:
     """(rank 0, holding the run's lease) The run's identity, created on its first start.
-    Returns (identity, created now)."""
+    A damaged run.json is set aside and rewritten from an intact copy of the identity (the
+    PFS directory's owner record, else the run id the run's L4 commit records carry),
+    said through `warn`; with none left, the job stops (ConfigError). Returns (identity,
+    created now)."""
     run_dir = Path(run_dir)
-    existing = read_run_identity(run_dir)
+    try:
+        existing = read_run_identity(run_dir)
+    except DamagedRecordError as exc:
+        existing = _rewrite_identity(run_dir, pfs_dir, exc, warn)
     if existing is not None:
         return existing, False
     identity = RunIdentity(secrets.token_hex(8), str(run_dir.resolve()), user, socket.gethostname(), time.time(),
@@ -81,14 +89,66 @@ def establish_run_identity(run_dir: str | Path, user: str, pfs_dir: str | Path =
     return _parse(run_dir / RUN_FILE), False
 
 
-def claim_pfs_dir(pfs_dir: str | Path, identity: RunIdentity, foreign_steps=()) -> None:
+def _rewrite_identity(run_dir: Path, pfs_dir, damage: Exception, warn) -> RunIdentity:
+    path = run_dir / RUN_FILE
+    identity, source = None, ""
+    if pfs_dir:
+        try:
+            identity, source = pfs_owner(pfs_dir), f"the PFS directory's record {Path(pfs_dir) / PFS_OWNER_FILE}"
+        except DamagedRecordError:
+            identity = None
+        if identity is None:
+            run_id = _run_id_of_versions(Path(pfs_dir))
+            if run_id is not None:
+                identity = RunIdentity(run_id, str(run_dir.resolve()), "unknown", "unknown", time.time(),
+                                       str(Path(pfs_dir).resolve()))
+                source = f"the run id of the L4 versions in {pfs_dir}"
+    if identity is None:
+        raise ConfigError(f"{damage}; no intact copy of the run's identity is left (the PFS directory's record "
+                          "and its versions' commit records are missing or damaged): restore run.json from a "
+                          "backup, or give the job a new run.dir") from None
+    aside = free_aside_name(path, ".damaged")
+    os.replace(path, aside)
+    if not write_if_absent(path, json.dumps(asdict(identity), indent=1)):
+        return _parse(path)  # another start rewrote it first
+    if warn is not None:
+        warn(f"{damage}: set aside as {aside.name} and rewritten from {source}; this is run {identity.run_id}")
+    return identity
+
+
+def _run_id_of_versions(pfs_dir: Path) -> str | None:
+    """The run id the newest readable L4 commit record in `pfs_dir` carries."""
+    from hpcckpt.format.manifest import Manifest  # the commit record's reader, only on this rare path
+    from hpcckpt.levels.naming import PFS_COMMIT_NAME, list_version_steps, version_dir_name
+
+    for step in sorted(list_version_steps(pfs_dir), reverse=True):
+        try:
+            run_id = Manifest.read(pfs_dir / version_dir_name(step) / PFS_COMMIT_NAME).run_id
+        except (HpcckptError, OSError):
+            continue
+        if run_id:
+            return run_id
+    return None
+
+
+def claim_pfs_dir(pfs_dir: str | Path, identity: RunIdentity, foreign_steps=(), warn=None) -> None:
     """(rank 0) Record that `pfs_dir` holds this run's versions, or refuse (ConfigError) when it
     holds another run's: one run's retention would delete the other's versions, and a restart
     would load whichever is newest. `foreign_steps`: committed versions found there whose
-    commit record names another run (or none), for a directory without an owner record."""
+    commit record names another run (or none), for a directory without an owner record. A
+    damaged owner record is set aside (said through `warn`) and counts as none: rewritten
+    for this run unless the versions there are another run's."""
     pfs_dir = Path(pfs_dir)
     marker = pfs_dir / PFS_OWNER_FILE
-    owner = _parse(marker) if marker.exists() else None
+    try:
+        owner = _parse(marker) if marker.exists() else None
+    except DamagedRecordError as exc:
+        aside = free_aside_name(marker, ".damaged")
+        os.replace(marker, aside)
+        if warn is not None:
+            warn(f"{exc}: set aside as {aside.name}; the PFS directory is claimed again for this run, whose "
+                 "versions it holds")
+        owner = None
     if owner is None and foreign_steps:
         raise ConfigError(
             f"storage.pfs_dir {str(pfs_dir)!r} already holds checkpoint versions {sorted(foreign_steps)[:5]} of "
@@ -106,6 +166,7 @@ def claim_pfs_dir(pfs_dir: str | Path, identity: RunIdentity, foreign_steps=()) 
 
 
 def pfs_owner(pfs_dir: str | Path) -> RunIdentity | None:
+    """The run that owns `pfs_dir`; None if none claimed it. Damaged: DamagedRecordError."""
     marker = Path(pfs_dir) / PFS_OWNER_FILE
     return _parse(marker) if marker.exists() else None
 

@@ -29,7 +29,7 @@ from typing import Iterable
 
 import xxhash
 
-from hpcckpt.errors import FormatError
+from hpcckpt.errors import DamagedRecordError, FormatError
 from hpcckpt.format.compact import pack_dirs, pack_groups, pack_ints, unpack_dirs, unpack_groups, unpack_ints
 from hpcckpt.format.layout import Layout
 from hpcckpt.io.atomic import write_bytes_atomically
@@ -223,10 +223,12 @@ class Manifest:
             else:
                 text = _canonical(outer["body"])
             if xxhash.xxh3_64_hexdigest(text) != outer["checksum"]:
-                raise FormatError(f"{origin}: commit record checksum mismatch (torn or edited file)")
+                raise DamagedRecordError(f"{origin}: commit record checksum mismatch (torn or edited file)")
             body = json.loads(text)
+        except DamagedRecordError:
+            raise
         except (ValueError, KeyError, TypeError) as exc:
-            raise FormatError(f"{origin}: not a readable commit record ({exc})") from None
+            raise DamagedRecordError(f"{origin}: not a readable commit record ({exc})") from None
         if body.get("format") not in READABLE_MANIFEST_FORMATS:
             raise FormatError(
                 f"{origin}: commit record format {body.get('format')!r}; this hpcckpt reads formats "

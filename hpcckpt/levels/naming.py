@@ -70,3 +70,14 @@ def list_version_steps(root: Path | str) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(s for s in map(step_of_version_dir, names) if s is not None)
+
+
+def free_aside_name(path: Path, suffix: str) -> Path:
+    """`path` + suffix, or + suffix.N where an earlier one took that name: where a version or
+    record set aside goes (kept for inspection, never loaded or pruned)."""
+    candidate = path.with_name(path.name + suffix)
+    count = 1
+    while candidate.exists():
+        count += 1
+        candidate = path.with_name(f"{path.name}{suffix}.{count}")
+    return candidate

@@ -8,6 +8,7 @@ The flush may be throttled to a bandwidth cap so it does not starve other jobs' 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hpcckpt.format.manifest import Manifest
@@ -18,6 +19,7 @@ from hpcckpt.levels.naming import (
     SHARD_GLOB,
     SHARD_NAME,
     STAGE_LABELS,
+    free_aside_name,
     list_version_steps,
     version_dir_name,
 )
@@ -66,6 +68,15 @@ class PfsLevel(ShardFileLevel):
 
     def manifest(self, step: int) -> Manifest:
         return Manifest.read(self.commit_path(step))
+
+    def set_aside(self, step: int, suffix: str) -> str:
+        """(coordinator) Move a whole version out of the way, kept for inspection: restarts,
+        retention and the drain no longer see it, and the step can be written again. Returns
+        the new directory's name."""
+        directory = self.version_dir(step)
+        aside = free_aside_name(directory, suffix)
+        os.replace(directory, aside)
+        return aside.name
 
     def committed_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root) if self.commit_path(s).is_file()]
