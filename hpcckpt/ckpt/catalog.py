@@ -451,6 +451,11 @@ def _damaged_records(config, problems: list[str], notes: list[str]) -> set[tuple
                             "node-local storage where that holds it)")
         except (HpcckptError, OSError):
             pass
+    for directory in sorted({Path(config.run.dir), root}):
+        for aside in sorted(directory.glob("*.damaged*")) if directory.is_dir() else ():
+            if aside.is_file():
+                notes.append(f"{aside}: a damaged record set aside (rewritten or started afresh since); kept for "
+                             "inspection: delete it when done")
     if root.is_dir():
         for aside in sorted(root.glob("v*.*")):
             why = next((why for suffix, why in SET_ASIDE_WHY.items() if suffix in aside.name), None)

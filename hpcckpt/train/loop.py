@@ -79,6 +79,8 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
             elif init_from:
                 log.info(f"--init-from {init_from} is not used: this run resumes from its own version {restored}",
                          console=True)
+            if restored is not None and rank == 0:  # what was loaded, bit for bit: a run's history can be checked
+                log.metrics({"event": "restored_weights", "step": restored, "weights_digest": trainer.weights_digest()})
         summary = _step_loop(config, trainer, log, checkpointer, injector, stops)
         if checkpointer is not None:
             # Node-local storage may go with the allocation: close() leaves the newest versions
