@@ -10,7 +10,7 @@ import os
 from fault_campaign import reference, run_campaign, steps_for
 
 SEED = int(os.environ.get("CAMPAIGN_SEED", "20261126"))
-ATTEMPTS = 6
+ATTEMPTS = 4
 
 
 def test_a_seeded_fault_campaign_ends_bit_identical_without_hangs_or_damaged_loads(tmp_path):

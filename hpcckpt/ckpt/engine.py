@@ -261,7 +261,7 @@ class Checkpointer:
         opened = time.perf_counter()
         previous = self.pipeline.finish_in_flight()
         waited = time.perf_counter() - opened
-        self.tally.durable(previous)
+        self.tally.durable(previous, self._l4_copying)
         if previous is not None and previous.durable_s:
             self._previous_durable = max(previous.durable_s.values())
         self.confirm_restart()
@@ -358,7 +358,7 @@ class Checkpointer:
                 self.drain()
             if clean and not self.read_only:
                 self.tally.summarise(self.comm, self.bytes_stored, self.levels_enabled, self.pipeline.flush)
-            if self.stopping is not None:
+            if self.stopping is not None and clean:
                 self._report_stop(drained=drain)
         finally:
             self.pipeline.stop()
@@ -372,11 +372,15 @@ class Checkpointer:
                 self.log.close()
         return self.exit_code
 
+    def _l4_copying(self, step: int) -> bool:
+        flush = self.pipeline.flush
+        return flush is not None and flush.flushing == step
+
     def _report_stop(self, drained: bool) -> None:
         step = self._last_checkpoint
-        if step is None:
-            where = "no checkpoint was taken at the stop (due() said one was due): this run resumes from its " \
-                    "newest earlier version"
+        if step != self._final_step:
+            where = (f"no checkpoint was taken at the stop (due() said one was due), so this run resumes from "
+                     f"{'version ' + str(step) if step is not None else 'its newest earlier version'}")
         elif self.pfs is not None and drained:
             where = f"its final checkpoint (step {step}) is durable on the PFS ({self.pfs_dir})"
         else:

@@ -24,14 +24,21 @@ class CheckpointTally:
         self.blocking: list[float] = []
         self.started = time.perf_counter()
         self._copies_behind = None  # the report of a snapshot whose copies may still be running
+        self._incomplete: list = []  # reports whose L4 copy at its own pace is not over yet
 
     def restart_clock(self) -> None:
         """The run's time, for the overhead estimate, counts from here (after its restart)."""
         self.started = time.perf_counter()
 
-    def durable(self, report) -> None:
-        if report is not None and report.durable_s and self.log:
-            self.log.metrics({"step": report.step, "checkpoint_durable_s": report.durable_s})
+    def durable(self, report, still_copying=lambda step: False) -> None:
+        """A finished checkpoint's durability times, recorded once complete: a version L4 is
+        still copying at its own pace (`still_copying(step)`) waits for a later call."""
+        if report is not None and report.durable_s:
+            self._incomplete.append(report)
+        for done in [r for r in self._incomplete if not still_copying(r.step)]:
+            self._incomplete.remove(done)
+            if self.log:
+                self.log.metrics({"step": done.step, "checkpoint_durable_s": done.durable_s})
 
     def taken(self, report, blocked: float, copies_in_background: bool) -> None:
         self.blocking.append(blocked)
