@@ -51,7 +51,9 @@ def run_main(main: Callable[[], int | None]) -> int:
     except SystemExit as exc:
         # argparse's usage error is 2 on every rank: bad input, as a ConfigError is.
         code = _exit_code(exc.code)
-        record_exit(code, rank_or_zero(), "" if isinstance(exc.code, int) or exc.code is None else str(exc.code))
+        said = str(exc.code) if isinstance(exc.code, str) else \
+            f"{os.path.basename(sys.argv[0]) or 'the application'} exited with code {code} (its own message is above)"
+        record_exit(code, rank_or_zero(), said)
         return code
     except KeyboardInterrupt:
         return 130
