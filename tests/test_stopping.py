@@ -43,3 +43,18 @@ def test_the_allocation_end_stops_the_run_halt_seconds_early(world):
         assert "run.halt_seconds = 30" in stopper.agreed()
     finally:
         stopper.close()
+
+
+def test_a_halt_file_is_looked_for_about_once_a_second_and_at_every_checkpoint(world, tmp_path):
+    from hpcckpt.ckpt.stopping import StopRequests
+
+    halt = tmp_path / "HALT"
+    stopper = StopRequests(world, halt_file=halt)
+    try:
+        stopper.step_over()  # looked for: absent
+        halt.write_text("maintenance\n")
+        assert stopper.step_over() is None  # not looked for again within the second
+        assert stopper.step_over(look_now=True) is None  # a checkpoint step: looked for
+        assert stopper.step_over() == f"halt file {halt} (maintenance)"
+    finally:
+        stopper.close()

@@ -197,7 +197,8 @@ class Checkpointer:
         if self.schedule.stopping is not None:
             return self.capture_state.is_open_at(step)
         planned = self.schedule.planned(step, last) or self.capture_state.is_open_at(step)
-        stop = self.schedule.step_over(step_seconds, observe=not self.capture_state.is_open_at(step))
+        stop = self.schedule.step_over(step_seconds, observe=not self.capture_state.is_open_at(step),
+                                       checkpointing=planned)
         self.tally.step_over()
         self.log.heartbeat(step)
         self._steps_run += 1

@@ -68,16 +68,17 @@ class CheckpointSchedule:
         Stops are not considered."""
         return last or self.policy.due(step, -1)
 
-    def step_over(self, seconds: float | None, observe: bool) -> str | None:
+    def step_over(self, seconds: float | None, observe: bool, checkpointing: bool = False) -> str | None:
         """(all ranks, once per step, after its work) Time the step (unless `observe` is
-        false: a snapshot was open during it) and complete the stop agreement. Returns the
-        agreed reason to stop, if any."""
+        false: a snapshot was open during it) and complete the stop agreement (`checkpointing`:
+        this step is checkpointed, a moment to look for the halt file). Returns the agreed
+        reason to stop, if any."""
         now = time.perf_counter()
         if seconds is None and self._clock_started is not None:
             seconds = now - self._clock_started
         if observe and seconds is not None and seconds > 0:
             self.policy.observe_step(seconds, self._persisting_at_start)
-        return self.stops.step_over()
+        return self.stops.step_over(look_now=checkpointing)
 
     @property
     def stopping(self) -> str | None:

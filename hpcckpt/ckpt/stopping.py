@@ -29,8 +29,9 @@ import numpy as np
 EXIT_HALTED = 75  # sysexits' EX_TEMPFAIL: stopped on request after a final checkpoint; run again to continue
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 HALT_FILE_NAME = "HALT"
-HALT_CHECK_S = 1.0  # a halt file is looked for at most this often (a stat per step is a metadata
-#                     operation on the PFS, where run.dir usually lives)
+HALT_CHECK_S = 1.0  # a halt file is looked for at most this often between checkpoints (a stat per
+#                     step is a metadata operation on the PFS, where run.dir usually lives), and at
+#                     every checkpoint, so a run whose steps are short still sees it in time
 
 _SIGNAL_FLAG = 1
 _TIME_FLAG = 2
@@ -90,11 +91,11 @@ class StopRequests:
         """The application asks for a stop itself (on this rank; agreed like a signal)."""
         self.signal_name = self.signal_name or reason
 
-    def _halt_requested(self) -> bool:
+    def _halt_requested(self, look_now: bool) -> bool:
         if self.halt_file is None or self.halt_reason is not None:
             return self.halt_reason is not None
         now = time.monotonic()
-        if now < self._next_halt_check:
+        if now < self._next_halt_check and not look_now:
             return False
         self._next_halt_check = now + HALT_CHECK_S
         try:
@@ -106,18 +107,19 @@ class StopRequests:
         self.halt_reason = f"halt file {self.halt_file}" + (f" ({text[0][:200]})" if text and text[0] else "")
         return True
 
-    def _local_flags(self) -> int:
+    def _local_flags(self, look_now: bool) -> int:
         flags = _SIGNAL_FLAG if self.signal_name else 0
         if self.rank == 0:
             if self.end_time and self.halt_seconds and self.end_time - self.clock() < self.halt_seconds:
                 flags |= _TIME_FLAG
-            if self._halt_requested():
+            if self._halt_requested(look_now):
                 flags |= _HALT_FLAG
         return flags
 
-    def post(self) -> None:
-        """(all ranks) Share this rank's flags of now; agreed() completes the exchange."""
-        self._sent[0] = self._local_flags()
+    def post(self, look_now: bool = False) -> None:
+        """(all ranks) Share this rank's flags of now; agreed() completes the exchange.
+        `look_now`: look for the halt file even if it was looked for less than HALT_CHECK_S ago."""
+        self._sent[0] = self._local_flags(look_now)
         if self.comm is not None:
             self._request = self.comm.Iallreduce(self._sent, self._agreed, op=self._op)
         self._posted = True
@@ -144,13 +146,13 @@ class StopRequests:
             self.reason = self._describe(flags)
         return self.reason
 
-    def step_over(self) -> str | None:
+    def step_over(self, look_now: bool = False) -> str | None:
         """(all ranks, once per step) Complete the exchange of the previous step and post this
         one's: a request made during step k is agreed at the end of step k + 1, the same step
-        on every rank. Once agreed, the reason stays."""
+        on every rank. Once agreed, the reason stays. `look_now`: see post()."""
         reason = self.agreed()
         if reason is None:
-            self.post()
+            self.post(look_now)
         return reason
 
     def _describe(self, flags: int) -> str:
