@@ -27,6 +27,16 @@ needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="no GPU")
 
 
 @pytest.fixture(scope="session", autouse=True)
+def compiled_sources():
+    """Every test launches ranks by the hundred; where PYTHONDONTWRITEBYTECODE is set (as on
+    CI), each would compile the package again. Python still reads bytecode written here."""
+    import compileall
+
+    for tree in ("hpcckpt", "examples", "tests/scripts"):
+        compileall.compile_dir(REPO / tree, quiet=1)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_leaked_mpi_segments():
     """Fault tests kill ranks, and MPICH leaves each such job's shared-memory segment in
     /dev/shm (RAM) until reboot: the session removes the ones it left (cluster/shm_orphans.py)."""

@@ -9,6 +9,7 @@ of ranks and still see every sample exactly once per epoch.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,11 +74,12 @@ def synthetic_classification(samples: int, features: int, classes: int, seed: in
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """The 8x8 handwritten digits that ship inside scikit-learn: real data, no download."""
-    try:
-        import sklearn
-    except ImportError:
-        raise DataError("data.source = 'digits' needs scikit-learn; pip install scikit-learn") from None
-    path = Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz"
+    # Found, not imported: importing scikit-learn pulls in SciPy, seconds of start-up on every rank
+    # for a file of 1797 rows that NumPy reads itself.
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("data.source = 'digits' needs scikit-learn; pip install scikit-learn")
+    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
     if not path.is_file():
         raise DataError(f"the digits data set is missing from scikit-learn at {path}")
     with gzip.open(path, "rt") as f:
