@@ -87,7 +87,7 @@ class CheckpointConfig:
     split_threshold_kb: int = 1024
     # Replicas (L2) and parity (L3) travel and are written in chunks of this many MiB, through
     # reused chunk buffers (2 for L2; group size + parity for L3): the snapshot is the only
-    # buffer the size of a shard (#26).
+    # buffer the size of a shard.
     chunk_mib: float = 8.0
     # The persist thread's nice value. 0 by default: a niced thread that holds the GIL or
     # MPICH's lock when it is preempted makes training wait for it (perf/RESULTS.md, #5).

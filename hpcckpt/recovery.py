@@ -8,7 +8,7 @@ fetch:    each rank reads only its own shard, from the cheapest level that holds
           replica, an erasure rebuild, each collective over its peers), else L4; on
           another rank count or layout, the byte ranges of the old shards that its new
           pieces need, from wherever they survived (repartition/). Files it only passes on
-          are mapped, not read into buffers, and what travels goes in chunks (#26).
+          are mapped, not read into buffers, and what travels goes in chunks.
 verify:   checksums per tensor; a mismatch makes that source missing and the rank falls
           through to the next level; if a rank has no good source left, the whole job drops
           that version and agrees on the next older one.

@@ -3,7 +3,7 @@ rank's snapshot buffers, become the protected arrays (all ranks, collectively).
 
 Replicated tensors are gathered from every rank's piece: received in place where the pieces
 in rank order are the array's bytes, else a slab of about checkpoint.chunk_mib at a time
-written in place (#26: a restore holds no second copy of a large tensor); a block array's
+written in place (a restore holds no second copy of a large tensor); a block array's
 block and a per-rank array are this rank's piece as it is. Targets may be NumPy or CuPy,
 contiguous or views.
 """
@@ -51,7 +51,7 @@ def assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
 def _gather_in_slabs(ctx, tl, target, send: np.ndarray) -> None:
     """(all ranks) One replicated tensor gathered into `target` (in place, any strides,
     NumPy or CuPy) a slab at a time, each about ctx.chunk_bytes (one row of every piece at
-    least), so a restore holds no second copy of a large tensor (#26). A piece holds its
+    least), so a restore holds no second copy of a large tensor. A piece holds its
     rows along the cut axis one after the other (the axis moved to the front), so a slab is
     the same rows of every piece, one byte range of each."""
     from mpi4py import MPI

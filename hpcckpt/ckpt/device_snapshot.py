@@ -1,4 +1,4 @@
-"""Snapshots of CuPy arrays without stopping the GPU or the host (issue #5, item 1).
+"""Snapshots of CuPy arrays without stopping the GPU or the host.
 
 A piece's copy is enqueued on a side stream, ordered after everything the compute stream had
 enqueued when capture() was called (its weight update included), so the host returns at once

@@ -1,4 +1,4 @@
-"""Say it before it fails (#26 item 3): what checkpointing will take of each node's host
+"""Say it before it fails: what checkpointing will take of each node's host
 memory, against what the node has, said in one line at the first checkpoint or restart
 instead of an OOM kill in the middle of a run.
 

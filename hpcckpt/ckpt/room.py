@@ -1,4 +1,4 @@
-"""Making room on a level that ran out of space (#21): which of its own versions it may drop
+"""Making room on a level that ran out of space: which of its own versions it may drop
 to fit the new one, and whether dropping them would make it fit.
 
 A level that reports ENOSPC (or EDQUOT) for a version may drop its own older versions and

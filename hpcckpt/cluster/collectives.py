@@ -14,7 +14,7 @@ allreduce of an int on the happy path; O(ranks) small messages gathered when som
 come back as data, by rank, and only other failures raise.
 
 The job's collectives and what each rank sends and receives (W ranks, T tensors per shard, G
-the erasure group size, V versions stored), for #27's rule "O(1) or O(group) per rank, or
+the erasure group size, V versions stored), for the rule "O(1) or O(group) per rank, or
 O(W) at one root, never O(W^2) in total". The tools: fold_at_root (gather at rank 0, fold,
 broadcast a small answer), decide_at_root (gather, decide, broadcast the shared part and
 scatter one answer per rank), allgather_compact (the distinct values and runs of ranks),
@@ -99,7 +99,7 @@ def post_exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tupl
 
 def exchange_streamed(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, int, Callable]], tag: int,
                       chunk_bytes: int, chunk_buffer: Callable[[int], np.ndarray]) -> BaseException | None:
-    """An exchange of transfers too large to hold whole at the receiver (#26): each send
+    """An exchange of transfers too large to hold whole at the receiver: each send
     (rank, contiguous uint8 bytes) goes as chunks of `chunk_bytes` (views, posted at once:
     no copy); each receive (rank, nbytes, sink) comes in through two chunk buffers
     (`chunk_buffer(0)`, `chunk_buffer(1)`, each at least `chunk_bytes`), alternately, each

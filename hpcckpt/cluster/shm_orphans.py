@@ -1,9 +1,9 @@
 """Shared-memory segments that MPI leaves behind when ranks are killed.
 
-MPICH's ranks on one node share a segment in /dev/shm (mpich_shm_*, 6-8 MiB here) and remove it
+MPICH's ranks on one node share a segment in /dev/shm (mpich_shm_*, several MiB each) and remove it
 at MPI_Finalize. A rank killed with SIGKILL, as a lost node's ranks are, never gets there: the
-segment stays, in RAM, until the node reboots. On the development box a day of fault tests
-and demos left 1,309 of them: 7.5 GiB of its 24 GiB. Batch systems often leave /dev/shm alone
+segment stays, in RAM, until the node reboots: a day of fault tests can leave a third of a
+node's memory there. Batch systems often leave /dev/shm alone
 between jobs, so the restart loop (jobs/restart-loop.sh) removes them after a failed attempt,
 and the test suite after its run.
 

@@ -49,7 +49,7 @@ def _parity_matrix(nsym: int) -> np.ndarray:
     """(255 - nsym) x nsym: row i is the parity of the message with a 1 at position i. Parity
     is linear over GF(2^8), so any message's parity is the XOR of its bytes times these rows:
     one table lookup for all codewords of a header, instead of a division step per column
-    (1.3-2.5 ms per shard file before, and every checkpoint writes four per rank)."""
+    (which cost milliseconds per shard file, and every checkpoint writes four per rank)."""
     if nsym not in _PARITY_MATRICES:
         block = RS_CODEWORD_BYTES - nsym
         _PARITY_MATRICES[nsym] = _remainders(np.eye(block, dtype=np.uint8), nsym)

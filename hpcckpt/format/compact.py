@@ -1,6 +1,6 @@
 """Per-rank maps of a commit record (node of each rank, partner of each rank, erasure groups,
 node-local directories) stored as the rule they follow, so a record's size does not grow with
-the rank count for a regular placement (#27); anything irregular is stored as it is.
+the rank count for a regular placement; anything irregular is stored as it is.
 
 Every encoding is checked by decoding it before it is used: what is read back is always
 exactly what was written, whichever rule (or none) fits.

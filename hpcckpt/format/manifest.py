@@ -6,7 +6,7 @@ small JSON state (step, iterator, RNG), the metrics, where each rank's node-loca
 lives and where its redundancy went, the run that wrote it and the settings it was written
 with. A checksum over its own text detects a torn or edited record.
 
-Where each copy lives and what it lists (#27): L4's one record per version lists every
+Where each copy lives and what it lists, so no record grows as ranks x ranks: L4's one record per version lists every
 shard; a rank's node-local record lists the shards a restore from its node needs: its own,
 its erasure group's and those whose L2 replica it holds (`for_rank`), so its size does not
 grow with the rank count. A restore or `inspect` rebuilds the whole table from the records

@@ -2,9 +2,8 @@
 
 A buffered write of checkpoint data costs the CPU far more than the copy suggests: the kernel
 allocates a page-cache page per 4 KiB, ext4 books each one for delayed allocation, and the
-fsync then walks them all into block requests. On the 2-core development box a durable
-256 MiB write took 0.56 s of CPU buffered against 0.01 s with O_DIRECT, and was durable
-sooner (perf/bench_write.py, perf/RESULTS.md). Those cycles come out of training, which
+fsync then walks them all into block requests: tens of times the CPU of an O_DIRECT write,
+which is also durable sooner (perf/bench_write.py; the numbers are in perf/RESULTS.md). Those cycles come out of training, which
 shares the cores with the persist. The page cache would rarely serve these bytes again: L2-L4
 take the snapshot's bytes from memory, and a restart mostly follows a crash. (Draining L1 to
 L4 and verifying files do read them back, now from the disk.)

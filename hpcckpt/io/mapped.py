@@ -1,4 +1,4 @@
-"""Files read as mapped memory rather than into buffers (#26, bounded restore).
+"""Files read as mapped memory rather than into buffers, so a restore's memory stays bounded.
 
 A restore reads shard files it only passes on: a replica sent back to its rank, a survivor's
 segments and parity pieces sent to a rebuild, an old shard whose byte ranges go to the new

@@ -50,7 +50,7 @@ from hpcckpt.levels.naming import (
 from hpcckpt.levels.spares import SpareFiles
 
 # Replicas and parity travel and reach the disk in chunks of this size (checkpoint.chunk_mib):
-# no level holds a buffer the size of a shard (#26).
+# no level holds a buffer the size of a shard.
 DEFAULT_CHUNK_BYTES = 8 << 20
 
 

@@ -9,10 +9,9 @@ an O_DIRECT write past the end of a file, converts its unwritten extents at fsyn
 a file in place does neither. So a rank moves each of its retired data files into
 `<local_dir>/.spare/` (the name unchanged; on L4 the coordinator moves every rank's shard into
 `<pfs_dir>/.spare/`), and the next write of that name renames the spare to its temporary name
-and overwrites it (PostgreSQL recycles its WAL segments for the same reason). On the 2-core
-box, a 25 MB write to tmpfs plus the unlink of an old file took 24.3 ms of CPU, overwriting a
-spare 8.8 ms; on its disk, with O_DIRECT, the overwrite was durable after 79 ms instead of
-130 ms (perf/bench_recycle.py, perf/RESULTS.md).
+and overwrites it (PostgreSQL recycles its WAL segments for the same reason): an overwrite costs
+a fraction of the CPU of a new file plus an unlink, and is durable sooner
+(perf/bench_recycle.py; the numbers are in perf/RESULTS.md).
 
 A spare is never a version: restart, listing and verification only look into version
 directories (v<step>), and an interrupted overwrite leaves only a temporary file behind.

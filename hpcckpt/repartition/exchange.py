@@ -19,7 +19,7 @@ node, which rank 0 broadcasts (O(ranks) to each rank: the one place where metada
 reaches every rank whole, and only on a restart onto another rank count or placement; see
 cluster/collectives.py); the bad sources are folded at rank 0 each round; shard bytes move
 once, from provider to the rank that needs them.
-Memory (#26): old shard files, parity files and rebuilt shards are mapped, not read into
+Memory: old shard files, parity files and rebuilt shards are mapped, not read into
 buffers, so their pages are the page cache's; a rank's own memory is its new pieces (its
 snapshot buffers), a rebuild's chunks, and the staging of byte ranges that are not
 contiguous in its new pieces (block arrays cut differently).
