@@ -494,7 +494,7 @@ class SavePipeline:
     def node_local_label(self) -> str:
         """The node-local levels fail and recover together: one version directory, one commit
         record per rank."""
-        return "node-local " + " ".join(level.label.split()[0] for level in self.node_local)
+        return "node-local " + " ".join(level.number for level in self.node_local)
 
     def _persist_node_local(self, snapshot: Snapshot, version: VersionImage, levels: list, shard_infos,
                             names: tuple, report: PersistReport, started: float, room: "_RoomOnce"):
@@ -589,7 +589,7 @@ class SavePipeline:
                 stored = self._stage(step, level.stage_label, lambda: level.store(version), phase=level.name,
                                      comm=comm)
                 self.faults.strike(step, "commit")
-                self._stage(step, f"{level.label.split()[0]} commit", lambda: level.commit(manifest),
+                self._stage(step, f"{level.number} commit", lambda: level.commit(manifest),
                             phase="commit", comm=comm)
                 return stored
             except CheckpointError:
@@ -848,13 +848,13 @@ class SavePipeline:
                 target.store(VersionImage(step, self.world_size, (), lambda: data))
                 problems = verify_shard(target.shard_path(step))
                 if problems:
-                    raise CheckpointError(f"{target.label.split()[0]} copy of {source.shard_path(step)}: "
+                    raise CheckpointError(f"{target.number} copy of {source.shard_path(step)}: "
                                           f"{problems[0]}")
-            self._stage(step, f"drain to {target.label.split()[0]}", copy_shard, phase=target.name)
+            self._stage(step, f"drain to {target.number}", copy_shard, phase=target.name)
             manifest = dataclasses.replace(manifests[step], levels=manifests[step].levels + (target.name,))
-            self._stage(step, f"{target.label.split()[0]} commit", lambda: target.commit(manifest), phase="commit")
+            self._stage(step, f"{target.number} commit", lambda: target.commit(manifest), phase="commit")
             if self.log:
-                self.log.info(f"drained version {step} from node-local storage to {target.label.split()[0]}",
+                self.log.info(f"drained version {step} from node-local storage to {target.number}",
                               console=True)
         if copied and target.prunes_here:
             for step in self._deletable(target, keep, max(copied)):

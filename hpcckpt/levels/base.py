@@ -39,6 +39,7 @@ from hpcckpt.format.shardfile import ShardImage, ShardInfo, plan_shard, write_sh
 from hpcckpt.io.atomic import AtomicFile, write_bytes_atomically
 from hpcckpt.levels.naming import (
     LEVEL_LABELS,
+    LEVEL_NUMBERS,
     STAGE_LABELS,
     commit_file_name,
     list_version_steps,
@@ -95,6 +96,7 @@ class DeliveryRequest:
 class Level(Protocol):
     name: str  # "local", "partner", "erasure", "pfs" (levels/naming.py)
     label: str  # "L1 local", ... for logs
+    number: str  # "L1", ... where a message names the level briefly
     stage_label: str  # "L1 local write", ... what its part of a checkpoint is called in errors
     node_local: bool  # its files live in the node-local directory and share L1's commit record
     prunes_here: bool  # this rank applies retention to it (each rank its own files, or a coordinator)
@@ -198,6 +200,10 @@ class NodeLocalFiles:
     @property
     def label(self) -> str:
         return LEVEL_LABELS[self.name]
+
+    @property
+    def number(self) -> str:
+        return LEVEL_NUMBERS[self.name]
 
     @property
     def stage_label(self) -> str:

@@ -15,6 +15,7 @@ from hpcckpt.format.manifest import Manifest
 from hpcckpt.levels.base import ShardFileLevel, remove_tree
 from hpcckpt.levels.naming import (
     LEVEL_LABELS,
+    LEVEL_NUMBERS,
     PFS_COMMIT_NAME,
     SHARD_GLOB,
     SHARD_NAME,
@@ -31,6 +32,7 @@ COORDINATOR = 0  # the rank that writes the commit record and deletes whole vers
 class PfsLevel(ShardFileLevel):
     name = "pfs"
     label = LEVEL_LABELS["pfs"]
+    number = LEVEL_NUMBERS["pfs"]
     stage_label = STAGE_LABELS["pfs"]
     config_key = "storage.pfs_dir"
     node_local = False
