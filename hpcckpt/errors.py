@@ -10,6 +10,12 @@ class HpcckptError(Exception):
     # all), so ranks can exit together; otherwise the job is aborted to free the other ranks.
     collective = False
 
+    def __init__(self, *args, collective: bool | None = None):
+        """`collective`: every rank raises this error at this point (the class says by default)."""
+        super().__init__(*args)
+        if collective is not None:
+            self.collective = collective
+
 
 class ConfigError(HpcckptError, ValueError):
     """The job configuration (file, --set or environment) is unusable."""
@@ -56,8 +62,8 @@ class CheckpointError(HpcckptError, RuntimeError):
 
     exit_code = 4
 
-    def __init__(self, message, failures_by_rank=None):
-        super().__init__(message)
+    def __init__(self, message, failures_by_rank=None, *, collective: bool | None = None):
+        super().__init__(message, collective=collective)
         self.failures_by_rank = dict(failures_by_rank or {})
 
 

@@ -231,9 +231,9 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
             return loaded
     if ledger is not None:
         on_root(ctx.comm, _RANK0_WORK, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
-    raise _collective(UnrecoverableError(
+    raise UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({[c.step for c in outlook.candidates]}) failed "
-        "verification; see the rank logs for the pieces that were bad"))
+        "verification; see the rank logs for the pieces that were bad", collective=True)
 
 
 def _shared_manifest(ctx, step: int, mine: Holdings, whole: bool) -> Manifest | None:
@@ -605,8 +605,9 @@ def init_from(ctx, source: str, select) -> Manifest:
     if not names:
         problems.append("no protected array was selected to load")
     if problems:
-        raise _collective(IncompatibleCheckpointError(
-            f"--init-from {source}: version {manifest.step} does not fit this job: " + "; ".join(problems)))
+        raise IncompatibleCheckpointError(
+            f"--init-from {source}: version {manifest.step} does not fit this job: " + "; ".join(problems),
+            collective=True)
 
     def read_pieces():
         try:
@@ -747,11 +748,6 @@ def _remove_node_local(ctx, step: int) -> None:
         if level.node_local:
             level.remove(step)
     ctx.local.remove_strays(step)  # files of levels this job does not run
-
-
-def _collective(exc: HpcckptError) -> HpcckptError:
-    exc.collective = True
-    return exc
 
 
 def _warn(ctx, message: str) -> None:

@@ -418,8 +418,8 @@ class Checkpointer:
             # job's to retry (exit 3) while they are still there, once the PFS takes writes.
             error = StorageError(f"the end-of-run copy to L4 failed: {exc}; the newest versions are on node-local "
                                  "storage only. Free space on the PFS (or fix it) and run the job again before the "
-                                 "allocation ends: it resumes from node-local storage and copies them")
-            error.collective = True
+                                 "allocation ends: it resumes from node-local storage and copies them",
+                                 collective=True)
             raise error from None
 
     def init_from(self, source: str, select: Callable[[str], bool] | None = None) -> int:

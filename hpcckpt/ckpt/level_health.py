@@ -58,8 +58,8 @@ class LevelHealth:
                 f"no level could hold versions {self.unprotected} ({len(self.unprotected)} checkpoints in a row, "
                 f"resilience.max_unprotected_checkpoints = {self.max_unprotected}): {why}; training stops rather "
                 "than run on unprotected. Fix the storage (space, permissions, mounts) and run again: the job "
-                "resumes from the newest version a level still holds")
-            error.collective = True  # every rank counts the same agreed failures
+                "resumes from the newest version a level still holds",
+                collective=True)  # every rank counts the same agreed failures
             raise error
 
     def _say(self, message: str, record: dict) -> None:

@@ -541,8 +541,7 @@ class SavePipeline:
             return
         lost = frozenset(lacking)
         supplied = frozenset().union(*(level.supplies(lost) for level in levels))
-        failure = CheckpointError(self._partial_failure(step, lacking), lacking)
-        failure.collective = True
+        failure = CheckpointError(self._partial_failure(step, lacking), lacking, collective=True)
         if lost <= supplied and not (out_of_space(failure) and not room.tried and room()):
             return
         raise failure

@@ -216,8 +216,10 @@ def _raise_agreed(comm, label: str, failures: dict, step: int | None, error_type
         message = f"{label}{where} failed on {who}: {first_error}"
     else:
         message = first_error  # every rank says the same thing: say it once
-    exc = error_type(message, failures) if issubclass(error_type, CheckpointError) else error_type(message)
-    exc.collective = True
+    if issubclass(error_type, CheckpointError):
+        exc = error_type(message, failures, collective=True)
+    else:
+        exc = error_type(message, collective=True)
     exc.agreed_on = comm  # agree() on the same communicator passes it through as it is
     raise exc
 
