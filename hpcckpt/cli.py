@@ -363,8 +363,8 @@ def _command_halt(args) -> int:
     if not run_dir.is_dir():
         raise ConfigError(f"halt: {run_dir} is not a run directory (it does not exist); pass the run's --run-dir")
     path.write_text((args.reason or "hpcckpt halt") + "\n")
-    print(f"wrote {path}: the job stops after its current step (rank 0 looks for it about once a second and at every checkpoint), takes "
-          "a final checkpoint, copies it to L4 and exits 75; the file is removed then")
+    print(f"wrote {path}: the job stops after its current step (rank 0 looks for it about once a second and "
+          "at every checkpoint), takes a final checkpoint, copies it to L4 and exits 75; the file is removed then")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The restore's "agree" step, decided once at rank 0, so no rank exchanges O(ranks) with every other: which versions can be loaded,
-how, and from which level each rank reads its shard.
+"""The restore's "agree" step, decided once at rank 0, so no rank exchanges O(ranks) with
+every other: which versions can be loaded, how, and from which level each rank reads its shard.
 
 Every rank lists what it can reach (recovery._discover: a Holdings, O(versions) in size) and
 rank 0 gathers them: O(ranks) there. It picks the candidate versions, newest first, each with

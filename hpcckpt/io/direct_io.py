@@ -3,10 +3,11 @@
 A buffered write of checkpoint data costs the CPU far more than the copy suggests: the kernel
 allocates a page-cache page per 4 KiB, ext4 books each one for delayed allocation, and the
 fsync then walks them all into block requests: tens of times the CPU of an O_DIRECT write,
-which is also durable sooner (perf/bench_write.py; the numbers are in perf/RESULTS.md). Those cycles come out of training, which
-shares the cores with the persist. The page cache would rarely serve these bytes again: L2-L4
-take the snapshot's bytes from memory, and a restart mostly follows a crash. (Draining L1 to
-L4 and verifying files do read them back, now from the disk.)
+which is also durable sooner (perf/bench_write.py; the numbers are in perf/RESULTS.md).
+Those cycles come out of training, which shares the cores with the persist. The page cache
+would rarely serve these bytes again: L2-L4 take the snapshot's bytes from memory, and a
+restart mostly follows a crash. (Draining L1 to L4 and verifying files do read them back, now
+from the disk.)
 
 O_DIRECT wants the memory address, the file offset and the length of every write aligned to
 the device's block. Aligned parts of the caller's buffers (the snapshot buffer is allocated

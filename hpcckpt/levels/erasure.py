@@ -121,10 +121,11 @@ class ErasureLevel(NodeLocalFiles):
         `only_missing`, stripes are encoded only for holders that lack their parity file.
         Returns the parity bytes stored here.
 
-        The segments go in rounds of `chunk_bytes` (no rank holds a buffer the size of a shard): in each round, contributors send the
-        next chunk of their data segment of stripe t to its gatherer, member t, which encodes
-        p parity chunks, keeps one and forwards the others; every holder writes its chunks to
-        its parity file as they come. Every buffer is chunk-sized and reused.
+        The segments go in rounds of `chunk_bytes` (no rank holds a buffer the size of a shard):
+        in each round, contributors send the next chunk of their data segment of stripe t to
+        its gatherer, member t, which encodes p parity chunks, keeps one and forwards the
+        others; every holder writes its chunks to its parity file as they come. Every buffer
+        is chunk-sized and reused.
         """
         segment = self._segment(shard_sizes)
         if only_missing:
