@@ -4,6 +4,7 @@ and before the allocation ends, and versions whose restart crashed. Real mpiexec
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO, assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_mpi, small_job
 
@@ -26,8 +29,20 @@ def script_env(tmp_path: Path, **extra) -> dict:
 
 
 def run_job_script(script: str, tmp_path: Path, timeout: float = 400, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "jobs" / script)], cwd=tmp_path, env=script_env(tmp_path, **extra),
-                          capture_output=True, text=True, timeout=timeout)
+    command = ["bash", str(REPO / "jobs" / script)]
+    process = subprocess.Popen(command, cwd=tmp_path, env=script_env(tmp_path, **extra), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A hang is a finding: say where every process of the job was before ending them.
+        processes = subprocess.run(["ps", "-e", "-o", "pid,ppid,sid,stat,etime,wchan:24,args"],
+                                   capture_output=True, text=True).stdout
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{script} did not end within {timeout} s; its processes then:\n{processes}\n"
+                    f"stdout:\n{stdout}\nstderr:\n{stderr}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def job(tmp_path: Path, **sections) -> Path:
