@@ -214,7 +214,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
     for candidate in outlook.candidates:
         step = candidate.step
         if ledger is not None:
-            on_root(ctx.comm, _RANK0_WORK, lambda: ledger.begin(step))
+            on_root(ctx.comm, _RANK0_WORK, lambda: ledger.begin(step, outlook.nodes_with_files))
         ctx.faults.strike(step, "restore")
         try:
             loaded = _try_restore(ctx, candidate, mine, my_sources.get(step, ()), repair=wanted is None)

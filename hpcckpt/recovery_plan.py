@@ -239,6 +239,7 @@ class Outlook:
     unfinished: tuple  # versions never complete: deleted before the job writes them again
     failed: dict  # versions marked failed by crashed restarts (the ledger), step -> why
     candidates: tuple  # Candidate, newest first; () for a fresh start
+    nodes_with_files: int = 0  # node-local directories holding the run's files (the ledger's evidence)
 
 
 def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, ledger) -> tuple[Outlook, list]:
@@ -259,7 +260,8 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir")
         return nothing, [{}] * ctx.world_size
-    failed = _failed_versions(ctx, ledger) if ledger is not None else {}
+    nodes_with_files = len(_surviving_nodes(ctx, everyone))
+    failed = _failed_versions(ctx, ledger, nodes_with_files) if ledger is not None else {}
     steps = _candidates(ctx, everyone, wanted, excluded=failed)
     if not steps:
         _raise_if_nothing_loadable(ctx, everyone, mode, wanted, newest_anywhere, failed, ledger)
@@ -277,16 +279,18 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
                           for v in (h.views.get(step) for h in everyone))
         candidates.append(Candidate(step, route, frozenset(_lacking_node_local_pieces(ctx, everyone, step)),
                                     _writing(everyone, step), all(step in h.pfs for h in everyone), views))
-    return Outlook(unfinished, failed, tuple(candidates)), sources
+    return Outlook(unfinished, failed, tuple(candidates), nodes_with_files), sources
 
 
-def _failed_versions(ctx, ledger) -> dict[int, str]:
+def _failed_versions(ctx, ledger, nodes_with_files: int) -> dict[int, str]:
     """Versions that made a restart crash; the previous restart's pending entry, if any, is
-    one of them now."""
-    settled = ledger.settle_pending()
+    one of them now, unless a node was lost under it."""
+    settled = ledger.settle_pending(nodes_with_files)
     if settled is not None:
-        step, what, failed = settled
-        if failed:
+        step, what, failed, counted = settled
+        if not counted:
+            warn(ctx, f"version {step}: {what}")
+        elif failed:
             warn(ctx, f"version {step} is marked failed: {what}; falling back to an older version (the record is "
                        f"in {ledger.path})")
         else:

@@ -111,14 +111,14 @@ def test_restart_ledger_marks_a_version_failed_only_after_two_crashed_restarts_i
     ledger = RestartLedger(tmp_path / "restarts.json")
     assert ledger.settle_pending() is None and ledger.failed_steps() == {}
     ledger.begin(300)
-    step, reason, failed = ledger.settle_pending()  # one restart from 300 never confirmed: a node may have died
+    step, reason, failed, _ = ledger.settle_pending()  # one restart from 300 never confirmed: a node may have died
     assert (step, failed) == (300, False) and "crashed" in reason and ledger.failed_steps() == {}
     ledger.begin(300)
     ledger.confirm()  # the next one from 300 worked: the crash before is forgotten
     ledger.begin(300)
     assert ledger.settle_pending()[2] is False
     ledger.begin(300)
-    step, reason, failed = ledger.settle_pending()  # a second crash in a row: failed
+    step, reason, failed, _ = ledger.settle_pending()  # a second crash in a row: failed
     assert failed and reason.startswith("2 restarts from it in a row") and list(ledger.failed_steps()) == [300]
     assert ledger.settle_pending() is None  # settled only once
     ledger.begin(250)
@@ -290,3 +290,21 @@ def test_the_memory_forecast_counts_the_snapshot_and_every_levels_chunks():
     assert describe(short_nodes(everyone)).startswith(
         f"checkpointing will need {(need.total + small.total) / (1 << 30):.2f} GiB of host memory on node 1: "
         "2 rank(s), each up to 0.25 GiB of snapshot and 0.078 GiB of chunk buffers, but the node has 0.34 GiB")
+
+
+def test_a_crashed_restart_under_which_a_node_was_lost_is_not_counted_against_its_version(tmp_path):
+    from hpcckpt.ckpt.ledger import RestartLedger
+
+    ledger = RestartLedger(tmp_path / "restarts.json")
+    for nodes in (4, 3, 2):  # nodes dying under restarts one after the other
+        ledger.begin(300, nodes_with_files=nodes)
+        settled = ledger.settle_pending(nodes_with_files=nodes - 1)
+        assert (settled.step, settled.failed, settled.counted) == (300, False, False)
+        assert "1 node(s) of" in settled.reason and "not counted" in settled.reason
+    assert ledger.failed_steps() == {}
+    # As many nodes with files as before: the crash is the version's to answer for, twice.
+    ledger.begin(300, nodes_with_files=3)
+    assert ledger.settle_pending(nodes_with_files=3).counted
+    ledger.begin(300, nodes_with_files=3)
+    assert ledger.settle_pending(nodes_with_files=4).failed  # a node more (a spare) explains nothing
+    assert list(ledger.failed_steps()) == [300]

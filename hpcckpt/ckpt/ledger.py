@@ -12,6 +12,10 @@ evidence says so.
   after. One crash proves nothing (a node that died under the restart, a kill from outside):
   V is tried again, and only a second consecutive restart from V that crashes marks it
   failed (CRASHES_TO_FAIL). A restart from V that is confirmed clears its count.
+- A crash that lost a node is explained without V: the pending entry records how many
+  node-local directories held the run's files when it began, and when the next restart finds
+  fewer, that crash is not counted (nodes that die under restarts, one after the other, must
+  not mark intact versions failed until none is left).
 - A failure the ranks report themselves (mark_failed: e.g. a state that is not finite) marks
   V at once.
 A failed version is skipped: restarts fall back to older versions instead of looping on it.
@@ -37,12 +41,22 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from hpcckpt.errors import StorageError
 from hpcckpt.io.atomic import write_bytes_atomically
 
 LEDGER_NAME = "restarts.json"
 CRASHES_TO_FAIL = 2  # consecutive crashed restarts from one version that mark it failed
+
+
+class SettledRestart(NamedTuple):
+    """What the previous restart's pending entry came to."""
+
+    step: int
+    reason: str
+    failed: bool  # this crash marked the version failed
+    counted: bool  # the crash was counted against the version (False: a node was lost under it)
 
 
 def ledger_path(run_dir) -> Path:
@@ -93,17 +107,25 @@ class RestartLedger:
     def failed_steps(self) -> dict[int, str]:
         return {int(step): reason for step, reason in self._load()["failed"].items()}
 
-    def settle_pending(self) -> tuple[int, str, bool] | None:
+    def settle_pending(self, nodes_with_files: int | None = None) -> SettledRestart | None:
         """A pending entry left by the previous restart is a crash from its version: (step,
-        what happened, whether that marked it failed), or None when there is none."""
+        what happened, whether that marked it failed), or None when there is none.
+        `nodes_with_files`: how many node-local directories hold the run's files now; fewer
+        than when the pending restart began means a node was lost under it: not counted."""
         record = self._load()
         pending = record["pending"]
         if not pending:
             return None
         step = int(pending["step"])
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(pending.get("since", 0))))
-        crashes = int(record["crashes"].get(str(step), 0)) + 1
         record["pending"] = None
+        before = pending.get("nodes_with_files")
+        if nodes_with_files is not None and isinstance(before, int) and nodes_with_files < before:
+            self._save(record)
+            return SettledRestart(step, f"the restart from it at {since} crashed, and {before - nodes_with_files} "
+                                        f"node(s) of {before} lost their node-local files since: not counted "
+                                        "against it", failed=False, counted=False)
+        crashes = int(record["crashes"].get(str(step), 0)) + 1
         if crashes >= CRASHES_TO_FAIL:
             reason = (f"{crashes} restarts from it in a row (the last at {since}) crashed while loading or before "
                       "they were confirmed")
@@ -113,7 +135,7 @@ class RestartLedger:
             reason = f"the restart from it at {since} crashed while loading or before it was confirmed"
             record["crashes"][str(step)] = crashes
         self._save(record)
-        return step, reason, crashes >= CRASHES_TO_FAIL
+        return SettledRestart(step, reason, failed=crashes >= CRASHES_TO_FAIL, counted=True)
 
     def mark_failed(self, step: int, reason: str) -> None:
         """The ranks found the version bad themselves: no restart loads it again."""
@@ -133,9 +155,13 @@ class RestartLedger:
             record["set_aside"][where] = reason
             self._save(record)
 
-    def begin(self, step: int) -> None:
+    def begin(self, step: int, nodes_with_files: int | None = None) -> None:
+        """A restart loads `step` now; `nodes_with_files`: how many node-local directories
+        hold the run's files as it begins (see settle_pending)."""
         record = self._load()
         record["pending"] = {"step": step, "since": time.time()}
+        if nodes_with_files is not None:
+            record["pending"]["nodes_with_files"] = nodes_with_files
         self._save(record)
 
     def confirm(self) -> None:
