@@ -474,9 +474,10 @@ class SavePipeline:
 
     def _share_shard_infos(self, size: int, checksums: dict, step: int) -> ShardInfos:
         """(all ranks) What the commit records need of every rank's shard, each rank told only
-        what it writes, so no rank receives O(ranks): the checksums of the shards its node-local record lists, point
-        to point from those O(group) ranks; all of them at L4's coordinator, which writes the
-        record listing every shard and hands every rank the version id and total size."""
+        what it writes, so no rank receives O(ranks): the checksums of the shards its node-local
+        record lists, point to point from those O(group) ranks; all of them at L4's coordinator,
+        which writes the record listing every shard and hands every rank the version id and
+        total size."""
         send_to, receive_from = self.record_peers
         records = exchange_objects(self.comm, (size, checksums), send_to, receive_from, TAG_RECORDS)
         records[self.rank] = (size, checksums)

@@ -6,8 +6,8 @@ small JSON state (step, iterator, RNG), the metrics, where each rank's node-loca
 lives and where its redundancy went, the run that wrote it and the settings it was written
 with. A checksum over its own text detects a torn or edited record.
 
-Where each copy lives and what it lists, so no record grows as ranks x ranks: L4's one record per version lists every
-shard; a rank's node-local record lists the shards a restore from its node needs: its own,
+Where each copy lives and what it lists, so no record grows as ranks x ranks: L4's one
+record per version lists every shard; a rank's node-local record lists the shards a restore from its node needs: its own,
 its erasure group's and those whose L2 replica it holds (`for_rank`), so its size does not
 grow with the rank count. A restore or `inspect` rebuilds the whole table from the records
 that survive (`with_shards`); `version_id` names the writing whichever part a copy lists.

@@ -1,4 +1,4 @@
-"""Erasure-coded blocks rebuilt in rounds of chunks, so a restore's memory is bounded as a checkpoint's is.
+"""Erasure-coded blocks rebuilt in rounds of chunks: a restore's memory bounded as a checkpoint's.
 
 A rebuild makes the blocks a decoder wants of some stripes from k surviving blocks of each.
 Whole, the decoder would hold k segments of every stripe (the group's shards over again)
