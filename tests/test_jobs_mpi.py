@@ -220,6 +220,22 @@ def test_halt_seconds_stops_the_run_before_the_allocation_ends(tmp_path):
     assert _pfs_versions(tmp_path / "run").get(halted["step"]) is True
 
 
+def test_restarts_under_which_a_node_was_lost_do_not_mark_their_version_failed(tmp_path):
+    config = job(tmp_path)
+    # Attempts 2 and 3 each lose a node while loading 20: explained by the node, not by the
+    # version, so attempt 4 still loads 20 (two counted crashes would have marked it failed).
+    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
+                          TRAIN_ARGS="--inject rank-kill:rank=1:step=25:phase=snapshot:attempt=1 "
+                                     "--inject node-loss:node=1:step=20:phase=restore:attempt=2 "
+                                     "--inject node-loss:node=0:step=20:phase=restore:attempt=3")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert out.count("lost their node-local files since: not counted against it") == 2, out
+    assert "is marked failed" not in out and "finished after 4 attempt(s)" in out
+    assert "restored version 20" in out
+    assert final_record(tmp_path / "run")["weights_digest"] == straight_digest(tmp_path, config)
+
+
 def test_a_version_whose_restart_crashed_twice_is_marked_failed_and_skipped(tmp_path):
     config = job(tmp_path)
     # Attempt 1 crashes once the checkpoint of step 20 is durable (the next snapshot waits for
