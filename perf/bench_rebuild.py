@@ -46,8 +46,8 @@ l3_rebuild, its rebuilt parity file too).
 
 Breakdown (timing probes wrapped around hpcckpt functions by this script; hpcckpt itself is
 unchanged), per rank, seconds inside restart():
-  discover    recovery._discover (list the levels' versions)
-  fetch       recovery._fetch: read + verify own pieces from L1 (for rank 1 after a loss:
+  discover    restore/discover.py's discover (list the levels' versions)
+  fetch       restore/fetch.py's read_pieces: read + verify own pieces from L1 (for rank 1 after a loss:
               the re-read of the shard it has just written back)
   parity_rd   ErasureLevel.read_parity (survivors read + verify their parity pieces)
   rounds      levels/rebuild_rounds.rebuild_in_rounds: the rounds of chunks (transfers of the
@@ -56,14 +56,14 @@ unchanged), per rank, seconds inside restart():
               1's exit minus the last survivor's entry (wall clock).
   decode      ErasureCode.rebuild (the GF(2^8) decode of the lost blocks; inside rounds)
   parity_fin  ShardFileWriter.finish (header, fsync and publish of the rebuilt parity file)
-  l4_read     recovery._restore_local_copy (rank 1 copies its verified L4 shard back to L1;
+  l4_read     restore/fetch.py's _land_copy (rank 1 copies its verified L4 shard back to L1;
               the L4 read itself is part of fetch)
   l1_write    LocalLevel.write_shard_bytes (write + fsync of the L4 shard into L1)
   l3_stage    ErasureLevel.deliver (everything L3 does, all ranks)
   l3_rest     l3_stage minus parity_rd, rounds and parity_fin (rank 1: waiting in an allgather
               while the survivors read their parity, publishing its rebuilt L1 copy)
-  reprotect   recovery._reprotect (re-encode what is still missing + commit record + barrier)
-  load        recovery._load (Allgatherv of every tensor + copy into the arrays)
+  reprotect   recovery._protect_again (re-encode what is still missing + commit record + barrier)
+  load        recovery.load (Allgatherv of every tensor + copy into the arrays)
   disk_rd/wr  read_bytes / write_bytes of /proc/self/io over restart(), MiB
 
 JSON (--json, flat): rebuild_one_node_s, l4_one_node_s, l1_no_loss_s (medians), each also
@@ -165,6 +165,7 @@ class Probes:
 def _install_probes() -> Probes:
     from hpcckpt import recovery
     from hpcckpt.codec.cpu import ErasureCode
+    from hpcckpt.restore import discover, fetch
     from hpcckpt.format.shardfile import ShardFileWriter
     from hpcckpt.levels import erasure
     from hpcckpt.levels.erasure import ErasureLevel
@@ -172,9 +173,9 @@ def _install_probes() -> Probes:
 
     probes = Probes()
     for owner, attr, key in [
-        (recovery, "_discover", "discover"), (recovery, "_fetch", "fetch"),
-        (recovery, "_restore_local_copy", "l4_read"), (ErasureLevel, "deliver", "l3_stage"),
-        (recovery, "_reprotect", "reprotect"), (recovery, "_load", "load"),
+        (recovery, "discover", "discover"), (fetch, "read_pieces", "fetch"),
+        (fetch, "_land_copy", "l4_read"), (ErasureLevel, "deliver", "l3_stage"),
+        (recovery, "_protect_again", "reprotect"), (recovery, "load", "load"),
         (ErasureLevel, "read_parity", "parity_rd"), (erasure, "rebuild_in_rounds", "rounds"),
         (ShardFileWriter, "finish", "parity_fin"), (ErasureCode, "rebuild", "decode"),
         (LocalLevel, "write_shard_bytes", "l1_write"),
@@ -324,7 +325,7 @@ def _check_logs(log_dir: Path, variant: str) -> dict:
 
 def _check_files(run_dir: Path, pristine: Path, variant: str, version_dir: str) -> dict:
     """Node 1's shard (and parity) after the restore against the original bytes; `version_dir`:
-    the version's directory in the run's own node-local directory (ckpt/run_identity.py)."""
+    the version's directory in the run's own node-local directory (run/run_identity.py)."""
     vdir = Path(version_dir)
     shard = vdir / f"shard-r{LOST_RANK:05d}.hck"
     parity = vdir / f"parity-r{LOST_RANK:05d}.hck"
@@ -429,7 +430,7 @@ def main(argv=None) -> None:
         shutil.rmtree(args.run_dir / "log", ignore_errors=True)
         shutil.copytree(args.run_dir, pristine)
         pristine_listing = _listing(pristine)
-        run_subdir = "run-" + json.loads((pristine / "run.json").read_text())["run_id"]  # ckpt/run_identity.py
+        run_subdir = "run-" + json.loads((pristine / "run.json").read_text())["run_id"]  # run/run_identity.py
         version_dir = f"local/node{LOST_NODE}/{run_subdir}/v{STEP:012d}"
         shard_bytes = pristine_listing[f"{version_dir}/shard-r{LOST_RANK:05d}.hck"]
         parity_bytes = pristine_listing[f"{version_dir}/parity-r{LOST_RANK:05d}.hck"]
@@ -523,7 +524,7 @@ def main(argv=None) -> None:
               f"{s['disk_wr_mib_all']:9.0f}")
     print(f"  rebuild / L4 = {flat['rebuild_over_l4']:.2f} (paired per repeat: {flat['rebuild_over_l4_paired']:.2f}; "
           f"before the load: {flat['rebuild_over_l4_before_load']:.2f}); rank 1 / others: each side's own restart() "
-          "time; pre-load: restart() minus recovery._load (the Allgatherv + copy every variant does alike), "
+          "time; pre-load: restart() minus recovery.load (the Allgatherv + copy every variant does alike), "
           "largest over ranks; disk rd/wr: MiB the block layer read / was sent for writing, all ranks")
     print("\nbreakdown inside restart(), seconds (medians; 'others' = the largest over ranks 0, 2, 3):")
     head = ["discover", "fetch", "parity_rd", "rounds", "xfer_net", "decode", "parity_fin", "l4_read", "l1_write",

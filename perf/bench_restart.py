@@ -43,11 +43,11 @@ in the page cache. bytes_read_per_rank is rchar of /proc/self/io (bytes returned
 system calls, any file) over the timed region, the largest over ranks.
 
 hpcckpt breakdown (timing probes wrapped around the module functions of hpcckpt.recovery and
-recovery_load by this script, restored after each restore; nothing in hpcckpt is changed):
-read = read + verify shard bytes (_fetch, _read_file: on the L4 path the L4 shard is read
-whole, written back as this rank's L1 copy and read again from there), L1 back = writing that
-L1 copy (_restore_local_copy) + re-protection (_reprotect), allgather = exchange of every
-tensor (_load minus place), place = copies into the protected arrays (write_in_place), other =
+hpcckpt/restore/ by this script, restored after each restore; nothing in hpcckpt is changed):
+read = read + verify shard bytes (fetch.read_pieces: on the L4 path the L4 shard is read
+whole, then written back as this rank's L1 copy), L1 back = writing that L1 copy
+(fetch._land_copy) + re-protection (recovery._protect_again), allgather = exchange of every
+tensor (load minus place), place = copies into the protected arrays (write_in_place), other =
 the rest (Checkpointer()
 and protect() = setup, discover, agree, waits, close). Each is the largest over ranks,
 median over repeats.
@@ -228,13 +228,13 @@ class Worker:
         of a resuming job would write the version again for M ranks and delete the N-rank
         node-local copies the next repeat reads."""
         from hpcckpt import Checkpointer
-        from hpcckpt import recovery, recovery_load
+        from hpcckpt import recovery
+        from hpcckpt.restore import fetch, load, repartitioned
 
         # Timing probes on the restore flow's module functions (restored afterwards).
-        probes = {(recovery, "_fetch"): "fetch_s", (recovery, "_read_file"): "read_file_s",
-                  (recovery, "_restore_local_copy"): "adopt_s", (recovery, "_reprotect"): "reprotect_s",
-                  (recovery, "_load"): "load_s", (recovery, "write_in_place"): "place_s",
-                  (recovery_load, "write_in_place"): "place_s"}
+        probes = {(fetch, "read_pieces"): "fetch_s", (fetch, "_land_copy"): "adopt_s",
+                  (recovery, "_protect_again"): "reprotect_s", (recovery, "load"): "load_s",
+                  (repartitioned, "load"): "load_s", (load, "write_in_place"): "place_s"}
         probes = {where: key for where, key in probes.items() if hasattr(*where)}
         times = {key: 0.0 for key in probes.values()}
         originals = {where: getattr(*where) for where in probes}

@@ -10,7 +10,7 @@ blocks of 12 weights, each with one optimizer slot), per rank count:
   parse_s      Manifest.from_bytes() of one node-local record (each restart, inspect, retention)
   l4_mib       L4's one record of the version (every shard listed)
 
-And a restart after one node is lost (recovery_plan.py), per rank count, 3 versions on
+And a restart after one node is lost (restore/plan.py), per rank count, 3 versions on
 L1-L3 and one on L4:
 
   holdings_mib  what each rank received when every rank's holdings were allgathered (before)
@@ -44,8 +44,14 @@ from types import SimpleNamespace
 from hpcckpt.cluster.topology import Topology
 from hpcckpt.format.layout import TensorSpec, plan_layout
 from hpcckpt.format.manifest import Manifest, ShardRecord, shard_digest, version_id_of
+from hpcckpt.levels.base import LevelStack
+from hpcckpt.levels.erasure import ErasureLevel
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.partner import PartnerLevel
+from hpcckpt.levels.pfs import PfsLevel
 from hpcckpt.levels.survey import NodeLocalView, Writing
-from hpcckpt.recovery_plan import Holdings, plan_restore
+from hpcckpt.restore.discover import Holdings
+from hpcckpt.restore.plan import plan_restore
 
 HIDDEN = 1024
 RANKS_PER_NODE = 4
@@ -115,7 +121,7 @@ def _pickled_size(value, writings_as_rules: bool = True) -> int:
 
 
 def one_restart(manifest: Manifest) -> dict:
-    """Every rank's holdings as recovery._discover lists them after node 1 is lost, and rank
+    """Every rank's holdings as restore/discover.py lists them after node 1 is lost, and rank
     0's decision over them."""
     ranks = manifest.world_size
     writing = Writing.of(manifest)
@@ -132,21 +138,27 @@ def one_restart(manifest: Manifest) -> dict:
                                         frozenset((s, h) for h in members for s in sources_of[h]),
                                         frozenset(members)) for step in steps}
              for node, members in on_node.items()}
+    group_of = {m: g for g in manifest.groups for m in g}
     everyone = []
     for rank in range(ranks):
+        on_l4 = {1000: writing}
         if node_of[rank] == 1:  # lost: its directory is gone
-            everyone.append(Holdings({}, {}, (), {1000: ranks}, pfs_writings={1000: (writing.identity, 0.0)},
-                                     pfs_geometry={1000: writing}))
+            everyone.append(Holdings(written={"pfs": on_l4}, supplies={"pfs": {1000: frozenset({rank})}}))
             continue
+        node_local = {s: writing for s in steps}
+        members = frozenset(group_of[rank])
         everyone.append(Holdings(
-            local={s: ranks for s in steps}, replicas={s: tuple(sources_of[rank]) for s in steps}, parity=steps,
-            pfs={1000: ranks}, node_files=True, local_writings={s: (writing.identity, 0.0) for s in steps},
-            pfs_writings={1000: (writing.identity, 0.0)}, views=views[node_of[rank]],
-            pfs_geometry={1000: writing}))
+            written={"local": node_local, "partner": node_local, "erasure": node_local, "pfs": on_l4},
+            supplies={"local": {s: frozenset({rank}) for s in steps},
+                      "partner": {s: frozenset(sources_of[rank]) for s in steps},
+                      "erasure": {s: members for s in steps}, "pfs": {1000: frozenset({rank})}},
+            node_files=True, views=views[node_of[rank]]))
     topology = Topology(node_of)
-    ctx = SimpleNamespace(rank=0, world_size=ranks, topology=topology, partner=object(), erasure=object(),
-                          partner_of=manifest.partner_of, groups=manifest.groups, parity=manifest.parity, log=None,
-                          pfs_dir="/pfs")
+    levels = LevelStack([LocalLevel("/local", 0), PartnerLevel("/local", 0, manifest.partner_of, None),
+                         ErasureLevel("/local", 0, group_of[0], None, manifest.parity, groups=manifest.groups),
+                         PfsLevel("/pfs", 0)])
+    ctx = SimpleNamespace(rank=0, world_size=ranks, topology=topology, levels=levels, log=None, pfs_dir="/pfs",
+                          layout=SimpleNamespace(digest=writing.layout_digest))
     started = time.perf_counter()
     outlook, answers = plan_restore(ctx, everyone, "auto", None, None)
     decide_s = time.perf_counter() - started

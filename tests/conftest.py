@@ -83,7 +83,7 @@ def run_script(n: int, script: Path, args: list[str], cwd, *, timeout: float = 2
 
 def node_local(run_dir, node: int) -> Path:
     """Simulated node `node`'s node-local directory of the run in `run_dir` under the default
-    template: the run's own directory in it (ckpt/run_identity.py)."""
+    template: the run's own directory in it (run/run_identity.py)."""
     run_id = json.loads((Path(run_dir) / "run.json").read_text())["run_id"]
     return Path(run_dir) / "local" / f"node{node}" / f"run-{run_id}"
 

@@ -106,7 +106,7 @@ def test_fault_attempt_field_limits_the_fault_to_one_attempt(monkeypatch):
 
 
 def test_restart_ledger_marks_a_version_failed_only_after_two_crashed_restarts_in_a_row(tmp_path):
-    from hpcckpt.ckpt.ledger import RestartLedger
+    from hpcckpt.run.ledger import RestartLedger
 
     ledger = RestartLedger(tmp_path / "restarts.json")
     assert ledger.settle_pending() is None and ledger.failed_steps() == {}
@@ -136,7 +136,7 @@ def test_restart_ledger_marks_a_version_failed_only_after_two_crashed_restarts_i
 
 
 def test_a_damaged_restart_ledger_is_set_aside_with_a_warning_and_restarts_go_on(tmp_path):
-    from hpcckpt.ckpt.ledger import RestartLedger
+    from hpcckpt.run.ledger import RestartLedger
 
     said = []
     ledger = RestartLedger(tmp_path / "restarts.json", said.append)
@@ -293,7 +293,7 @@ def test_the_memory_forecast_counts_the_snapshot_and_every_levels_chunks():
 
 
 def test_a_crashed_restart_under_which_a_node_was_lost_is_not_counted_against_its_version(tmp_path):
-    from hpcckpt.ckpt.ledger import RestartLedger
+    from hpcckpt.run.ledger import RestartLedger
 
     ledger = RestartLedger(tmp_path / "restarts.json")
     for nodes in (4, 3, 2):  # nodes dying under restarts one after the other

@@ -1,5 +1,5 @@
-"""Damaged records never stop a run that something intact can carry on (ckpt/records.py,
-ckpt/ledger.py): each is not used, one warning names it, it is set aside or rewritten from an
+"""Damaged records never stop a run that something intact can carry on (run/records.py,
+run/ledger.py): each is not used, one warning names it, it is set aside or rewritten from an
 intact copy, and nothing intact is deleted. Real ranks."""
 
 import json

@@ -51,6 +51,40 @@ def test_holdings_name_whose_shards_each_rank_can_supply(answers):
             assert ranks == set(range(RANKS))
 
 
+def test_asked_about_its_own_rank_a_level_names_only_that_rank(answers):
+    kind, got = answers
+    for rank, held in enumerate(got["holdings_of_own"]):
+        assert set(held) == {"10", "20"}
+        expected = {"local": {rank}, "pfs": {rank}, "erasure": {rank}, "partner": set()}[kind]
+        assert set(held["20"]) == expected  # a rank never holds its own replica
+
+
+def test_the_commit_record_is_read_through_the_level(answers):
+    kind, got = answers
+    assert got["manifest_step"] == [20] * RANKS
+
+
+def test_what_the_plan_asks_of_a_level_over_everyones_holdings(answers):
+    kind, got = answers
+    assert got["serves"] == [list(range(RANKS))] * RANKS
+    served = got["serves_without_2"][0]
+    if kind == "local":  # rank 2's own file went with its node
+        assert served == [0, 1, 3]
+    elif kind == "partner":  # every shard but the one whose replica rank 2 held
+        assert 2 in served and len(served) == RANKS - 1
+    else:  # a group of 4 with parity 1 loses one member; L4 is shared
+        assert served == list(range(RANKS))
+
+
+def test_a_collective_level_makes_again_what_a_lost_rank_held(answers):
+    kind, got = answers
+    if kind in ("local", "pfs"):
+        assert "protected_again" not in got
+        return
+    for rank, answer in enumerate(got["protected_again"]):
+        assert answer["same"] and answer["files"], (rank, answer)
+
+
 def test_a_lost_shard_is_delivered_byte_exact_where_the_level_can(answers):
     kind, got = answers
     delivered = got["deliver_to_2"]

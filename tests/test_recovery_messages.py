@@ -2,22 +2,38 @@
 
 from types import SimpleNamespace
 
-from hpcckpt.recovery_plan import Holdings, _missing_message
+from hpcckpt.cluster.topology import Topology
+from hpcckpt.levels.base import LevelStack
+from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.survey import Writing
+from hpcckpt.restore.discover import Holdings
+from hpcckpt.restore.plan import _missing_message
+
+WRITING = Writing("run-a", 1.0, 4, "run", ((0, 1, 2, 3),), 1, "layout")
 
 
-def holdings(local=()):
-    # Committed L1 versions live in version directories, so their node holds files.
-    return Holdings(local={step: 4 for step in local}, replicas={}, parity=(), pfs={}, node_files=bool(local))
+class _Ranks:
+    """Holdings by rank, as discovery lists them: committed L1 versions live in version
+    directories, so their node holds files."""
+
+    def __init__(self):
+        self.next_rank = 0
+
+    def __call__(self, local=()):
+        rank, self.next_rank = self.next_rank, self.next_rank + 1
+        return Holdings(written={"local": {step: WRITING for step in local}},
+                        supplies={"local": {step: frozenset({rank}) for step in local}}, node_files=bool(local))
 
 
 def job(node_of_rank):
-    return SimpleNamespace(world_size=len(node_of_rank), topology=SimpleNamespace(node_of_rank=node_of_rank),
-                           partner=None, erasure=None)
+    return SimpleNamespace(world_size=len(node_of_rank), topology=Topology(tuple(node_of_rank)),
+                           levels=LevelStack([LocalLevel("/nonexistent", 0)]))
 
 
 def test_lost_nodes_and_an_unfinished_rank_on_a_surviving_node_are_named_apart():
     # Nodes 1 and 0 of 2 nodes x 2 ranks: node 1 is gone; on node 0, rank 0 finished version 8
     # and rank 1 only had version 4 when the job stopped.
+    holdings = _Ranks()
     everyone = [holdings((4, 8)), holdings((4,)), holdings(), holdings()]
     message = _missing_message(job([0, 0, 1, 1]), everyone, 8)
     assert "the shards of rank(s) [2, 3] on node(s) [1] are on no surviving level" in message
@@ -26,6 +42,7 @@ def test_lost_nodes_and_an_unfinished_rank_on_a_surviving_node_are_named_apart()
 
 
 def test_only_lost_nodes_name_no_unfinished_rank():
+    holdings = _Ranks()
     everyone = [holdings((8,)), holdings((8,)), holdings(), holdings()]
     message = _missing_message(job([0, 0, 1, 1]), everyone, 8)
     assert "rank(s) [2, 3] on node(s) [1]" in message and "surviving node" not in message
@@ -33,7 +50,8 @@ def test_only_lost_nodes_name_no_unfinished_rank():
 
 def test_a_node_with_only_uncommitted_files_counts_as_surviving():
     # The job died in its first checkpoint: node 0 holds only half-written files, node 1 is gone.
-    started = Holdings(local={}, replicas={}, parity=(), pfs={}, node_files=True)
+    started = Holdings(node_files=True)
+    holdings = _Ranks()
     everyone = [started, started, holdings(), holdings()]
     message = _missing_message(job([0, 0, 1, 1]), everyone, 4)
     assert "rank(s) [2, 3] on node(s) [1] are on no surviving level" in message

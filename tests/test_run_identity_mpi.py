@@ -1,4 +1,4 @@
-"""A checkpoint belongs to its run and its user (ckpt/run_identity.py, levels/dir_safety.py),
+"""A checkpoint belongs to its run and its user (run/run_identity.py, levels/dir_safety.py),
 on real mpiexec ranks: runs sharing one node-local directory (one machine, no job id, the
 `mpirun with a config file` case) never load or delete each other's versions; another run's
 PFS directory is refused; --init-from is the explicit way to start from another run; what

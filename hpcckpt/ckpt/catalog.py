@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.ckpt.retention import best_step
-from hpcckpt.ckpt.ledger import LEDGER_NAME
-from hpcckpt.ckpt.run_identity import LOCAL_SUBDIR_PREFIX, PFS_OWNER_FILE, RUN_FILE, pfs_owner, read_run_identity
+from hpcckpt.run.ledger import LEDGER_NAME
+from hpcckpt.run.run_identity import LOCAL_SUBDIR_PREFIX, PFS_OWNER_FILE, RUN_FILE, pfs_owner, read_run_identity
 from hpcckpt.cluster.placement import pfs_dir_of, user_name
 from hpcckpt.cluster.topology import expand_dir_template, job_id
 from hpcckpt.errors import CheckpointError, ConfigError, DamagedRecordError, HpcckptError, UnrecoverableError
@@ -66,7 +66,7 @@ def run_id_of(config) -> str | None:
 
 def local_roots(config) -> list[Path]:
     """This run's node-local roots reachable from here: the template with {node}, {rank} and
-    {host} as wildcards, and the run's own directory in each (ckpt/run_identity.py)."""
+    {host} as wildcards, and the run's own directory in each (run/run_identity.py)."""
     pattern = expand_dir_template(config.storage.local_dir, run_dir=str(config.run.dir), node="*", rank="*",
                                   host="*", job=job_id(os.environ), user=user_name())
     bases = sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
@@ -422,7 +422,7 @@ SET_ASIDE_WHY = {".damaged": "a damaged commit record", ".failed": "restarts fro
 
 
 def _damaged_records(config, problems: list[str], notes: list[str]) -> set[tuple[str, int]]:
-    """Records that cannot be read as written (ckpt/records.py), and versions set aside: each
+    """Records that cannot be read as written (run/records.py), and versions set aside: each
     said once. Returns the (level, step) whose record is damaged, which the file checks skip."""
     damaged = set()
     for name, read in ((RUN_FILE, lambda path: read_run_identity(path.parent)),

@@ -62,7 +62,7 @@ from hpcckpt.runlog import RunLog, read_heartbeat
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXIT_HALTED"]
 
-# Errors that end a run whatever version it loaded (ckpt/ledger.py: they never mark it).
+# Errors that end a run whatever version it loaded (run/ledger.py: they never mark it).
 NOT_THE_VERSIONS_DOING = (StorageError, ConfigError)  # a LeaseError is a ConfigError
 
 
@@ -397,7 +397,7 @@ class Checkpointer:
     def confirm_restart(self) -> None:
         """(all ranks) The resumed run works: the version it restarted from is good. Called
         after checkpoint.confirm_after_steps steps (counted by due()), at the next checkpoint
-        and at a clean close(). Until then a crash marks that version failed (see ckpt/ledger.py)."""
+        and at a clean close(). Until then a crash marks that version failed (see run/ledger.py)."""
         ledger, self.restart_unconfirmed = self.restart_unconfirmed, None
         if ledger is not None and self.rank == 0:
             ledger.confirm()
@@ -511,11 +511,10 @@ class Checkpointer:
         layout = self._ensure_layout()
         return recovery.RestoreContext(
             comm=self.comm, rank=self.rank, world_size=self.world_size, node=self.node, topology=self.topology,
-            levels=self.levels, partner_of=self.partner_of, groups=self.groups,
-            parity=self.storage.redundancy.parity, layout=layout, local_array_names=self.local_array_names,
+            levels=self.levels, layout=layout, local_array_names=self.local_array_names,
             buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
             run_id=self.run.run_id, settings=self.config.recorded, run_dir=self.config.run_dir,
-            pfs_dir=self.pfs_dir, local_dir=self.local_dir, log=self.log, faults=self.faults,
+            pfs_dir=self.pfs_dir, node_dir=self.local_dir, log=self.log, faults=self.faults,
             chunk_bytes=self.config.checkpoint.chunk_bytes, apply_state=self._apply_restored_state)
 
     def _finish_in_flight(self) -> PersistReport | None:

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from hpcckpt.ckpt.lease import RunLease
-from hpcckpt.ckpt.run_identity import (
+from hpcckpt.run.run_identity import (
     RUN_FILE,
     RunIdentity,
     claim_pfs_dir,
@@ -34,7 +34,7 @@ from hpcckpt.levels.spares import SpareFiles
 
 
 class RunClaim:
-    """(all ranks) Which run this is (ckpt/run_identity.py). A writing job: rank 0 takes the
+    """(all ranks) Which run this is (run/run_identity.py). A writing job: rank 0 takes the
     run directory's lease, creates or reads the run's identity and claims the PFS directory
     for it; a reading one (read_only) only reads the identity. Rank 0's refusal fails every
     rank alike."""

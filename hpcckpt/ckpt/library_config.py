@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hpcckpt.ckpt.settings_record import recorded_settings
+from hpcckpt.run.settings_record import recorded_settings
 from hpcckpt.config import CheckpointConfig, ResilienceConfig, StorageConfig
 
 
@@ -26,7 +26,7 @@ class LibraryConfig:
     end_time: float = 0.0
     halt_seconds: float = 0.0
     # The whole job's settings, recorded in every commit record, so a restart can say what
-    # changed since a version was written (ckpt/settings_record.py).
+    # changed since a version was written (run/settings_record.py).
     recorded: dict = field(default_factory=dict)
 
     @classmethod

@@ -39,7 +39,7 @@ import numpy as np
 from hpcckpt.ckpt.flush import AsyncFlush
 from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.policy import levels_due
-from hpcckpt.ckpt.records import RecordReader
+from hpcckpt.run.records import RecordReader
 from hpcckpt.ckpt.retention import newest_redundant_versions, steps_to_delete, versions_to_delete
 from hpcckpt.ckpt.room import RoomMaker, bytes_to_write, out_of_space
 from hpcckpt.ckpt.worker import Worker

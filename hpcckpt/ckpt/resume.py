@@ -11,7 +11,7 @@ from hpcckpt.errors import CheckpointError
 
 def protect_again(result, write: Callable[[tuple], None], clear_old_geometry: Callable[[Callable], None],
                   ledger, rank: int, log, where: str) -> None:
-    """(all ranks) Write the restored version (`result`, recovery.RestoreResult) to the levels
+    """(all ranks) Write the restored version (`result`, restore/context.py's RestoreResult) to the levels
     it names, with the state and metrics it was saved with (`write(level names)`). L4 first,
     where it lacks the version: its files cannot collide with the old job's, so the version
     is durable there before the old job's node-local copies of it give way to the new ones
@@ -20,10 +20,10 @@ def protect_again(result, write: Callable[[tuple], None], clear_old_geometry: Ca
     a warning: the version is loaded, and the next checkpoint protects the run. `where`: this
     job's ranks and nodes, for the log."""
     step = result.step
-    global_first = tuple(name for name in result.protect_again if name == "pfs")
-    node_local = tuple(name for name in result.protect_again if name != "pfs")
+    global_first = result.protect_globally
+    node_local = tuple(name for name in result.protect_again if name not in global_first)
     # The version loaded and verified: a crash while writing it is the storage's or a node's,
-    # not the version's, and must not get it marked failed (ckpt/ledger.py). The resumed
+    # not the version's, and must not get it marked failed (run/ledger.py). The resumed
     # run's first steps are watched again afterwards.
     if ledger is not None and rank == 0:
         ledger.confirm()

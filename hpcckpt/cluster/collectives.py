@@ -33,7 +33,7 @@ point-to-point exchanges with the O(G) peers that need a rank's data.
       at rank 0 (O(W x T) at the root)
     making room (ckpt/room.py): steps, counts and pinned steps folded at rank 0 (O(V) back);
       L4 listing: on_root
-  per restart (recovery.py, recovery_plan.py):
+  per restart (recovery.py, restore/plan.py):
     discovery: each rank's holdings (O(V)) gathered at rank 0, which decides; the candidates
       broadcast (O(V) each, plus the ranks whose node-local pieces are gone), each rank's own
       sources scattered (O(V)). A restart onto another rank count or placement (repartition)

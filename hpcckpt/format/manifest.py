@@ -121,8 +121,8 @@ class Manifest:
     local_arrays: tuple[str, ...] = ()  # per-rank (not replicated) arrays, stored whole by each rank
     levels: tuple[str, ...] = ()  # the levels this version was written to
     created: float = 0.0
-    run_id: str = ""  # the run that wrote it (ckpt/run_identity.py); restarts load only their own run's
-    settings: dict = field(default_factory=dict)  # the job's settings then (ckpt/settings_record.py)
+    run_id: str = ""  # the run that wrote it (run/run_identity.py); restarts load only their own run's
+    settings: dict = field(default_factory=dict)  # the job's settings then (run/settings_record.py)
     # Where its redundancy went: partner_of (rank -> holder of its L2 replica), the L3 groups
     # and their parity, as fitted to the nodes of the job that wrote it; a restart on other
     # nodes or another rank count finds the replicas and rebuilds from the parity with it.

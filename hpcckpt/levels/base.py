@@ -9,13 +9,26 @@ Every level answers the same questions, and one conformance suite holds all four
     withdraw(step)     take the commit back (a version some rank could not commit)
     committed_steps()  versions committed here, as this rank sees them; uncommitted_steps():
                        versions with this rank's files and no commit (leftovers to delete)
-    holdings()         step -> the ranks whose shard bytes this rank can supply from here
+    manifest(step)     the commit record of a committed version, as this rank reads it here
+    holdings(ranks)    step -> the ranks (of `ranks`; all when None) whose shard bytes this rank
+                       can supply from here
+    serves(held, lacking)  (pure, rank 0 plans with it) given every rank's holdings of one
+                       version, indexed by rank, the ranks whose shard this level delivers;
+                       `lacking`: the ranks whose own node-local pieces are not all there
     deliver(request)   restore side: this rank's shard of a version as a file to verify, by
                        reading it (L1, L4), fetching it from a peer (L2) or rebuilding it
                        from the group's survivors (L3); collective where `collective`
+    protect_again(...) (collective levels) after a loss, the pieces the lost ranks held, made
+                       again from the restored shards
     remove(step)       delete this rank's files of a version; a level owns its files only
     supplies(lost)     (node-local levels) of the ranks whose node-local files of a version
                        are gone, those it still supplies from the others' (L2, L3)
+
+Levels that keep whole shard files (`keeps_shards`: L1, L4) also answer `shard_path(step,
+rank)` and `version_dir(step)`; the stack's first node-local one is where a restore lands the
+shards other levels deliver (`LevelStack.landing`: `open_shard_copy`, `write_shard_bytes`, and
+`rank_steps`/`stray_steps`/`remove_strays` for every node-local file of a rank). A global level
+(not `node_local`) also moves a whole version aside for inspection (`set_aside`).
 
 A level never imports another level, nor anything above levels/: the engine composes them.
 """
@@ -26,7 +39,7 @@ import errno
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -99,6 +112,7 @@ class Level(Protocol):
     number: str  # "L1", ... where a message names the level briefly
     stage_label: str  # "L1 local write", ... what its part of a checkpoint is called in errors
     node_local: bool  # its files live in the node-local directory and share L1's commit record
+    keeps_shards: bool  # it keeps whole shard files (shard_path): a restore reads them as they are
     prunes_here: bool  # this rank applies retention to it (each rank its own files, or a coordinator)
     collective: bool  # store() and deliver() are collective over the level's communicator
     root: Path
@@ -109,8 +123,12 @@ class Level(Protocol):
     def withdraw(self, step: int) -> None: ...
     def committed_steps(self) -> list[int]: ...
     def uncommitted_steps(self) -> list[int]: ...
-    def holdings(self) -> dict[int, frozenset[int]]: ...
+    def manifest(self, step: int) -> Manifest: ...
+    def holdings(self, ranks: frozenset[int] | None = None) -> dict[int, frozenset[int]]: ...
+    def serves(self, held: Sequence[frozenset[int]], lacking: frozenset[int]) -> frozenset[int]: ...
     def deliver(self, request: DeliveryRequest) -> Path | None: ...
+    def protect_again(self, step: int, shard: Callable[[], np.ndarray], shard_sizes: Sequence[int],
+                      world_size: int) -> None: ...
     def remove(self, step: int) -> None: ...
 
 
@@ -132,6 +150,18 @@ class LevelStack(tuple):
     @property
     def global_levels(self) -> tuple:
         return tuple(level for level in self if not level.node_local)
+
+    @property
+    def landing(self):
+        """The node-local level that keeps this rank's shard file (L1): what the other levels
+        deliver lands there, and its files are the rank's node-local copy; None without one."""
+        return next((level for level in self if level.node_local and level.keeps_shards), None)
+
+
+def served_by_holders(held: Sequence[frozenset[int]], lacking: frozenset[int]) -> frozenset[int]:
+    """A level that delivers a shard from one copy (a file, a replica): every shard some rank
+    holds there."""
+    return frozenset().union(*held)
 
 
 def hold_to_bandwidth(nbytes: int, bytes_per_s: float, started: float) -> None:
@@ -185,7 +215,9 @@ class NodeLocalFiles:
     loadable. Each level keeps, finds and deletes only its own data files (`own_files`)."""
 
     node_local = True
+    keeps_shards = False
     prunes_here = True  # each rank deletes its own files of the versions retention drops
+    serves = staticmethod(served_by_holders)
 
     def __init__(self, root: str | Path, rank: int, spares: SpareFiles | None, file_mode: int,
                  bandwidth_mb: float):
@@ -310,6 +342,9 @@ class NodeLocalFiles:
 class ShardFileLevel:
     """What the levels that keep whole shard files (L1, L4) share: this rank's shard of a
     version under <root>/v<step>/, written from the planned image or copied as bytes."""
+
+    keeps_shards = True
+    serves = staticmethod(served_by_holders)
 
     def shard_path(self, step: int, rank: int | None = None) -> Path:
         return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)

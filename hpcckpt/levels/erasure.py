@@ -77,10 +77,23 @@ class ErasureLevel(NodeLocalFiles):
     def own_files(self, step: int) -> list[Path]:
         return [self.parity_path(step)]
 
-    def holdings(self) -> dict[int, frozenset[int]]:
+    def holdings(self, ranks: frozenset[int] | None = None) -> dict[int, frozenset[int]]:
         """Steps whose parity pieces this member holds, cut for this group: with p-1 other
         members' pieces, any member's shard can be rebuilt."""
-        return {step: frozenset(self.members) for step in self.committed_steps() if self.has_parity(step)}
+        members = frozenset(m for m in self.members if ranks is None or m in ranks)
+        return {step: members for step in self.committed_steps() if self.has_parity(step)}
+
+    def serves(self, held, lacking: frozenset[int]) -> frozenset[int]:
+        """Every member of a group that lacks at most `parity` members' pieces (shard or
+        parity) while some member holds parity of the version: the others' pieces rebuild any
+        of them."""
+        return frozenset(rank for group in self.groups
+                         if len(lacking.intersection(group)) <= self.p and any(held[m] for m in group)
+                         for rank in group)
+
+    def protect_again(self, step: int, shard, shard_sizes, world_size: int) -> None:
+        """(group) The parity pieces that lost members held, encoded again from the shards."""
+        self.protect(step, shard, list(shard_sizes), world_size, only_missing=True)
 
     def supplies(self, lost: frozenset[int]) -> frozenset[int]:
         """Of the ranks whose node-local files of a version are gone (shard and parity), those

@@ -41,5 +41,6 @@ class LocalLevel(ShardFileLevel, NodeLocalFiles):
     def committed_steps(self) -> list[int]:
         return [s for s in super().committed_steps() if self.shard_path(s).is_file()]
 
-    def holdings(self) -> dict[int, frozenset[int]]:
-        return {step: frozenset({self.rank}) for step in self.committed_steps()}
+    def holdings(self, ranks: frozenset[int] | None = None) -> dict[int, frozenset[int]]:
+        mine = frozenset({self.rank}) if ranks is None or self.rank in ranks else frozenset()
+        return {step: mine for step in self.committed_steps()}

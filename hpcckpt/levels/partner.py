@@ -56,8 +56,13 @@ class PartnerLevel(NodeLocalFiles):
     def held(self, step: int) -> list[int]:
         return [s for s in self.sources if self.replica_path(step, s).is_file()]
 
-    def holdings(self) -> dict[int, frozenset[int]]:
-        return {step: frozenset(self.held(step)) for step in self.committed_steps()}
+    def holdings(self, ranks: frozenset[int] | None = None) -> dict[int, frozenset[int]]:
+        return {step: frozenset(s for s in self.held(step) if ranks is None or s in ranks)
+                for step in self.committed_steps()}
+
+    def protect_again(self, step: int, shard, shard_sizes, world_size: int) -> None:
+        """(all ranks) The replicas that lost holders held, sent again from the shards."""
+        self.protect(step, shard, only_missing=True)
 
     def supplies(self, lost: frozenset[int]) -> frozenset[int]:
         """Of the ranks whose node-local files of a version are gone (their shard and the

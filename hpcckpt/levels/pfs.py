@@ -86,10 +86,15 @@ class PfsLevel(ShardFileLevel):
     def uncommitted_steps(self) -> list[int]:
         return [s for s in list_version_steps(self.root) if not self.commit_path(s).is_file()]
 
-    def holdings(self) -> dict[int, frozenset[int]]:
-        """Every rank's shard that is there: any rank reads any file of the shared PFS."""
+    def holdings(self, ranks: frozenset[int] | None = None) -> dict[int, frozenset[int]]:
+        """Every rank's shard that is there: any rank reads any file of the shared PFS. Asked
+        about given ranks (a restart asks each rank about its own), their files are looked
+        up one by one instead of listing a directory of every rank's."""
         held = {}
         for step in self.committed_steps():
+            if ranks is not None:
+                held[step] = frozenset(r for r in ranks if self.shard_path(step, r).is_file())
+                continue
             try:
                 names = [p.name for p in self.version_dir(step).glob(SHARD_GLOB)]
             except OSError:

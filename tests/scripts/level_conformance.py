@@ -95,6 +95,25 @@ comm.Barrier()
 report("committed", level.committed_steps())
 report("uncommitted", level.uncommitted_steps())
 report("holdings", as_lists(level.holdings()))
+report("holdings_of_own", as_lists(level.holdings(frozenset({rank}))))
+report("manifest_step", level.manifest(20).step)
+# What rank 0 plans with: every rank's holdings of a version, and those with rank 2's node lost.
+held = comm.allgather(level.holdings().get(20, frozenset()))
+report("serves", sorted(level.serves(held, frozenset())))
+report("serves_without_2", sorted(level.serves([h if r != 2 else frozenset() for r, h in enumerate(held)],
+                                               frozenset({2}))))
+if level.collective:
+    # Rank 2 loses what it held of version 20 here; the level makes it again from the shards.
+    before = {p.name: p.read_bytes() for p in level.own_files(20) if p.is_file()}
+    if rank == 2:
+        for path in level.own_files(20):
+            path.unlink(missing_ok=True)
+    comm.Barrier()
+    level.protect_again(20, lambda: np.frombuffer(originals[20], np.uint8), tuple(comm.allgather(len(originals[20]))),
+                        size)
+    comm.Barrier()
+    after = {p.name: p.read_bytes() for p in level.own_files(20) if p.is_file()}
+    report("protected_again", {"same": after == before, "files": sorted(after)})
 
 
 def deliver(step, needy, lacking=()):

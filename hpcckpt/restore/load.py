@@ -20,6 +20,17 @@ from hpcckpt.cluster.collectives import wait_all
 from hpcckpt.format.layout import BlockLayout, Layout, copy_strided, extract_piece
 
 
+def load(ctx, manifest, pieces: dict[str, np.ndarray]) -> None:
+    """(all ranks) Every replicated tensor everywhere, each rank's blocks on it, and the
+    per-rank arrays, written in place; then the engine sets the registered state
+    (ctx.apply_state)."""
+    assemble(ctx, ctx.layout, pieces)
+    for name in ctx.local_array_names:
+        write_in_place(ctx.targets[name], pieces[name])
+    if ctx.apply_state is not None:
+        ctx.apply_state(manifest.state)
+
+
 def assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
     """(all ranks) Every replicated tensor of `layout` from every rank's pieces, and this
     rank's block of every block array, written in place."""

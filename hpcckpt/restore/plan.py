@@ -1,13 +1,18 @@
 """The restore's "agree" step, decided once at rank 0, so no rank exchanges O(ranks) with
 every other: which versions can be loaded, how, and from which level each rank reads its shard.
 
-Every rank lists what it can reach (recovery._discover: a Holdings, O(versions) in size) and
+Every rank lists what it can reach (restore/discover.py: a Holdings, O(versions) in size) and
 rank 0 gathers them: O(ranks) there. It picks the candidate versions, newest first, each with
 its route ("same": every rank its own shard, as the job that wrote it ran; "repartition": over
 the old job's shards, wherever they survived) and what every rank needs to try it: the shared
 part (the ranks whose node-local pieces are gone, the writing, and for a repartition what
-each node-local directory holds) broadcast, and each rank's own sources scattered. No rank
-receives every rank's holdings. Pure functions over the gathered holdings, no MPI, no I/O.
+each node-local directory holds) broadcast, and each rank's own sources scattered: the levels
+of the stack that can deliver its shard, in the stack's order. What a level can deliver is the
+level's own rule (Level.serves); nothing here knows one level from another. No rank receives
+every rank's holdings. Pure functions over the gathered holdings, no MPI, no I/O.
+
+`ctx` needs: world_size, layout (its digest), topology (node_of_rank), levels (the stack:
+name, node_local, serves), pfs_dir (named in messages), rank and log (warnings).
 """
 
 from __future__ import annotations
@@ -17,86 +22,110 @@ from dataclasses import dataclass, field, replace
 from hpcckpt.errors import CheckpointError, ConfigError, UnrecoverableError
 from hpcckpt.levels.survey import Writing
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
-
-
-@dataclass(frozen=True)
-class Holdings:
-    """What one rank can reach, per level: the committed versions and who wrote them."""
-
-    local: dict  # step -> world size that wrote it (own shard + commit record here)
-    replicas: dict  # step -> source ranks whose replica this rank holds
-    parity: tuple  # steps whose parity pieces this rank holds
-    pfs: dict  # step -> world size
-    # The rank's node-local directory holds version directories (complete or not) or spares:
-    # its node survived, even if nothing on it is committed (a lost node's directory is gone).
-    node_files: bool = False
-    # step -> (Manifest.identity, created) of the commit record read, per level: which run's
-    # writing of that step this rank holds.
-    local_writings: dict = field(default_factory=dict)
-    pfs_writings: dict = field(default_factory=dict)
-    # Steps whose shard this rank wrote but never committed: the job stopped between its L1
-    # write and the commit (the only way a rank lacks a record of a version others committed
-    # without anything being lost, since the commit follows every rank's agreed L1 write).
-    interrupted: tuple = ()
-    # step -> what this rank's node-local directory holds of every old rank (levels/survey.py),
-    # for a restart onto another rank count or other nodes; L4's writings by step.
-    views: dict = field(default_factory=dict)
-    pfs_geometry: dict = field(default_factory=dict)
+from hpcckpt.restore.context import warn
+from hpcckpt.restore.discover import Holdings
 
 
 def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
     """Where two runs wrote the same step (a job resumed on fewer ranks rewrites steps whose
     older files other ranks' directories still hold), ranks could load different writings,
     and follow different paths into a deadlock. The newest writing of each step counts; the
-    holdings of any other are dropped, with their replicas and parity."""
-    writings = [(step, writing) for h in everyone for held in (h.local_writings, h.pfs_writings)
+    holdings of any other are dropped, with what the levels supply of it."""
+    writings = [(step, writing.identity, writing.created) for h in everyone for held in h.written.values()
                 for step, writing in held.items()]
-    writings += [(step, (view.writing.identity, view.writing.created)) for h in everyone
+    writings += [(step, view.writing.identity, view.writing.created) for h in everyone
                  for step, view in h.views.items() if view.writing is not None]
     newest = {}
-    for step, (identity, created) in writings:
+    for step, identity, created in writings:
         if step not in newest or created > newest[step][1]:
             newest[step] = (identity, created)
-    stale = {step for step, (identity, _) in writings if identity != newest[step][0]}
+    stale = {step for step, identity, _ in writings if identity != newest[step][0]}
     if not stale:
         return everyone
     if ctx.rank == 0:
         warn(ctx, f"step(s) {sorted(stale)} were written by more than one run (a job resumed with another "
-                    "rank count rewrote them): only the newest writing is used, older copies are ignored")
+                  "rank count rewrote them): only the newest writing is used, older copies are ignored")
 
     def keep(h: Holdings) -> Holdings:
-        local = {s: w for s, w in h.local.items() if h.local_writings[s][0] == newest[s][0]}
-        return replace(h, local=local,
-                       replicas={s: r for s, r in h.replicas.items() if s in local},
-                       parity=tuple(s for s in h.parity if s in local),
-                       pfs={s: w for s, w in h.pfs.items() if h.pfs_writings[s][0] == newest[s][0]},
+        written = {level: {s: w for s, w in held.items() if w.identity == newest[s][0]}
+                   for level, held in h.written.items()}
+        supplies = {level: {s: r for s, r in held.items() if s in written.get(level, {})}
+                    for level, held in h.supplies.items()}
+        return replace(h, written=written, supplies=supplies,
                        views={s: v for s, v in h.views.items()
                               if v.writing is None or v.writing.identity == newest[s][0]})
     return [keep(h) for h in everyone]
 
 
-def _sources_of_every_rank(ctx, everyone: list[Holdings], step: int) -> list[list[str]]:
-    """rank -> the levels from which it can get its shard of `step`, cheapest first: every
-    rank in one pass (O(ranks x group)), as rank 0 decides for all of them."""
-    lacking = set(_lacking_node_local_pieces(ctx, everyone, step))
-    erasure_serves = set()
-    if ctx.erasure is not None and any(step in h.parity for h in everyone):
-        for group in ctx.groups:
-            if len(lacking.intersection(group)) <= ctx.parity:
-                erasure_serves.update(group)
-    every = []
-    for rank, mine in enumerate(everyone):
-        sources = []
-        if mine.local.get(step) == ctx.world_size:
-            sources.append("local")
-        if ctx.partner is not None and rank in everyone[ctx.partner_of[rank]].replicas.get(step, ()):
-            sources.append("partner")
-        if rank in erasure_serves:
-            sources.append("erasure")
-        if step in mine.pfs:
-            sources.append("pfs")
-        every.append(sources)
-    return every
+class Gathered(list):
+    """Every rank's holdings at rank 0, indexed by rank, with what the plan asks about one
+    version worked out once per step: each level's holdings of it by rank, the ranks whose
+    own shard is on their node, and where each rank can take its shard from."""
+
+    def __init__(self, ctx, everyone):
+        super().__init__(everyone)
+        self.ctx = ctx
+        self._supplies = {level.name: [h.supplies.get(level.name, {}) for h in self] for level in ctx.levels}
+        self._held: dict = {}
+        self._intact: dict = {}
+        self._sources: dict = {}
+        # step -> the rank counts its node-local commit records name (one record per rank
+        # serves every node-local level: the same object, looked at once).
+        self.node_local_sizes: dict = {}
+        node_local = [level.name for level in ctx.levels.node_local]
+        for h in self:
+            seen = set()
+            for name in node_local:
+                for step, writing in h.written.get(name, {}).items():
+                    if id(writing) not in seen:
+                        seen.add(id(writing))
+                        self.node_local_sizes.setdefault(step, set()).add(writing.world_size)
+
+    def held(self, level, step: int) -> list[frozenset]:
+        key = (level.name, step)
+        if key not in self._held:
+            self._held[key] = [supplies.get(step, _NONE) for supplies in self._supplies[level.name]]
+        return self._held[key]
+
+    def intact(self, step: int) -> frozenset[int]:
+        """Ranks whose own shard of `step` is on their node, as this job's rank count wrote it."""
+        if step not in self._intact:
+            own = set()
+            for level in self.ctx.levels.node_local:
+                own.update(r for r, held in enumerate(self.held(level, step)) if r in held)
+            self._intact[step] = frozenset(own)
+        return self._intact[step]
+
+    def lacking(self, step: int, level) -> frozenset[int]:
+        """Ranks whose node-local pieces of `step` for `level` are not all there: their own
+        shard, or what they hold of it on that level (a group rebuilds those members too)."""
+        intact = self.intact(step)
+        return frozenset(r for r, held in enumerate(self.held(level, step)) if not held or r not in intact)
+
+    def lacking_by_level(self, step: int) -> dict[str, frozenset]:
+        """level -> lacking, for every collective level (the ones that deliver over peers)."""
+        return {level.name: self.lacking(step, level) for level in self.ctx.levels if level.collective}
+
+    def sources(self, step: int) -> list[list[str]]:
+        """rank -> the levels from which it can get its shard of `step`, in the stack's order
+        (cheapest first): every rank in one pass, each level's rule over everyone's holdings."""
+        if step not in self._sources:
+            every = [[] for _ in self]
+            for level in self.ctx.levels:
+                lacking = self.lacking(step, level) if level.collective else frozenset()
+                for rank in level.serves(self.held(level, step), lacking):
+                    if rank < len(every):
+                        every[rank].append(level.name)
+            self._sources[step] = every
+        return self._sources[step]
+
+
+_NONE = frozenset()
+
+
+def _sources_of_every_rank(ctx, everyone, step: int) -> list[list[str]]:
+    gathered = everyone if isinstance(everyone, Gathered) else Gathered(ctx, everyone)
+    return gathered.sources(step)
 
 
 def _surviving_nodes(ctx, everyone: list[Holdings]) -> set[int]:
@@ -110,17 +139,15 @@ def _never_completed(ctx, everyone: list[Holdings], step: int) -> bool:
     without even its shard (a lost or replaced node, deleted files) or with an unreadable
     commit record is damage, not this case; nor is a version of another rank count, which
     _missing_message explains."""
-    if any(h.local.get(step, ctx.world_size) != ctx.world_size for h in everyone):
+    if everyone.node_local_sizes.get(step, {ctx.world_size}) != {ctx.world_size}:
         return False
     missing = [r for r, sources in enumerate(_sources_of_every_rank(ctx, everyone, step)) if not sources]
     return bool(missing) and all(step in everyone[r].interrupted for r in missing)
 
 
 def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) -> list[int]:
-    steps = set()
+    steps = _stored(everyone)
     for h in everyone:
-        steps.update(h.local)
-        steps.update(h.pfs)
         steps.update(h.views)
     if wanted is not None:
         steps &= {wanted}
@@ -128,14 +155,26 @@ def _candidates(ctx, everyone: list[Holdings], wanted: int | None, excluded=()) 
     return [s for s in sorted(steps, reverse=True) if _route(ctx, everyone, s)]
 
 
+def _stored(everyone: list[Holdings]) -> set[int]:
+    """Every step some level committed, as some rank reads it."""
+    return {step for h in everyone for held in h.written.values() for step in held}
+
+
 def _writing(everyone: list[Holdings], step: int) -> Writing | None:
     """The writing of `step` that counts (one per step: _one_writing_per_step), as any rank's
-    node-local commit record or L4's tells it."""
+    node-local commit record or a level's tells it."""
     for h in everyone:
         view = h.views.get(step)
         if view is not None and view.writing is not None:
             return view.writing
-    return next((h.pfs_geometry[step] for h in everyone if step in h.pfs), None)
+    return next((w for h in everyone for held in h.written.values() for w in [held.get(step)] if w), None)
+
+
+def whole_on(ctx, everyone: list[Holdings], step: int) -> str | None:
+    """The global level on which every rank reads `step`'s commit record (any rank reads any
+    shard there), if one does."""
+    return next((level.name for level in ctx.levels.global_levels
+                 if all(h.writing(level.name, step) is not None for h in everyone)), None)
 
 
 def _repartition_plan(ctx, everyone: list[Holdings], step: int) -> RepartitionPlan | None:
@@ -145,7 +184,7 @@ def _repartition_plan(ctx, everyone: list[Holdings], step: int) -> RepartitionPl
     if writing is None:
         return None
     return plan_repartition(step, writing, [h.views.get(step) for h in everyone],
-                            all(step in h.pfs for h in everyone))
+                            whole_on(ctx, everyone, step) is not None)
 
 
 def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
@@ -179,12 +218,6 @@ def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted:
         raise CheckpointError(
             "--restart require, but no checkpoint version exists under "
             f"{ctx.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh")
-
-
-def _lacking_node_local_pieces(ctx, everyone: list[Holdings], step: int) -> list[int]:
-    """Ranks whose node-local pieces of `step` (their L1 shard written by this rank count, and
-    their parity) are not all there: an erasure group rebuilds those members too."""
-    return [r for r, h in enumerate(everyone) if not (h.local.get(step) == ctx.world_size and step in h.parity)]
 
 
 def _missing_message(ctx, everyone: list[Holdings], step: int) -> str:
@@ -224,9 +257,9 @@ class Candidate:
 
     step: int
     route: str  # "same" or "repartition"
-    lacking: frozenset  # ranks whose node-local pieces of it are not all there
+    lacking: dict  # collective level -> ranks whose node-local pieces of it are not all there
     writing: Writing | None  # the writing that counts, as a commit record tells it
-    pfs_holds: bool  # every rank can read it from L4
+    whole_on: str | None  # the global level every rank reads it from, if any
     # repartition: what each rank's node-local directory holds of it (one object per node: a
     # node's ranks share it, and the broadcast sends it once).
     views: tuple = ()
@@ -246,8 +279,8 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
     """(rank 0) The outlook and, per rank, {step: its sources, cheapest first} for every
     candidate loaded the "same" way. Raises, for every rank, where nothing can be loaded
     that should be."""
-    everyone = _one_writing_per_step(ctx, everyone)
-    stored = {s for h in everyone for s in (*h.local, *h.pfs)}
+    everyone = Gathered(ctx, _one_writing_per_step(ctx, everyone))
+    stored = _stored(everyone)
     unfinished = tuple(sorted(s for s in stored if _never_completed(ctx, everyone, s)))
     if unfinished:
         warn(ctx, f"version(s) {list(unfinished)} were never complete (the job stopped after some ranks wrote "
@@ -277,8 +310,8 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
         else:
             views = tuple(shared_views.setdefault(v, v) if v is not None else None
                           for v in (h.views.get(step) for h in everyone))
-        candidates.append(Candidate(step, route, frozenset(_lacking_node_local_pieces(ctx, everyone, step)),
-                                    _writing(everyone, step), all(step in h.pfs for h in everyone), views))
+        candidates.append(Candidate(step, route, everyone.lacking_by_level(step), _writing(everyone, step),
+                                    whole_on(ctx, everyone, step), views))
     return Outlook(unfinished, failed, tuple(candidates), nodes_with_files), sources
 
 
@@ -297,8 +330,3 @@ def _failed_versions(ctx, ledger, nodes_with_files: int) -> dict[int, str]:
             warn(ctx, f"version {step}: {what}; it is tried once more (one crash may be a node that died under "
                        "the restart; a second one in a row marks it failed)")
     return ledger.failed_steps()
-
-
-def warn(ctx, message: str) -> None:
-    if ctx.log:
-        ctx.log.warning(message) if ctx.rank == 0 else ctx.log.info("warning: " + message)
