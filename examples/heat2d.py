@@ -25,8 +25,9 @@ APP="python examples/heat2d.py --run-dir run --nodes 0".
 At the end rank 0 prints one JSON line (RESULT ...): the rank count, the version restored and
 where each old rank's shard came from, the iterations, the last change and why it stopped
 early, if it did. Options for tests and demos: --crash-at K kills the last rank at iteration K
-as a node crash would (mpiexec then stops the job; under a job script's restart loop, in its
-first attempt only); --dump DIR makes rank 0 write the global
+as a node crash would, once the versions before it are durable, so which one a restart loads
+is known (mpiexec then stops the job; under a job script's restart loop, in its first attempt
+only); --dump DIR makes rank 0 write the global
 grid to DIR as it is after a restart (restored.npy), at every checkpoint (step-<K>.npy) and
 at the end (final.npy; not written when it stopped early).
 """
@@ -154,8 +155,10 @@ def main(argv=None) -> int:
         started = solver["iteration"]
         dump(args, block, "restored.npy" if restored is not None else None)
         while solver["iteration"] < args.iterations and solver["change"] > args.tol:
-            if solver["iteration"] == args.crash_at and comm.rank == comm.size - 1 and first_attempt:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if solver["iteration"] == args.crash_at and first_attempt:
+                ckpt.wait()  # the versions before the crash are durable: which one a restart loads is known
+                if comm.rank == comm.size - 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
             change = block.jacobi()
             solver["iteration"] += 1
             solver["change"] = comm.allreduce(change, op=MPI.MAX)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hpcckpt.ckpt.pipeline import BackgroundCopies, PersistReport, Snapshot
+from hpcckpt.ckpt.save_types import BackgroundCopies, PersistReport, Snapshot
 from hpcckpt.ckpt.snapshot import ProtectedArrays
 from hpcckpt.errors import CheckpointError
 

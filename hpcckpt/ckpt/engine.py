@@ -45,7 +45,8 @@ from hpcckpt.ckpt.foreign_arrays import protectable_array
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
-from hpcckpt.ckpt.pipeline import PersistReport, PipelineSettings, SavePipeline, Snapshot
+from hpcckpt.ckpt.pipeline import SavePipeline
+from hpcckpt.ckpt.save_types import PersistReport, PipelineSettings, SaveJob, Snapshot
 from hpcckpt.ckpt.resume import protect_again
 from hpcckpt.ckpt.schedule import CheckpointSchedule
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
@@ -106,11 +107,10 @@ class Checkpointer:
             records = CommitRecords(self.arrays, self.world_size, self.topology.node_of_rank, self.storage.local_dirs,
                                     self.partner_of, self.groups, self.storage.redundancy.parity, self.run.run_id,
                                     config.recorded)
-            self.pipeline = SavePipeline(self.comm, self.rank, self.world_size, self.storage.levels,
-                                         PipelineSettings.from_config(config), records, self.arrays, faults, log,
-                                         threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
-                                         record_peers=record_peers(self.rank, self.partner_of,
-                                                                   self.topology.node_of_rank, self.groups))
+            job = SaveJob(faults, log, threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
+                          record_peers=record_peers(self.rank, self.partner_of, self.topology.node_of_rank, self.groups))
+            self.pipeline = SavePipeline(self.comm, self.storage.levels, PipelineSettings.from_config(config), records,
+                                         self.arrays, job)
             self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
             self.restore_traffic: tuple = ()  # (bytes read, bytes received) by a repartitioning restart
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
@@ -409,10 +409,11 @@ class Checkpointer:
         each copy is verified against its checksums before its manifest is written. close()
         calls it after a clean run."""
         self._finish_in_flight()
-        if self.local is None or self.pfs is None:
+        landing = self.levels.landing
+        if landing is None or not self.levels.global_levels:
             return []
         try:
-            return self.pipeline.drain(self.local, self.pfs)
+            return [step for target in self.levels.global_levels for step in self.pipeline.drain(landing, target)]
         except CheckpointError as exc:
             # The node-local versions are intact; they go with the allocation, so this is the
             # job's to retry (exit 3) while they are still there, once the PFS takes writes.

@@ -151,8 +151,7 @@ def _smooth(previous: float, value: float) -> float:
 
 
 def levels_due(enabled: tuple[str, ...], ordinal: int, final: bool, every: dict[str, int]) -> tuple[str, ...]:
-    """Which enabled levels take the checkpoint with 1-based `ordinal`: L1 every time, the
-    others every `every[level]`-th checkpoint (resilience.partner_every, erasure_every,
-    storage.pfs_every), and every level on the final one."""
-    return tuple(level for level in enabled
-                 if level == "local" or final or ordinal % max(1, every.get(level, 1)) == 0)
+    """Which enabled levels take the checkpoint with 1-based `ordinal`: each level every
+    `every[level]`-th checkpoint (resilience.partner_every, erasure_every, storage.pfs_every;
+    a level without an interval, L1, every time), and every level on the final one."""
+    return tuple(level for level in enabled if final or ordinal % max(1, every.get(level, 1)) == 0)

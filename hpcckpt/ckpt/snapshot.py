@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hpcckpt.ckpt.pipeline import BackgroundCopies, Snapshot
+from hpcckpt.ckpt.save_types import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import decide_at_root
 from hpcckpt.errors import CheckpointError, ConfigError

@@ -74,8 +74,10 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             print("RESULT " + json.dumps({"restored": restored, "digest": digest(tensors)}), flush=True)
         for step in range(loop["step"] + 1, args.steps + 1):
-            if step == args.crash_at and comm.rank == comm.size - 1:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if step == args.crash_at:
+                ckpt.wait()  # the versions before the crash are durable: which one a restart loads is known
+                if comm.rank == comm.size - 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
             batch = slice((step * 64) % 512, (step * 64) % 512 + 64)
             mine = slice(batch.start + comm.rank * 64 // comm.size, batch.start + (comm.rank + 1) * 64 // comm.size)
             optimizer.zero_grad()

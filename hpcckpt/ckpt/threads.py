@@ -1,0 +1,49 @@
+"""How the save pipeline's background threads run beside training: the scheduling policy and
+priority they take as they start (each thread sets its own: Linux schedules threads apart)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from hpcckpt.io import direct_io
+
+
+class ThreadSetup:
+    """`settings`: background_policy ("batch" or anything else for normal), persist_nice and
+    direct_io (PipelineSettings); what cannot be set is said once in the log."""
+
+    def __init__(self, settings, log):
+        self.settings = settings
+        self.log = log
+        self._said: set[str] = set()
+
+    def background(self) -> None:
+        """(copier thread, and every background thread first) SCHED_BATCH: the scheduler does
+        not let this thread's wake-ups (a copy job arriving, the persist's polls of MPI
+        requests) preempt training; it keeps its fair share of the CPU, so it cannot hold the
+        GIL or MPICH's lock for long while preempted, as a niced thread did."""
+        if self.settings.background_policy != "batch":
+            return
+        try:
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError) as exc:
+            self._say_once("policy", f"cannot use SCHED_BATCH for background threads here ({exc}); they run as normal")
+
+    def writing(self) -> None:
+        """(persist, writer and L4 threads) Priority first, then the O_DIRECT bounce buffer."""
+        self.background()
+        nice = self.settings.persist_nice
+        if nice and threading.current_thread() is not threading.main_thread():
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (AttributeError, OSError) as exc:
+                self._say_once("nice", f"cannot lower the persist thread's priority here ({exc}); it runs at "
+                                       "normal priority")
+        if self.settings.direct_io and direct_io.O_DIRECT:
+            direct_io.reserve_bounce()
+
+    def _say_once(self, key: str, message: str) -> None:
+        if self.log and key not in self._said:
+            self.log.info(message)
+            self._said.add(key)
