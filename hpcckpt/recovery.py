@@ -57,8 +57,8 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
     mine = discover(ctx, repair=wanted is None)
     # An explicit version (evaluate) is read as asked; a resuming job skips versions whose
     # restart crashed and records the one it tries, so a crash while loading is not repeated.
-    ledger = RestartLedger(ledger_path(ctx.run_dir), lambda message: warn(ctx, message)) if wanted is None else None
-    outlook, my_sources = decide_at_root(ctx.comm, _RANK0_WORK, mine,
+    ledger = RestartLedger(ledger_path(ctx.run.run_dir), lambda message: warn(ctx, message)) if wanted is None else None
+    outlook, my_sources = decide_at_root(ctx.job.comm, _RANK0_WORK, mine,
                                          lambda everyone: plan_restore(ctx, everyone, mode, wanted, ledger))
     if not outlook.candidates:
         clear_unfinished(ctx, list(outlook.unfinished))
@@ -66,7 +66,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
     for candidate in outlook.candidates:
         step = candidate.step
         if ledger is not None:
-            on_root(ctx.comm, _RANK0_WORK, lambda: ledger.begin(step, outlook.nodes_with_files))
+            on_root(ctx.job.comm, _RANK0_WORK, lambda: ledger.begin(step, outlook.nodes_with_files))
         ctx.faults.strike(step, "restore")
         try:
             loaded = _try_restore(ctx, candidate, mine, my_sources.get(step, ()), repair=wanted is None)
@@ -74,7 +74,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
             # A clean error every rank agreed on (e.g. an incompatible model) is not a crash:
             # the version is not to blame. Any other failure ends the job like a crash.
             if ledger is not None and exc.collective:
-                on_root(ctx.comm, _RANK0_WORK, ledger.confirm)
+                on_root(ctx.job.comm, _RANK0_WORK, ledger.confirm)
             raise
         if loaded is not None:
             if wanted is None:  # a resuming job; evaluating an older version must leave newer ones be
@@ -82,7 +82,7 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
                 return replace(loaded, unconfirmed=ledger)
             return loaded
     if ledger is not None:
-        on_root(ctx.comm, _RANK0_WORK, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
+        on_root(ctx.job.comm, _RANK0_WORK, ledger.confirm)  # nothing was loaded, so nothing can have crashed on it
     raise UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({[c.step for c in outlook.candidates]}) failed "
         "verification; see the rank logs for the pieces that were bad", collective=True)
@@ -98,20 +98,20 @@ def _try_restore(ctx, candidate: Candidate, mine: Holdings, my_sources: tuple, r
     manifest = shared_manifest(ctx, step, mine, whole=candidate.route == "repartition")
     if manifest is None:
         return None
-    agree(ctx.comm, f"checking version {step} against this job", lambda: _check_compatible(ctx, manifest),
+    agree(ctx.job.comm, f"checking version {step} against this job", lambda: _check_compatible(ctx, manifest),
           error_type=IncompatibleCheckpointError)
     if candidate.route == "repartition":
         result = try_repartition(ctx, manifest, candidate, repair)
         if result is not None:
-            if manifest.world_size == ctx.world_size:  # rank r's shard is old rank r's: said as any restore says it
-                _log_restored(ctx, step, result.sources[ctx.rank], result.sources)
+            if manifest.world_size == ctx.job.world_size:  # rank r's shard is old rank r's: said as any restore says it
+                _log_restored(ctx, step, result.sources[ctx.job.rank], result.sources)
             _log_changed_settings(ctx, manifest)
         return result
     pieces, source = fetch_as_written(ctx, manifest, candidate.lacking, my_sources, repair)
-    outcomes = allgather_compact(ctx.comm, source)
+    outcomes = allgather_compact(ctx.job.comm, source)
     failed = [r for r, s in enumerate(outcomes) if s is None]
     if failed:
-        if ctx.rank == 0:
+        if ctx.job.rank == 0:
             warn(ctx, f"version {step} cannot be loaded on rank(s) {failed}; trying an older one")
         return None
     landing = ctx.levels.landing
@@ -132,16 +132,16 @@ def _protect_again(ctx, manifest: Manifest) -> None:
     shard = LazyShard(ctx, step)  # mapped only by ranks that have something to send
     sizes = manifest.shard_sizes()
     landing = ctx.levels.landing
-    stages = [(level.stage_label, lambda level=level: level.protect_again(step, shard, sizes, ctx.world_size))
+    stages = [(level.stage_label, lambda level=level: level.protect_again(step, shard, sizes, ctx.job.world_size))
               for level in ctx.levels.node_local if level.collective and level.name in manifest.levels]
     stages.append(("commit record", lambda: landing.commit_path(step).exists() or landing.commit(manifest)))
     for label, action in stages:
         # Agreed after every stage: the next one is collective too (the erasure group's
         # transfers), and a rank that skipped it would leave its peers waiting.
         try:
-            agree(ctx.comm, label, action, step=step)
+            agree(ctx.job.comm, label, action, step=step)
         except CheckpointError as exc:
-            if ctx.rank == 0:
+            if ctx.job.rank == 0:
                 warn(ctx, f"version {step} is restored but could not be protected again: {exc}; "
                           "the next checkpoint protects the run")
             return
@@ -150,13 +150,13 @@ def _protect_again(ctx, manifest: Manifest) -> None:
 
 
 def _check_compatible(ctx, manifest: Manifest) -> None:
-    problems = manifest.layout.same_tensors(ctx.layout, "checkpoint", "current model")
-    local_now = set(ctx.local_array_names)
+    problems = manifest.layout.same_tensors(ctx.job.layout, "checkpoint", "current model")
+    local_now = set(ctx.job.local_array_names)
     if set(manifest.local_arrays) != local_now:
         problems.append(f"per-rank arrays differ: checkpoint {sorted(manifest.local_arrays)}, now {sorted(local_now)}")
-    if manifest.local_arrays and manifest.world_size != ctx.world_size:
+    if manifest.local_arrays and manifest.world_size != ctx.job.world_size:
         problems.append(f"per-rank arrays {list(manifest.local_arrays)} were saved by {manifest.world_size} ranks "
-                        f"and cannot be re-partitioned onto {ctx.world_size}")
+                        f"and cannot be re-partitioned onto {ctx.job.world_size}")
     if problems:
         raise IncompatibleCheckpointError(
             f"checkpoint version {manifest.step} is incompatible with this job (it does not match): "
@@ -165,7 +165,7 @@ def _check_compatible(ctx, manifest: Manifest) -> None:
 
 def _log_restored(ctx, step: int, source: str, outcomes) -> None:
     if ctx.log:
-        ctx.log.info(f"restored version {step} from {LEVEL_LABELS[source]} (rank {ctx.rank}, node {ctx.node})")
+        ctx.log.info(f"restored version {step} from {LEVEL_LABELS[source]} (rank {ctx.job.rank}, node {ctx.job.node})")
         counts = Counter(outcomes)
         summary = ", ".join(f"{counts[s]} rank(s) from {label}" for s, label in LEVEL_LABELS.items() if s in counts)
         ctx.log.info(f"restored version {step}: {summary}", console=True)
@@ -173,9 +173,9 @@ def _log_restored(ctx, step: int, source: str, outcomes) -> None:
 
 def _log_changed_settings(ctx, manifest: Manifest) -> None:
     """(rank 0) What differs from the settings the version was written with, said once."""
-    if ctx.rank != 0 or ctx.log is None:
+    if ctx.job.rank != 0 or ctx.log is None:
         return
-    changes = changed_settings(manifest.settings, ctx.settings, manifest.world_size, ctx.world_size)
+    changes = changed_settings(manifest.settings, ctx.run.settings, manifest.world_size, ctx.job.world_size)
     if not changes:
         return
     ctx.log.info(f"settings changed since version {manifest.step} was written: "

@@ -157,8 +157,9 @@ def one_restart(manifest: Manifest) -> dict:
     levels = LevelStack([LocalLevel("/local", 0), PartnerLevel("/local", 0, manifest.partner_of, None),
                          ErasureLevel("/local", 0, group_of[0], None, manifest.parity, groups=manifest.groups),
                          PfsLevel("/pfs", 0)])
-    ctx = SimpleNamespace(rank=0, world_size=ranks, topology=topology, levels=levels, log=None, pfs_dir="/pfs",
-                          layout=SimpleNamespace(digest=writing.layout_digest))
+    geometry = SimpleNamespace(rank=0, world_size=ranks, topology=topology,
+                               layout=SimpleNamespace(digest=writing.layout_digest))
+    ctx = SimpleNamespace(job=geometry, levels=levels, log=None, run=SimpleNamespace(pfs_dir="/pfs"))
     started = time.perf_counter()
     outlook, answers = plan_restore(ctx, everyone, "auto", None, None)
     decide_s = time.perf_counter() - started

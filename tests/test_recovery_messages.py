@@ -26,8 +26,8 @@ class _Ranks:
 
 
 def job(node_of_rank):
-    return SimpleNamespace(world_size=len(node_of_rank), topology=Topology(tuple(node_of_rank)),
-                           levels=LevelStack([LocalLevel("/nonexistent", 0)]))
+    geometry = SimpleNamespace(world_size=len(node_of_rank), topology=Topology(tuple(node_of_rank)))
+    return SimpleNamespace(job=geometry, levels=LevelStack([LocalLevel("/nonexistent", 0)]))
 
 
 def test_lost_nodes_and_an_unfinished_rank_on_a_surviving_node_are_named_apart():

@@ -41,8 +41,9 @@ def stack(names=ALL, tmp="/nonexistent"):
 
 
 def job(levels=ALL, world_size=RANKS):
-    return SimpleNamespace(rank=0, world_size=world_size, layout=SimpleNamespace(digest="layout"),
-                           topology=Topology(NODE_OF[:world_size]), levels=stack(levels), pfs_dir="/pfs", log=None)
+    geometry = SimpleNamespace(rank=0, world_size=world_size, layout=SimpleNamespace(digest="layout"),
+                               topology=Topology(NODE_OF[:world_size]))
+    return SimpleNamespace(job=geometry, levels=stack(levels), run=SimpleNamespace(pfs_dir="/pfs"), log=None)
 
 
 def writing(world_size=RANKS, identity="run-a", created=1.0):

@@ -46,8 +46,8 @@ from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.pipeline import SavePipeline
-from hpcckpt.ckpt.save_types import PersistReport, PipelineSettings, SaveJob, Snapshot
 from hpcckpt.ckpt.resume import protect_again
+from hpcckpt.ckpt.save_types import PersistReport, PipelineSettings, SaveJob, Snapshot
 from hpcckpt.ckpt.schedule import CheckpointSchedule
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.ckpt.stopping import EXIT_HALTED, HALT_FILE_NAME
@@ -59,6 +59,7 @@ from hpcckpt.faults import NO_FAULTS, current_attempt
 from hpcckpt.format import pytree
 from hpcckpt.format.layout import Layout
 from hpcckpt.format.manifest import record_peers
+from hpcckpt.restore.context import JobGeometry, RestoreTargets, RunPlace
 from hpcckpt.runlog import RunLog, read_heartbeat
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXIT_HALTED"]
@@ -511,12 +512,13 @@ class Checkpointer:
     def _restore_context(self) -> recovery.RestoreContext:
         layout = self._ensure_layout()
         return recovery.RestoreContext(
-            comm=self.comm, rank=self.rank, world_size=self.world_size, node=self.node, topology=self.topology,
-            levels=self.levels, layout=layout, local_array_names=self.local_array_names,
-            buffers=dict(self.arrays.buffers), targets={name: p.array for name, p in self.arrays.arrays.items()},
-            run_id=self.run.run_id, settings=self.config.recorded, run_dir=self.config.run_dir,
-            pfs_dir=self.pfs_dir, node_dir=self.local_dir, log=self.log, faults=self.faults,
-            chunk_bytes=self.config.checkpoint.chunk_bytes, apply_state=self._apply_restored_state)
+            job=JobGeometry(self.comm, self.rank, self.world_size, self.node, self.topology, layout,
+                            self.local_array_names),
+            levels=self.levels,
+            targets=RestoreTargets(dict(self.arrays.buffers), {name: p.array for name, p in self.arrays.arrays.items()},
+                                   self._apply_restored_state),
+            run=RunPlace(self.run.run_id, self.config.recorded, self.config.run_dir, self.pfs_dir, self.local_dir),
+            log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes)
 
     def _finish_in_flight(self) -> PersistReport | None:
         """The checkpoint in flight and the copy to L4 running at its own pace, both over."""

@@ -9,32 +9,55 @@ from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES, LevelStack
 
 
 @dataclass(frozen=True)
-class RestoreContext:
-    """What a restore reads and fills: the job's shape and level stack, the layout, this
-    rank's snapshot buffers (its pieces land there, read and verified) and the protected
-    arrays (written in place, all ranks' pieces assembled)."""
+class JobGeometry:
+    """The job a restore loads into: its ranks, where they run, and what they protect."""
 
     comm: object
     rank: int
     world_size: int
     node: int
     topology: object  # node_of_rank: the placement replicas and parity were written under
-    levels: LevelStack  # what each level holds, delivers and rebuilds is asked of the level
-    layout: object
-    local_array_names: tuple
+    layout: object  # format/layout.py: what each rank stores of each protected array
+    local_array_names: tuple  # per-rank arrays, restored only onto as many ranks
+
+
+@dataclass(frozen=True)
+class RestoreTargets:
+    """Where a loaded version goes: this rank's snapshot buffers (its pieces land there, read
+    and verified), the protected arrays (written in place, all ranks' pieces assembled), and
+    the engine's setter of the registered state, called after the arrays are filled and
+    before anything newer is moved out of the way."""
+
     buffers: dict  # name -> this rank's snapshot buffer of the array
-    targets: dict  # name -> the protected array, filled in place
+    arrays: dict  # name -> the protected array, filled in place
+    apply_state: object = None
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """The run a restore belongs to: its identity (another run's versions are left alone),
+    its settings now (to say what changed since a version was written) and its directories."""
+
     run_id: str
-    settings: dict  # the job's settings now, to say what changed since a version was written
+    settings: dict
     run_dir: str
     pfs_dir: str  # named in messages about the global levels' directory
     node_dir: str  # this rank's node-local directory
+
+
+@dataclass(frozen=True)
+class RestoreContext:
+    """What a restore reads and fills, in the parts it is made of: the job, the level stack
+    (what each level holds, delivers and rebuilds is asked of the level), the targets and
+    the run."""
+
+    job: JobGeometry
+    levels: LevelStack
+    targets: RestoreTargets
+    run: RunPlace
     log: object
     faults: object
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # what a rebuild moves and decodes at a time (checkpoint.chunk_mib)
-    # Sets the registered state of the version being loaded: the engine's, called after the
-    # arrays are filled and before anything newer is moved out of the way.
-    apply_state: object = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +66,7 @@ class RestoreResult:
 
     step: int
     sources: tuple  # the level each rank's shard came from (each OLD rank's, when repartitioned)
-    state: dict  # the version's registered state, by name (already set through ctx.apply_state)
+    state: dict  # the version's registered state, by name (already set through ctx.targets.apply_state)
     unconfirmed: object = None  # the restart ledger, until the resumed run proves itself
     # A version loaded over another job's shards: the levels to write it to again at once,
     # under this job's geometry (the engine does, after the old geometry's files are gone).
@@ -57,4 +80,4 @@ class RestoreResult:
 def warn(ctx, message: str) -> None:
     """A warning in the run log at rank 0; the other ranks note it in their own logs."""
     if ctx.log:
-        ctx.log.warning(message) if ctx.rank == 0 else ctx.log.info("warning: " + message)
+        ctx.log.warning(message) if ctx.job.rank == 0 else ctx.log.info("warning: " + message)

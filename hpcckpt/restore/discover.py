@@ -55,7 +55,7 @@ def discover(ctx, repair: bool) -> Holdings:
     reader = _Records(ctx, repair)
     written, supplies = {}, {}
     for level in ctx.levels:
-        asked = None if level.collective else frozenset({ctx.rank})
+        asked = None if level.collective else frozenset({ctx.job.rank})
         written[level.name], supplies[level.name] = {}, {}
         for step, ranks in level.holdings(asked).items():
             manifest, writing = reader.read(level, step)
@@ -73,10 +73,10 @@ def discover(ctx, repair: bool) -> Holdings:
 
 def _usable(ctx, level, manifest: Manifest) -> bool:
     """Whether `level`'s holdings of this writing can serve this job's ranks as they are."""
-    if manifest.world_size != ctx.world_size:
+    if manifest.world_size != ctx.job.world_size:
         return False
     if level.collective:
-        return level.name in manifest.levels and manifest.node_of_rank == ctx.topology.node_of_rank
+        return level.name in manifest.levels and manifest.node_of_rank == ctx.job.topology.node_of_rank
     return True
 
 
@@ -87,7 +87,7 @@ class _Records:
 
     def __init__(self, ctx, repair: bool):
         self.ctx = ctx
-        self.damaged = RecordReader(ctx.rank, ctx.log, repair)
+        self.damaged = RecordReader(ctx.job.rank, ctx.log, repair)
         self.known: dict = {}  # (node_local, step) -> (Manifest, Writing) or (None, None)
         self.node_local: dict = {}  # step -> this rank's node-local record (the survey reads no other)
 
@@ -116,23 +116,23 @@ class _Records:
 
     def _foreign(self, manifest: Manifest, where: str) -> bool:
         ctx = self.ctx
-        if manifest.run_id == ctx.run_id:
+        if manifest.run_id == ctx.run.run_id:
             return False
         writer = f"run {manifest.run_id}" if manifest.run_id else "an hpcckpt without run identities"
-        warn(ctx, f"{where} version {manifest.step} was written by {writer}, not by this run ({ctx.run_id}): "
+        warn(ctx, f"{where} version {manifest.step} was written by {writer}, not by this run ({ctx.run.run_id}): "
                   "left alone")
         return True
 
 
 def _node_files(ctx) -> bool:
-    root = Path(ctx.node_dir)
+    root = Path(ctx.run.node_dir)
     return bool(list_version_steps(root)) or (root / SPARE_DIR_NAME).is_dir()
 
 
 def _survey(ctx, read: dict) -> dict[int, NodeLocalView]:
     """Every old rank's node-local files this rank can read, by step (`read`: the commit records
     discovery read already); another run's are left alone."""
-    if not ctx.levels.node_local or not Path(ctx.node_dir).is_dir():
+    if not ctx.levels.node_local or not Path(ctx.run.node_dir).is_dir():
         return {}
-    views = survey(ctx.node_dir, warn=lambda message: warn(ctx, message), known=read)
-    return {step: view for step, view in views.items() if view.writing is None or view.writing.run_id == ctx.run_id}
+    views = survey(ctx.run.node_dir, warn=lambda message: warn(ctx, message), known=read)
+    return {step: view for step, view in views.items() if view.writing is None or view.writing.run_id == ctx.run.run_id}

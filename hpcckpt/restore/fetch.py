@@ -36,10 +36,10 @@ def fetch_as_written(ctx, manifest: Manifest, lacking: dict, my_sources: tuple, 
     for level in ctx.levels:
         if level.collective:
             if needy is None:
-                needy = failing_ranks(ctx.comm, pieces is not None)
+                needy = failing_ranks(ctx.job.comm, pieces is not None)
             if not needy:
                 continue
-            request = DeliveryRequest(step, ctx.world_size, frozenset(needy), sizes,
+            request = DeliveryRequest(step, ctx.job.world_size, frozenset(needy), sizes,
                                       open_copy=lambda size, aligned, level=level: _open_copy(ctx, step, size,
                                                                                               aligned, level),
                                       own_shard=lambda: shard_bytes(ctx, step), lacking=lacking.get(level.name,
@@ -52,7 +52,7 @@ def fetch_as_written(ctx, manifest: Manifest, lacking: dict, my_sources: tuple, 
                 if pieces is None:
                     path.unlink(missing_ok=True)  # a bad copy (checksum) counts as missing
                 source = level.name if pieces is not None else None
-            needy = failing_ranks(ctx.comm, pieces is not None)
+            needy = failing_ranks(ctx.job.comm, pieces is not None)
         else:
             if pieces is None and level.name in my_sources:
                 pieces, source = _own_copy(ctx, level, manifest, sizes, repair)
@@ -64,7 +64,7 @@ def _own_copy(ctx, level, manifest: Manifest, sizes: tuple, repair: bool):
     """(this rank) Its own shard file on a level that keeps one: (pieces, level name), or
     (None, None); read past the landing level, it becomes the node-local copy again."""
     step = manifest.step
-    path = level.deliver(DeliveryRequest(step, ctx.world_size, frozenset({ctx.rank}), sizes,
+    path = level.deliver(DeliveryRequest(step, ctx.job.world_size, frozenset({ctx.job.rank}), sizes,
                                          open_copy=lambda size, aligned: None))
     pieces = attempt(ctx, level, path, manifest) if path is not None else None
     if pieces is None:
@@ -80,24 +80,24 @@ def attempt(ctx, level, path: Path, manifest: Manifest):
     try:
         return read_pieces(ctx, path, manifest)
     except (HpcckptError, OSError) as exc:
-        warn(ctx, f"version {manifest.step} from {level.label} unusable on rank {ctx.rank}: {exc}; "
+        warn(ctx, f"version {manifest.step} from {level.label} unusable on rank {ctx.job.rank}: {exc}; "
                   "trying the next level")
         return None
 
 
 def read_pieces(ctx, path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
     """This rank's pieces under the current layout, read from its shard file and verified."""
-    if manifest.world_size != ctx.world_size or manifest.layout != ctx.layout:
+    if manifest.world_size != ctx.job.world_size or manifest.layout != ctx.job.layout:
         raise CheckpointError(f"version {manifest.step} was written by {manifest.world_size} ranks with another "
                               "layout; it is loaded over the old job's shards, not as written")
     table = read_shard_table(path)
-    manifest.check_shard_table(table, ctx.rank, path)
+    manifest.check_shard_table(table, ctx.job.rank, path)
     pieces = {}
     with open(path, "rb") as f:
-        for tl in ctx.layout.rank_pieces(ctx.rank):
-            pieces[tl.name] = read_tensor(f, table, tl.name, out=ctx.buffers[tl.name])
-        for name in ctx.local_array_names:
-            pieces[name] = read_tensor(f, table, name, out=ctx.buffers[name])
+        for tl in ctx.job.layout.rank_pieces(ctx.job.rank):
+            pieces[tl.name] = read_tensor(f, table, tl.name, out=ctx.targets.buffers[tl.name])
+        for name in ctx.job.local_array_names:
+            pieces[name] = read_tensor(f, table, name, out=ctx.targets.buffers[name])
     log_reads(ctx, [path], sum(p.nbytes for p in pieces.values()))
     return pieces
 
@@ -170,10 +170,10 @@ def shared_manifest(ctx, step: int, mine: Holdings, whole: bool) -> Manifest | N
         except (HpcckptError, OSError):
             manifest = None
     # The first rank that read one shares it (with several pieces of one table, any will do).
-    root = fold_at_root(ctx.comm, manifest is not None, lambda have: have.index(True) if any(have) else None)
+    root = fold_at_root(ctx.job.comm, manifest is not None, lambda have: have.index(True) if any(have) else None)
     if root is None:
         return None
-    data = quiet_bcast(ctx.comm, manifest.to_bytes() if ctx.rank == root else None, root=root)
+    data = quiet_bcast(ctx.job.comm, manifest.to_bytes() if ctx.job.rank == root else None, root=root)
     shared = manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
     return _table_for_this_rank(ctx, shared, manifest, whole)
 
@@ -186,10 +186,10 @@ def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bo
     re-partition (`whole`), the table of every shard. Every shard a node-local level can
     deliver is listed by a surviving copy: its own rank's, its replica holder's or its group's;
     the others, a global level's record lists."""
-    if not quiet_any(ctx.comm, not shared.lists_every_shard):
+    if not quiet_any(ctx.job.comm, not shared.lists_every_shard):
         return shared
     records = mine.shards if mine is not None and mine.identity == shared.identity else ()
-    gathered = quiet_gather(ctx.comm, records, root=0)
+    gathered = quiet_gather(ctx.job.comm, records, root=0)
     table = None
     if gathered is not None:
         table = shared.with_shards(r for part in gathered for r in part)
@@ -198,12 +198,12 @@ def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bo
             # which a global level then delivers. Its one record lists them all.
             table = table.with_shards(_global_records(ctx, shared))
     if whole:
-        return shared.with_shards(quiet_bcast(ctx.comm, table.shards if table is not None else None, root=0))
+        return shared.with_shards(quiet_bcast(ctx.job.comm, table.shards if table is not None else None, root=0))
     parts = None
     if table is not None:
         wanted = records_listed(shared.world_size, shared.partner_of, shared.node_of_rank, shared.groups)
-        parts = [table.listed(wanted[rank]) for rank in range(ctx.world_size)]
-    return shared.with_shards(quiet_scatter(ctx.comm, parts, root=0))
+        parts = [table.listed(wanted[rank]) for rank in range(ctx.job.world_size)]
+    return shared.with_shards(quiet_scatter(ctx.job.comm, parts, root=0))
 
 
 def _global_records(ctx, shared: Manifest) -> tuple:

@@ -25,12 +25,12 @@ def init_from(ctx, source: str, select) -> Manifest:
     verified; nothing else is taken (step, data position, RNG and the arrays not picked start
     fresh), and nothing is written there. `source`: a run directory (its newest complete L4
     version), a PFS directory, or one version directory in it."""
-    root, data = on_root(ctx.comm, f"--init-from {source}: finding the version", lambda: _init_source(source))
+    root, data = on_root(ctx.job.comm, f"--init-from {source}: finding the version", lambda: _init_source(source))
     manifest = Manifest.from_bytes(data, f"--init-from {source}")
-    names = [tl.name for tl in ctx.layout.tensors if select(tl.name)]
+    names = [tl.name for tl in ctx.job.layout.tensors if select(tl.name)]
     stored = {tl.name for tl in manifest.layout.tensors}
     wanted_old = Layout(manifest.world_size, tuple(t for t in manifest.layout.tensors if t.name in names))
-    wanted_new = Layout(ctx.world_size, tuple(t for t in ctx.layout.tensors if t.name in names))
+    wanted_new = Layout(ctx.job.world_size, tuple(t for t in ctx.job.layout.tensors if t.name in names))
     problems = [f"tensor {n!r} is not in version {manifest.step}" for n in names if n not in stored]
     problems += wanted_old.same_tensors(wanted_new, f"version {manifest.step}", "current model") if not problems else []
     if not names:
@@ -41,14 +41,14 @@ def init_from(ctx, source: str, select) -> Manifest:
             collective=True)
 
     def read_pieces():
-        source_level = PfsLevel(root, ctx.rank)
+        source_level = PfsLevel(root, ctx.job.rank)
         try:
             return read_repartitioned(ctx, lambda old_rank: source_level.shard_path(manifest.step, old_rank),
                                       replace(manifest, layout=wanted_old), wanted_new)
         except OSError as exc:
             raise CheckpointError(str(exc)) from None
 
-    pieces = agree(ctx.comm, f"--init-from {source}: reading", read_pieces, step=manifest.step)
+    pieces = agree(ctx.job.comm, f"--init-from {source}: reading", read_pieces, step=manifest.step)
     assemble(ctx, wanted_new, pieces)
     return manifest
 

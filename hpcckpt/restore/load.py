@@ -23,12 +23,12 @@ from hpcckpt.format.layout import BlockLayout, Layout, copy_strided, extract_pie
 def load(ctx, manifest, pieces: dict[str, np.ndarray]) -> None:
     """(all ranks) Every replicated tensor everywhere, each rank's blocks on it, and the
     per-rank arrays, written in place; then the engine sets the registered state
-    (ctx.apply_state)."""
-    assemble(ctx, ctx.layout, pieces)
-    for name in ctx.local_array_names:
-        write_in_place(ctx.targets[name], pieces[name])
-    if ctx.apply_state is not None:
-        ctx.apply_state(manifest.state)
+    (ctx.targets.apply_state)."""
+    assemble(ctx, ctx.job.layout, pieces)
+    for name in ctx.job.local_array_names:
+        write_in_place(ctx.targets.arrays[name], pieces[name])
+    if ctx.targets.apply_state is not None:
+        ctx.targets.apply_state(manifest.state)
 
 
 def assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
@@ -38,10 +38,10 @@ def assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
 
     for tl in layout.tensors:
         if isinstance(tl, BlockLayout):
-            if tl.holds(ctx.rank):
-                write_in_place(ctx.targets[tl.name], pieces[tl.name])
+            if tl.holds(ctx.job.rank):
+                write_in_place(ctx.targets.arrays[tl.name], pieces[tl.name])
             continue
-        target = ctx.targets[tl.name]
+        target = ctx.targets.arrays[tl.name]
         mine = pieces.get(tl.name)
         send = mine.reshape(-1).view(np.uint8) if mine is not None and mine.size else np.empty(0, np.uint8)
         shape = tl.logical_shape
@@ -51,9 +51,9 @@ def assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:
             # Pieces hold their rows along the cut axis one after the other: where no axis
             # before it is longer than 1, the pieces in rank order ARE the array's bytes,
             # received in place.
-            counts = [tl.piece_nbytes(r) for r in range(ctx.world_size)]
+            counts = [tl.piece_nbytes(r) for r in range(ctx.job.world_size)]
             displacements = [0, *itertools.accumulate(counts)][:-1]
-            wait_all([ctx.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
+            wait_all([ctx.job.comm.Iallgatherv(send, [target.reshape(-1).view(np.uint8), counts, displacements,
                                                    MPI.BYTE])])
         else:
             _gather_in_slabs(ctx, tl, target if target.ndim == len(shape) else target.reshape(shape), send)
@@ -68,8 +68,8 @@ def _gather_in_slabs(ctx, tl, target, send: np.ndarray) -> None:
     from mpi4py import MPI
 
     shape, axis, row = tl.logical_shape, tl.axis, tl.row_bytes
-    bounds = [tl.bounds_of(rank) for rank in range(ctx.world_size)]
-    slab = max(1, ctx.chunk_bytes // max(1, row * ctx.world_size))
+    bounds = [tl.bounds_of(rank) for rank in range(ctx.job.world_size)]
+    slab = max(1, ctx.chunk_bytes // max(1, row * ctx.job.world_size))
     buffer = np.empty(0, np.uint8)
     for first in range(0, max(stop - start for start, stop in bounds), slab):
         spans = [(start + min(first, stop - start), start + min(first + slab, stop - start)) for start, stop in bounds]
@@ -78,9 +78,9 @@ def _gather_in_slabs(ctx, tl, target, send: np.ndarray) -> None:
         total = sum(counts)
         if buffer.size < total:
             buffer = np.empty(total, np.uint8)
-        offset = (spans[ctx.rank][0] - bounds[ctx.rank][0]) * row
-        mine = send[offset:offset + counts[ctx.rank]]
-        wait_all([ctx.comm.Iallgatherv(mine, [buffer[:total], counts, displacements, MPI.BYTE])])
+        offset = (spans[ctx.job.rank][0] - bounds[ctx.job.rank][0]) * row
+        mine = send[offset:offset + counts[ctx.job.rank]]
+        wait_all([ctx.job.comm.Iallgatherv(mine, [buffer[:total], counts, displacements, MPI.BYTE])])
         for rank, (low, high) in enumerate(spans):
             if not counts[rank]:
                 continue
@@ -102,11 +102,11 @@ def keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> None:
     """Where the old blocks of an array left gaps (allowed when they were protected), the
     restored array keeps what the protected array holds there: its current values go into
     this rank's new piece first, and the old blocks are placed over them."""
-    for tl in new.rank_pieces(ctx.rank):
+    for tl in new.rank_pieces(ctx.job.rank):
         before = old.get(tl.name)
         if not (isinstance(before, BlockLayout) and before.gaps):
             continue
-        target = ctx.targets[tl.name]
+        target = ctx.targets.arrays[tl.name]
         host = target if isinstance(target, np.ndarray) else target.get()
-        current = host if isinstance(tl, BlockLayout) else extract_piece(host, tl, ctx.rank)
-        np.copyto(ctx.buffers[tl.name], current.reshape(ctx.buffers[tl.name].shape))
+        current = host if isinstance(tl, BlockLayout) else extract_piece(host, tl, ctx.job.rank)
+        np.copyto(ctx.targets.buffers[tl.name], current.reshape(ctx.targets.buffers[tl.name].shape))

@@ -11,8 +11,9 @@ of the stack that can deliver its shard, in the stack's order. What a level can 
 level's own rule (Level.serves); nothing here knows one level from another. No rank receives
 every rank's holdings. Pure functions over the gathered holdings, no MPI, no I/O.
 
-`ctx` needs: world_size, layout (its digest), topology (node_of_rank), levels (the stack:
-name, node_local, serves), pfs_dir (named in messages), rank and log (warnings).
+`ctx` (restore/context.py) needs: job.world_size, job.layout (its digest), job.topology
+(node_of_rank), job.rank and log (warnings), levels (the stack: name, node_local, serves) and
+run.pfs_dir (named in messages).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
     stale = {step for step, identity, _ in writings if identity != newest[step][0]}
     if not stale:
         return everyone
-    if ctx.rank == 0:
+    if ctx.job.rank == 0:
         warn(ctx, f"step(s) {sorted(stale)} were written by more than one run (a job resumed with another "
                   "rank count rewrote them): only the newest writing is used, older copies are ignored")
 
@@ -130,7 +131,7 @@ def _sources_of_every_rank(ctx, everyone, step: int) -> list[list[str]]:
 
 def _surviving_nodes(ctx, everyone: list[Holdings]) -> set[int]:
     """Nodes whose directory still holds checkpoint files (a lost node's directory is gone)."""
-    return {ctx.topology.node_of_rank[r] for r, h in enumerate(everyone) if h.node_files}
+    return {ctx.job.topology.node_of_rank[r] for r, h in enumerate(everyone) if h.node_files}
 
 
 def _never_completed(ctx, everyone: list[Holdings], step: int) -> bool:
@@ -139,7 +140,7 @@ def _never_completed(ctx, everyone: list[Holdings], step: int) -> bool:
     without even its shard (a lost or replaced node, deleted files) or with an unreadable
     commit record is damage, not this case; nor is a version of another rank count, which
     _missing_message explains."""
-    if everyone.node_local_sizes.get(step, {ctx.world_size}) != {ctx.world_size}:
+    if everyone.node_local_sizes.get(step, {ctx.job.world_size}) != {ctx.job.world_size}:
         return False
     missing = [r for r, sources in enumerate(_sources_of_every_rank(ctx, everyone, step)) if not sources]
     return bool(missing) and all(step in everyone[r].interrupted for r in missing)
@@ -192,7 +193,7 @@ def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
     redundancy, as the job that wrote it ran), "repartition" (over the old job's shards,
     wherever they survived), or None."""
     writing = _writing(everyone, step)
-    if writing is None or (writing.world_size == ctx.world_size and writing.layout_digest == ctx.layout.digest):
+    if writing is None or (writing.world_size == ctx.job.world_size and writing.layout_digest == ctx.job.layout.digest):
         if all(_sources_of_every_rank(ctx, everyone, step)):
             return "same"
     if _never_completed(ctx, everyone, step):
@@ -217,20 +218,20 @@ def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted:
     if mode == "require":
         raise CheckpointError(
             "--restart require, but no checkpoint version exists under "
-            f"{ctx.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh")
+            f"{ctx.run.pfs_dir!r} or the node-local directories; run with --restart auto to start fresh")
 
 
 def _missing_message(ctx, everyone: list[Holdings], step: int) -> str:
     missing = [r for r, sources in enumerate(_sources_of_every_rank(ctx, everyone, step)) if not sources]
     writing = _writing(everyone, step)
-    if writing is not None and writing.world_size != ctx.world_size:
+    if writing is not None and writing.world_size != ctx.job.world_size:
         plan = _repartition_plan(ctx, everyone, step)
         lost = list(plan.missing) if plan is not None else []
         return (f"checkpoint version {step} (written by {writing.world_size} ranks) cannot be assembled onto "
-                f"{ctx.world_size}: the shards of old rank(s) {lost} are on no surviving level (their node-local "
+                f"{ctx.job.world_size}: the shards of old rank(s) {lost} are on no surviving level (their node-local "
                 "copies are gone, not enough replicas or parity are left, and L4 has no copy); restart from an "
                 "older version (see hpcckpt inspect) or enable the pfs level")
-    node_of = ctx.topology.node_of_rank
+    node_of = ctx.job.topology.node_of_rank
     # A node whose directory still holds checkpoint files survived; a rank there that lacks this
     # version usually was still writing it when the job stopped. Calling that a lost node would
     # send the operator looking for a failure that did not happen.
@@ -292,14 +293,14 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
             raise ConfigError(
                 f"--restart never, but the storage already holds checkpoint versions (newest: step "
                 f"{newest_anywhere}); resume with --restart auto, or give the run a new run.dir")
-        return nothing, [{}] * ctx.world_size
+        return nothing, [{}] * ctx.job.world_size
     nodes_with_files = len(_surviving_nodes(ctx, everyone))
     failed = _failed_versions(ctx, ledger, nodes_with_files) if ledger is not None else {}
     steps = _candidates(ctx, everyone, wanted, excluded=failed)
     if not steps:
         _raise_if_nothing_loadable(ctx, everyone, mode, wanted, newest_anywhere, failed, ledger)
-        return replace(nothing, failed=failed), [{}] * ctx.world_size
-    candidates, sources = [], [{} for _ in range(ctx.world_size)]
+        return replace(nothing, failed=failed), [{}] * ctx.job.world_size
+    candidates, sources = [], [{} for _ in range(ctx.job.world_size)]
     shared_views: dict = {}
     for step in steps:
         route = _route(ctx, everyone, step)

@@ -23,20 +23,20 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
     job's geometry (RestoreResult.protect_again), so a second loss is survived at once."""
     step = manifest.step
     whole = ctx.levels.level(candidate.whole_on) if candidate.whole_on else None
-    keep_what_gaps_leave(ctx, manifest.layout, ctx.layout)
-    job = RepartitionJob(ctx.comm, manifest, ctx.layout, ctx.buffers, ctx.local_array_names, candidate.views,
+    keep_what_gaps_leave(ctx, manifest.layout, ctx.job.layout)
+    job = RepartitionJob(ctx.job.comm, manifest, ctx.job.layout, ctx.targets.buffers, ctx.job.local_array_names, candidate.views,
                          (lambda old_rank: whole.shard_path(step, old_rank)) if whole is not None else None,
-                         lambda message: warn(ctx, message), scratch_dir=ctx.node_dir, chunk_bytes=ctx.chunk_bytes)
+                         lambda message: warn(ctx, message), scratch_dir=ctx.run.node_dir, chunk_bytes=ctx.chunk_bytes)
     outcome = job.run(candidate.writing, whole is not None)
     if isinstance(outcome, RepartitionPlan):
-        if ctx.rank == 0:
+        if ctx.job.rank == 0:
             warn(ctx, f"version {step} cannot be assembled: old rank(s) {list(outcome.missing)} have no usable "
                       "copy left; trying an older one")
         return None
     load(ctx, manifest, outcome.pieces)
     _log_moved(ctx, manifest, outcome)
     again = tuple(level for level in ctx.levels if level.node_local or whole is None) if repair else ()
-    changed = manifest.world_size != ctx.world_size or tuple(manifest.node_of_rank) != ctx.topology.node_of_rank
+    changed = manifest.world_size != ctx.job.world_size or tuple(manifest.node_of_rank) != ctx.job.topology.node_of_rank
     return RestoreResult(step, tuple(s.level for s in outcome.plan.sources), manifest.state,
                            protect_again=tuple(level.name for level in again),
                            protect_globally=tuple(level.name for level in again if not level.node_local),
@@ -46,14 +46,14 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
 
 def _log_moved(ctx, manifest: Manifest, outcome) -> None:
     step, plan = manifest.step, outcome.plan
-    most_read, most_received = fold_at_root(ctx.comm, (outcome.bytes_read, outcome.bytes_received),
+    most_read, most_received = fold_at_root(ctx.job.comm, (outcome.bytes_read, outcome.bytes_received),
                                             lambda moved: tuple(map(max, zip(*moved))))
     if ctx.log:
-        ctx.log.info(f"restored version {step}, written by {manifest.world_size} rank(s), onto {ctx.world_size}: "
+        ctx.log.info(f"restored version {step}, written by {manifest.world_size} rank(s), onto {ctx.job.world_size}: "
                      f"old shards {plan.summary()}; this rank read {outcome.bytes_read} and received "
                      f"{outcome.bytes_received} bytes", console=False)
-        if ctx.rank == 0:
-            ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.world_size} "
+        if ctx.job.rank == 0:
+            ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.job.world_size} "
                          f"rank(s): old shards {plan.summary()}; at most {most_read / 1e6:.1f} MB read and "
                          f"{most_received / 1e6:.1f} MB received by one rank", console=True)
 
@@ -63,8 +63,8 @@ def read_repartitioned(ctx, shard_path_of, manifest: Manifest, layout: Layout) -
     read whole from `shard_path_of(old rank)` and verified (repartition/exchange.py's
     OldPieceReader). Where old and new pieces do not line up, a rank reads more than it keeps:
     2x from 2 to 4 ranks, 1.5x from 4 to 3, 3x from 2 to 3 at worst."""
-    rank = ctx.rank
-    pieces = {tl.name: ctx.buffers[tl.name] for tl in layout.rank_pieces(rank)}
+    rank = ctx.job.rank
+    pieces = {tl.name: ctx.targets.buffers[tl.name] for tl in layout.rank_pieces(rank)}
     keep_what_gaps_leave(ctx, manifest.layout, layout)
     reader = OldPieceReader(manifest, shard_path_of)
     try:

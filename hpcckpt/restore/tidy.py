@@ -23,7 +23,7 @@ def clear_newer(ctx, restored: int, failed: dict[int, str], ledger=None) -> None
         newer = sorted(s for s in landing.rank_steps() if s > restored)
         if newer:
             # Said, not silent: a version another rank count wrote is gone once this job goes on.
-            warn(ctx, f"rank {ctx.rank}: node-local version(s) {newer} cannot be loaded by this job "
+            warn(ctx, f"rank {ctx.job.rank}: node-local version(s) {newer} cannot be loaded by this job "
                       f"(incomplete, unusable, or written by another rank count); deleted, as the resumed "
                       "run writes those steps again")
         for step in newer:
@@ -44,7 +44,7 @@ def clear_newer(ctx, restored: int, failed: dict[int, str], ledger=None) -> None
             for step in sorted(s for s in failed if s > restored):  # node-local only: deleted above
                 ledger.set_aside(step, f"v{step:012d} (node-local copies deleted)")
 
-    on_root(ctx.comm, f"moving newer versions out of the way under {ctx.pfs_dir!r}", set_aside_globally)
+    on_root(ctx.job.comm, f"moving newer versions out of the way under {ctx.run.pfs_dir!r}", set_aside_globally)
 
 
 def clear_old_geometry(ctx, which) -> list[int]:
@@ -56,14 +56,14 @@ def clear_old_geometry(ctx, which) -> list[int]:
     until then they are the fallback. One rank per node-local directory deletes; the global
     levels keep their versions (the engine writes the version there first where they lack
     it). Returns the steps deleted."""
-    first = first_of_each(ctx.comm, (ctx.node_dir, ctx.node))
-    steps = [s for s in list_version_steps(ctx.node_dir) if which(s)] if first and ctx.levels.node_local else []
+    first = first_of_each(ctx.job.comm, (ctx.run.node_dir, ctx.job.node))
+    steps = [s for s in list_version_steps(ctx.run.node_dir) if which(s)] if first and ctx.levels.node_local else []
     for step in steps:
-        remove_tree(Path(ctx.node_dir) / version_dir_name(step))
+        remove_tree(Path(ctx.run.node_dir) / version_dir_name(step))
     if steps and ctx.log:
         ctx.log.info(f"deleted node-local version(s) {steps} of the job that ran before (its rank count and "
-                     f"placement) from {ctx.node_dir}")
-    quiet_barrier(ctx.comm)  # no rank writes before every old file is gone
+                     f"placement) from {ctx.run.node_dir}")
+    quiet_barrier(ctx.job.comm)  # no rank writes before every old file is gone
     return steps
 
 
@@ -83,7 +83,7 @@ def clear_unfinished(ctx, unfinished: list[int]) -> None:
             for step in level.uncommitted_steps():
                 level.remove(step)
 
-    on_root(ctx.comm, f"removing unfinished versions under {ctx.pfs_dir!r}", globally)
+    on_root(ctx.job.comm, f"removing unfinished versions under {ctx.run.pfs_dir!r}", globally)
 
 
 def remove_node_local(ctx, step: int) -> None:
