@@ -38,7 +38,7 @@ from hpcckpt.ckpt.level_health import LevelHealth
 from hpcckpt.ckpt.node_local_stage import NodeLocalStage
 from hpcckpt.ckpt.policy import levels_due
 from hpcckpt.ckpt.pruning import Pruner
-from hpcckpt.ckpt.room import RoomMaker, bytes_to_write
+from hpcckpt.ckpt.room import RoomMaker, bytes_to_write, out_of_space
 from hpcckpt.ckpt.save_plan import (
     DEGRADE,
     HERE,
@@ -273,7 +273,7 @@ class SavePipeline:
             manifest, lacking = once_more_after_making_room(
                 lambda: self.node_local_stage.run(v, plan.node_local, names, room), room)
         except CheckpointError as exc:
-            if decide(is_storage_failure(exc), False, room_untried=False) != DEGRADE:
+            if decide(is_storage_failure(exc), out_of_space(exc), room_untried=False) != DEGRADE:
                 raise  # memory, a codec, a file in the way: not for degrading
             # Degrade, do not stop: the version goes to the global levels instead (all of
             # them, due or not: nothing else holds it), from the snapshot, as L1's file is gone.

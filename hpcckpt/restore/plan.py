@@ -18,7 +18,7 @@ run.pfs_dir (named in messages).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from hpcckpt.errors import CheckpointError, ConfigError, UnrecoverableError
 from hpcckpt.levels.survey import Writing
