@@ -157,9 +157,16 @@ def test_node_loss_injection_deletes_that_nodes_directory(tmp_path, reference):
     assert (node_local(tmp_path / "run", 0)).exists()
     resumed = train(tmp_path, job)
     assert_ok(resumed)
-    # Step 15 is on L1 only (PFS every 2nd checkpoint) and node 1 lost it; step 10 is on L4 for
-    # certain (the snapshot of 15 waited for it), so the job agrees on step 10.
-    assert "restored version 10" in resumed.stdout
+    # Step 15 is due on L1 only (PFS every 2nd checkpoint) and node 1 lost it; step 10 is on L4
+    # for certain (the snapshot of 15 waited for it), so the job agrees on step 10. When the node
+    # died while version 15's node-local write was still running, the save kept that version on
+    # L4 instead, said so, and the job restarts from there.
+    restored = re.search(r"restored version (\d+): .*from L4 pfs", resumed.stdout)
+    assert restored, resumed.stdout
+    if restored.group(1) == "15":
+        assert "version 15 is held by L4 pfs" in crashed.stderr
+    else:
+        assert restored.group(1) == "10"
     assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
 
 
