@@ -7,7 +7,10 @@
 
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
-phase = restore while version S is being loaded at restart. `attempt=A` limits the fault to
+phase = restore while version S is being loaded at restart. A level's phase strikes where that
+level's store begins, on the thread that runs it (faulty_levels.py): L1's runs on the writer
+thread beside L2's and L3's transfers, so what those finished before the crash varies, as in
+a real one. `attempt=A` limits the fault to
 attempt A of a job script's restart loop (HPCCKPT_ATTEMPT, 1 when unset), so a restarted run
 does not meet the same fault again. Death is abrupt (os._exit, or SIGKILL; no cleanup, no MPI
 finalize), as in a crash.

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
-from hpcckpt.levels.naming import LEVEL_LABELS
+from hpcckpt.levels.naming import LEVEL_LABELS, LOCAL
 
 
 def read_records(run_dir, damaged: list | None = None) -> list[dict]:
@@ -48,7 +48,7 @@ def summarise(records: list[dict]) -> list[str]:
                               for level in LEVEL_LABELS if level in counts)
             old = "old " if attempt.get("ranks") not in (None, len(sources)) else ""
             moved = [f"{old}rank {rank}: {LEVEL_LABELS[level]}" for rank, level in enumerate(sources)
-                     if level != "local"]
+                     if level != LOCAL]  # read elsewhere than from the rank's own L1 file
             start = f"resumed from step {attempt['step']} ({where})"
             if old:
                 start += f" written by {len(sources)} ranks, onto {attempt['ranks']}"

@@ -25,19 +25,24 @@ from hpcckpt.format.shardfile import read_shard_table, read_tensor, verify_shard
 from hpcckpt.levels.naming import (
     COMMIT_GLOB,
     COMMIT_NAME,
-    PARITY_GLOB,
+    GLOBAL_LEVELS,
     PFS_COMMIT_NAME,
-    REPLICA_GLOB,
     list_version_steps,
     shard_file_name,
     version_dir_name,
 )
 from hpcckpt.levels.spares import spare_kind
+from hpcckpt.levels.whole_copies import further_losses_covered, levels_holding_whole, node_losses_covered
+
+
+# Where a version's files are, as the storage configuration names the directories (and the
+# messages of verify say: "pfs version 20", "local version 20").
+ON_PFS, ON_NODES = "pfs", "local"
 
 
 @dataclass(frozen=True)
 class VersionEntry:
-    level: str  # "local" or "pfs"
+    place: str  # ON_PFS (the PFS directory) or ON_NODES (the node-local directories)
     step: int
     complete: bool
     size: int  # bytes on this level that this process can see
@@ -89,7 +94,7 @@ def list_versions(config) -> list[VersionEntry]:
         manifest = _try_manifest(directory / PFS_COMMIT_NAME)
         if manifest is not None and run_id is not None and manifest.run_id != run_id:
             continue  # another run's: left alone, as a restart leaves it
-        entries.append(VersionEntry("pfs", step, manifest is not None, _dir_size(directory),
+        entries.append(VersionEntry(ON_PFS, step, manifest is not None, _dir_size(directory),
                                     manifest.world_size if manifest else None,
                                     manifest.metrics if manifest else {}, str(directory)))
     by_step: dict[int, list[Path]] = {}
@@ -106,11 +111,11 @@ def list_versions(config) -> list[VersionEntry]:
             committed_ranks = {int(COMMIT_NAME.match(p.name).group(1)) for d in directories
                                for p in d.glob(COMMIT_GLOB)}
             complete = committed_ranks >= set(range(manifest.world_size))
-        entries.append(VersionEntry("local", step, complete, sum(_dir_size(d) for d in directories),
+        entries.append(VersionEntry(ON_NODES, step, complete, sum(_dir_size(d) for d in directories),
                                     manifest.world_size if manifest else None,
                                     manifest.metrics if manifest else {},
                                     ", ".join(str(d) for d in directories)))
-    return sorted(entries, key=lambda e: (e.step, e.level))
+    return sorted(entries, key=lambda e: (e.step, e.place))
 
 
 @dataclass(frozen=True)
@@ -148,84 +153,47 @@ def _surveys(config) -> list[dict]:
 
 
 def version_overview(config) -> list[VersionOverview]:
-    from hpcckpt.cluster.topology import node_losses_survived
-    from hpcckpt.errors import TopologyError
-
     by_step: dict[int, list[VersionEntry]] = {}
     for entry in list_versions(config):
         by_step.setdefault(entry.step, []).append(entry)
     overview = []
     surveys = _surveys(config)
     for step, entries in sorted(by_step.items()):
-        complete = {e.level: e for e in entries if e.complete}
+        complete = {e.place: e for e in entries if e.complete}
         manifest = None
         try:
             manifest = manifest_of(config, step)
         except HpcckptError:
             manifest = None
-        levels = []
-        if "local" in complete:
-            levels.append("local")
-            directories = [Path(d) for d in complete["local"].location.split(", ")]
-            if manifest is not None:
-                if "partner" in manifest.levels and _count(directories, REPLICA_GLOB) >= manifest.world_size:
-                    levels.append("partner")
-                if "erasure" in manifest.levels and _count(directories, PARITY_GLOB) >= manifest.world_size:
-                    levels.append("erasure")
-        if "pfs" in complete:
-            levels.append("pfs")
+        on_nodes = next((e for e in entries if e.place == ON_NODES), None)
+        directories = [Path(d) for d in on_nodes.location.split(", ")] if on_nodes else []
+        levels = levels_holding_whole(directories, manifest, ON_NODES in complete, ON_PFS in complete)
         survives = 0
         if manifest is not None and levels:
-            group_size, parity = 0, 0
-            if "erasure" in levels:
-                # The geometry that cut this version's parity, not today's config.
-                group_size, parity = _parity_geometry(directories) or (config.resilience.group_size,
-                                                                      config.resilience.parity)
-            try:
-                survives = node_losses_survived(
-                    manifest.node_of_rank, partner="partner" in levels, pfs="pfs" in levels,
-                    group_size=group_size, parity=parity)
-            except TopologyError:
-                survives = 0
-        first = (complete.get("pfs") or complete.get("local") or entries[0])
+            # The geometry that cut this version's parity where its files say, not today's config.
+            survives = node_losses_covered(manifest, levels, directories,
+                                           (config.resilience.group_size, config.resilience.parity))
+        first = (complete.get(ON_PFS) or complete.get(ON_NODES) or entries[0])
         assembled, ranks = "", ""
         if manifest is not None:
-            plan = assembly_plan(config, step, manifest, surveys, "pfs" in complete)
+            plan = assembly_plan(config, step, manifest, surveys, ON_PFS in complete)
             assembled = plan.summary() if plan.complete else ""
             ranks = str(manifest.world_size) if manifest.local_arrays else "any"
-            local = next((e for e in entries if e.level == "local"), None)
-            if assembled and not levels and local is not None:
-                survives = _further_losses_survived(manifest, local)
+            if assembled and not levels and on_nodes is not None:
+                committed = {int(COMMIT_NAME.match(p.name).group(1)) for d in directories for p in d.glob(COMMIT_GLOB)}
+                survives = further_losses_covered(manifest, committed)
         overview.append(VersionOverview(step, tuple(levels), first.world_size or (manifest and manifest.world_size),
                                         sum(e.size for e in entries), survives,
                                         first.metrics or (manifest.metrics if manifest else {}), assembled, ranks))
     return overview
 
 
-def _further_losses_survived(manifest: Manifest, entry: VersionEntry) -> int:
-    """For a node-local version some ranks' files are missing from (a node lost, or one that
-    could not take it): the further node losses its L2 and L3 pieces still cover."""
-    from hpcckpt.cluster.topology import node_losses_survived
-    from hpcckpt.errors import TopologyError
-
-    committed = {int(COMMIT_NAME.match(p.name).group(1)) for d in entry.location.split(", ")
-                 for p in Path(d).glob(COMMIT_GLOB)}
-    try:
-        return node_losses_survived(
-            manifest.node_of_rank, partner="partner" in manifest.levels,
-            group_size=min(map(len, manifest.groups)) if "erasure" in manifest.levels and manifest.groups else 0,
-            parity=manifest.parity if "erasure" in manifest.levels else 0,
-            missing=set(range(manifest.world_size)) - committed) or 0
-    except TopologyError:
-        return 0
-
-
 def l4_lag(versions: list[VersionOverview]) -> str:
     """How far L4 is behind the node-local levels, for `inspect`: L4 copies at its own pace
     (storage.pfs_async) and skips versions while a copy runs, so the newest version may not
     be on the PFS yet; a node loss beyond what L2/L3 cover falls back that far."""
-    node_local = [v.step for v in versions if set(v.levels) - {"pfs"} or (not v.levels and v.assembled_from)]
-    on_pfs = [v.step for v in versions if "pfs" in v.levels]
+    node_local = [v.step for v in versions if set(v.levels) - set(GLOBAL_LEVELS) or (not v.levels and v.assembled_from)]
+    on_pfs = [v.step for v in versions if set(v.levels) & set(GLOBAL_LEVELS)]
     if not on_pfs:
         return "L4 holds no version yet" + (f"; node-local levels hold up to step {max(node_local)}"
                                              if node_local else "")
@@ -235,23 +203,6 @@ def l4_lag(versions: list[VersionOverview]) -> str:
         return f"L4 is up to date: it holds the newest version (step {newest_pfs})"
     return (f"L4 lags: newest there is step {newest_pfs}, {len(newer)} newer version(s) only on node-local "
             f"levels (up to step {max(newer)}, {max(newer) - newest_pfs} step(s) ahead)")
-
-
-def _parity_geometry(directories: list[Path]) -> tuple[int, int] | None:
-    """(group size, parity) recorded in the first readable parity file."""
-    for directory in directories:
-        for path in sorted(directory.glob(PARITY_GLOB)):
-            try:
-                extra = read_shard_table(path).extra
-            except (HpcckptError, OSError):
-                continue
-            if extra.get("group") and extra.get("parity"):
-                return len(extra["group"]), int(extra["parity"])
-    return None
-
-
-def _count(directories: list[Path], pattern: str) -> int:
-    return sum(1 for d in directories for _ in d.glob(pattern))
 
 
 def _try_manifest(path: Path) -> Manifest | None:
@@ -369,22 +320,22 @@ def verify_all(config) -> tuple[int, list[str], list[str]]:
     is a note, not a problem. (files checked, problems, notes)"""
     problems, notes, checked = [], [], 0
     damaged = _damaged_records(config, problems, notes)
-    entries = [e for e in list_versions(config) if (e.level, e.step) not in damaged]
+    entries = [e for e in list_versions(config) if (e.place, e.step) not in damaged]
     if not entries and not damaged:
         problems.append(f"no checkpoint version found under {pfs_root(config)} or node-local directories "
                         f"matching {config.storage.local_dir!r}; check run.dir and the storage paths")
     surveys = _surveys(config)
-    on_l4 = {e.step for e in entries if e.level == "pfs" and e.complete}
+    on_l4 = {e.step for e in entries if e.place == ON_PFS and e.complete}
     for entry in entries:
         plan = None
         if not entry.complete:
             plan = _plan_for_incomplete(config, entry, surveys, entry.step in on_l4)
             if plan is None or not plan.complete:
-                problems.append(f"{entry.level} version {entry.step}: not every rank's commit record is reachable "
+                problems.append(f"{entry.place} version {entry.step}: not every rank's commit record is reachable "
                                 "from here, and what is cannot be assembled into the whole version (a checkpoint "
                                 "that did not finish, or a loss beyond what its levels survive)")
                 continue
-            notes.append(f"{entry.level} version {entry.step}: not every rank's copy is reachable here (a lost "
+            notes.append(f"{entry.place} version {entry.step}: not every rank's copy is reachable here (a lost "
                          f"node); a restart assembles it: old shards {plan.summary()}")
         manifest = _entry_manifest(entry) if plan is None else manifest_of(config, entry.step)
         shard_ranks = set()
@@ -412,7 +363,7 @@ def verify_all(config) -> tuple[int, list[str], list[str]]:
                 problems.extend(f"{path}: {p}" for p in found)
         missing = sorted(set(range(manifest.world_size)) - shard_ranks)
         if missing and plan is None:
-            problems.append(f"{entry.level} version {entry.step}: the shard file of rank(s) {missing} is missing "
+            problems.append(f"{entry.place} version {entry.step}: the shard file of rank(s) {missing} is missing "
                             f"from {entry.location}")
     return checked, problems, notes
 
@@ -446,7 +397,7 @@ def _damaged_records(config, problems: list[str], notes: list[str]) -> set[tuple
         try:
             Manifest.read(path)
         except DamagedRecordError as exc:
-            damaged.add(("pfs", step))
+            damaged.add((ON_PFS, step))
             problems.append(f"pfs version {step}: {exc}; the next start sets it aside (and writes it again from "
                             "node-local storage where that holds it)")
         except (HpcckptError, OSError):
@@ -475,7 +426,7 @@ def _damaged_records(config, problems: list[str], notes: list[str]) -> set[tuple
 
 
 def _plan_for_incomplete(config, entry: VersionEntry, surveys: list[dict], on_l4: bool):
-    if entry.level != "local":
+    if entry.place != ON_NODES:
         return None
     try:
         return assembly_plan(config, entry.step, manifest_of(config, entry.step), surveys, on_l4)
@@ -486,11 +437,11 @@ def _plan_for_incomplete(config, entry: VersionEntry, surveys: list[dict], on_l4
 def _entry_manifest(entry: VersionEntry) -> Manifest:
     """The commit record of one level's copy of a version (not another level's: two runs may
     have written the same step)."""
-    if entry.level == "pfs":
+    if entry.place == ON_PFS:
         manifest = _try_manifest(Path(entry.location) / PFS_COMMIT_NAME)
     else:
         manifest = _merged_records([path for directory in entry.location.split(", ")
                                     for path in sorted(Path(directory).glob(COMMIT_GLOB))])
     if manifest is not None:
         return manifest
-    raise UnrecoverableError(f"{entry.level} version {entry.step}: no readable commit record in {entry.location}")
+    raise UnrecoverableError(f"{entry.place} version {entry.step}: no readable commit record in {entry.location}")

@@ -19,7 +19,7 @@ from hpcckpt.levels.base import VersionImage
 def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log) -> list[int]:
     """(all ranks) Copy to the global level `target` the versions `source` (the landing
     level, L1) committed that `target`'s retention would keep; `skip`: versions made room
-    for on `target` by dropping them (not copied back). `stage(step, label, action, phase)`
+    for on `target` by dropping them (not copied back). `stage(step, label, action)`
     runs one agreed stage. Returns the steps copied."""
     rank, world_size = comm.Get_rank(), comm.Get_size()
     # Versions every rank holds with a readable record (a damaged one is not copied from).
@@ -60,8 +60,8 @@ def _copy_one(comm, source, target, manifest, stage: Callable, log) -> None:
         problems = verify_shard(target.shard_path(step))
         if problems:
             raise CheckpointError(f"{target.number} copy of {source.shard_path(step)}: {problems[0]}")
-    stage(step, f"drain to {target.number}", copy_shard, phase=target.name)
+    stage(step, f"drain to {target.number}", copy_shard)
     manifest = dataclasses.replace(manifest, levels=manifest.levels + (target.name,))
-    stage(step, f"{target.number} commit", lambda: target.commit(manifest), phase="commit")
+    stage(step, f"{target.number} commit", lambda: target.commit(manifest))
     if log:
         log.info(f"drained version {step} from node-local storage to {target.number}", console=True)

@@ -99,7 +99,7 @@ class Checkpointer:
         self.run = self._claim.identity
         self.schedule = None
         try:
-            self.storage = JobStorage(self.comm, config, self.topology, self.run, log)
+            self.storage = JobStorage(self.comm, config, self.topology, self.run, log, faults)
             shard_extra = {"node": self.node}  # the shard's extra record (the snapshot's layout depends on it)
             self.arrays = ProtectedArrays(self.comm, config.checkpoint.split_threshold_kb * 1024,
                                           config.checkpoint.gpu_snapshot, shard_extra, log)
@@ -108,7 +108,7 @@ class Checkpointer:
             records = CommitRecords(self.arrays, self.world_size, self.topology.node_of_rank, self.storage.local_dirs,
                                     self.partner_of, self.groups, self.storage.redundancy.parity, self.run.run_id,
                                     config.recorded)
-            job = SaveJob(faults, log, threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
+            job = SaveJob(log, threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
                           record_peers=record_peers(self.rank, self.partner_of, self.topology.node_of_rank, self.groups))
             self.pipeline = SavePipeline(self.comm, self.storage.levels, PipelineSettings.from_config(config), records,
                                          self.arrays, job)
@@ -139,10 +139,6 @@ class Checkpointer:
         """The level stack, in data-flow order."""
         return self.storage.levels
 
-    local = property(lambda self: self.levels.local)
-    partner = property(lambda self: self.levels.partner)
-    erasure = property(lambda self: self.levels.erasure)
-    pfs = property(lambda self: self.levels.pfs)
     levels_enabled = property(lambda self: tuple(level.name for level in self.levels))
     pfs_dir = property(lambda self: self.storage.pfs_dir)
     local_dir = property(lambda self: self.storage.local_dir)
@@ -383,11 +379,12 @@ class Checkpointer:
         if step != self._final_step:
             where = (f"no checkpoint was taken at the stop (due() said one was due), so this run resumes from "
                      f"{'version ' + str(step) if step is not None else 'its newest earlier version'}")
-        elif self.pfs is not None and drained:
+        elif self.levels.global_levels and drained:
             where = f"its final checkpoint (step {step}) is durable on the PFS ({self.pfs_dir})"
         else:
-            where = (f"its final checkpoint (step {step}) is on node-local storage only (the pfs level is "
-                     f"{'off' if self.pfs is None else 'not drained'}), so it survives only on these nodes")
+            where = (f"its final checkpoint (step {step}) is on node-local storage only (the PFS level is "
+                     f"{'not drained' if self.levels.global_levels else 'off'}), so it survives only on these "
+                     "nodes")
         self.log.info(f"stopped cleanly after step {self._final_step}: {self.stopping}; {where}; run the job "
                       "again to continue", console=True)
         self.log.metrics({"event": "halted", "step": self._final_step, "reason": self.stopping})

@@ -43,11 +43,8 @@ class GlobalStage:
 
         def store_and_commit() -> int:
             try:
-                stored = self.runner.run(step, level.stage_label, lambda: level.store(version), phase=level.name,
-                                         comm=comm)
-                self.runner.faults.strike(step, "commit")
-                self.runner.run(step, f"{level.number} commit", lambda: level.commit(manifest), phase="commit",
-                                comm=comm)
+                stored = self.runner.run(step, level.stage_label, lambda: level.store(version), comm=comm)
+                self.runner.run(step, f"{level.number} commit", lambda: level.commit(manifest), comm=comm)
                 return stored
             except CheckpointError:
                 self.runner.drop_partial(level, step)

@@ -22,6 +22,8 @@ from hpcckpt.cluster.collectives import decide_at_root, fold_at_root, on_root, q
 from hpcckpt.cluster.placement import local_dir_of, pfs_dir_of, user_name
 from hpcckpt.cluster.topology import fit_redundancy, job_id
 from hpcckpt.errors import ConfigError, DamagedRecordError, HpcckptError, StorageError
+from hpcckpt.faults import NO_FAULTS
+from hpcckpt.faulty_levels import with_faults
 from hpcckpt.format.compact import pack_dirs, unpack_dirs
 from hpcckpt.levels import dir_safety
 from hpcckpt.levels.base import LevelStack
@@ -125,7 +127,8 @@ def readable_run_identity(run_dir, pfs_dir) -> RunIdentity | None:
 class JobStorage:
     """(all ranks) This run's directories and level stack on this rank."""
 
-    def __init__(self, comm, config, topology, run: RunIdentity, log):
+    def __init__(self, comm, config, topology, run: RunIdentity, log, faults=NO_FAULTS):
+        """`faults` (faults.py): injected failures, struck inside the levels."""
         self.comm = comm
         self.config = config
         self.rank = comm.Get_rank()
@@ -155,7 +158,7 @@ class JobStorage:
         self.node_spares = SpareFiles(self.local_dir, config.storage.recycle_files, self._reusable_node_spare)
         self.partner_of: tuple[int, ...] = ()
         self.groups: tuple[tuple[int, ...], ...] = ()
-        self.levels = self._level_stack()
+        self.levels = with_faults(self._level_stack(), faults)
 
     @staticmethod
     def pfs_dir_for(config) -> str:

@@ -42,16 +42,13 @@ class NodeLocalStage:
         `names`: every level it is due on, for its commit record. Returns (the commit record,
         {rank: why} of the ranks whose node could not take its part, the same on every rank)."""
         step = v.step
-        faults = self.runner.faults
         try:
             lacking = self._store(v.version, levels, v.report, v.started)
             self._raise_unless_supplied(step, levels, lacking, room)
             manifest = self.make_manifest(v.snapshot, v.shard_infos, names)
-            faults.strike(step, "commit")
 
             def commit():
                 if self.rank not in lacking:
-                    faults.storage_fault(step, "node-local commit")
                     for level in levels:
                         level.commit(manifest)
             _, failed = agree_per_rank(self.runner.comm, "L1-L3 commit", commit, step=step)

@@ -80,11 +80,10 @@ class SavePipeline:
     `make_manifest(snapshot, shard_infos, levels)` builds the commit record (ShardInfos: what
     this rank's records list); `record_peers` are format/manifest.py's for this rank; `arrays` are the
     protected arrays (ckpt/snapshot.py), whose buffers the snapshot's pieces live in: its
-    shard-shaped host buffer, its GPU copies and the shard's extra record; `faults` injects
-    failures by stage."""
+    shard-shaped host buffer, its GPU copies and the shard's extra record."""
 
     def __init__(self, comm, levels, settings: PipelineSettings, make_manifest: Callable, arrays, job):
-        """`job`: faults, log, threaded, lease (or None) and record_peers (ranks whose
+        """`job`: log, threaded, lease (or None) and record_peers (ranks whose
         node-local record lists this rank's shard, ranks whose shards its lists)."""
         self.comm = comm
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
@@ -92,7 +91,7 @@ class SavePipeline:
         self.settings = settings
         self.make_manifest = make_manifest
         self.arrays = arrays
-        self.faults, self.log, self.threaded, self.lease = job.faults, job.log, job.threaded, job.lease
+        self.log, self.threaded, self.lease = job.log, job.threaded, job.lease
         self.record_peers = job.record_peers
         self.last_report: PersistReport | None = None
         self.worker_error: BaseException | None = None
@@ -102,7 +101,7 @@ class SavePipeline:
         threads = ThreadSetup(settings, self.log)
         self._copier = Worker("hpcckpt-copy", on_start=threads.background)
         self._persister = Worker("hpcckpt-persist", on_start=threads.writing)
-        self.runner = StageRunner(comm, self.faults, self.log, Worker("hpcckpt-l1-write", on_start=threads.writing))
+        self.runner = StageRunner(comm, self.log, Worker("hpcckpt-l1-write", on_start=threads.writing))
         self.records = RecordReader(self.rank, self.log)
         # L4 at its own pace needs threads and the landing level's files to copy from;
         # otherwise each version due waits for L4 in the persist.
@@ -256,7 +255,7 @@ class SavePipeline:
         step = snapshot.step
         image = self.runner.run(step, "shard layout", lambda: plan_shard(
             step, self.rank, self.world_size, snapshot.pieces, self.arrays.shard_extra,
-            str(first.shard_path(step))), phase="layout")
+            str(first.shard_path(step))))
         shard_infos = self._share_shard_infos(image.size, image.checksums, step)
         version = VersionImage(step, self.world_size, shard_infos.sizes,
                                functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image,

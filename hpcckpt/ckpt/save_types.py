@@ -114,12 +114,11 @@ class ShardInfos:
 
 @dataclass(frozen=True)
 class SaveJob:
-    """What the save pipeline needs of the job beside its levels and settings: fault
-    injection, the log, whether MPI allows its threads, the run's lease (None: no claim), and
+    """What the save pipeline needs of the job beside its levels and settings: the log,
+    whether MPI allows its threads, the run's lease (None: no claim), and
     `record_peers` (format/manifest.py: the ranks whose node-local record lists this rank's
     shard, the ranks whose shards its lists)."""
 
-    faults: object
     log: object
     threaded: bool
     lease: object = None

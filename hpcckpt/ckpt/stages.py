@@ -1,8 +1,8 @@
 """Running the save's stages on this rank, each agreed by every rank (cluster/collectives.py),
 so a failure anywhere stops the version everywhere before its commit: a stage run here, one
 level's store with its storage failures by rank, the first node-local store on the writer
-thread, and the bookkeeping of what each level took. Fault injection (faults.py) strikes at
-the start of each stage, by its phase."""
+thread, and the bookkeeping of what each level took. Injected faults strike inside the
+levels (faulty_levels.py wraps them), never here."""
 
 from __future__ import annotations
 
@@ -68,47 +68,27 @@ class StageRunner:
     """(all ranks) Runs stages and agrees on them; `writer` is the thread the first
     node-local store runs on. `bytes_stored`: level -> bytes this rank stored there, this run."""
 
-    def __init__(self, comm, faults, log, writer):
+    def __init__(self, comm, log, writer):
         self.comm = comm
         self.rank = comm.Get_rank()
-        self.faults = faults
         self.log = log
         self.writer = writer
         self.bytes_stored: dict[str, int] = {}
 
-    def run(self, step: int, label: str, action, phase: str, comm=None):
+    def run(self, step: int, label: str, action, comm=None):
         """One stage of the persist; a failure on any rank fails it on all."""
-        if phase != "commit":
-            self.faults.strike(step, phase)
-
-        def act():
-            self.faults.storage_fault(step, phase)
-            return action()
-        return agree(self.comm if comm is None else comm, label, act, step=step)
+        return agree(self.comm if comm is None else comm, label, action, step=step)
 
     def per_rank(self, step: int, level, version) -> tuple[int | None, dict]:
-        """One node-local level's store, its storage failures by rank. An injected fault of a
-        collective level strikes after its transfers, where it writes its file, as a full or
-        read-only directory would: its peers never wait for it."""
-        self.faults.strike(step, level.name)
-
-        def store():
-            if not level.collective:
-                self.faults.storage_fault(step, level.name)
-            stored = level.store(version)
-            if level.collective:
-                self.faults.storage_fault(step, level.name)
-            return stored
-        return agree_per_rank(self.comm, level.stage_label, store, step=step)
+        """One node-local level's store, its storage failures by rank."""
+        return agree_per_rank(self.comm, level.stage_label, lambda: level.store(version), step=step)
 
     def start_background(self, level, version) -> BackgroundWrite:
-        self.faults.strike(version.step, level.name)
         writing = BackgroundWrite()
 
         def write():
             cpu_started = time.thread_time()
             try:
-                self.faults.storage_fault(version.step, level.name)
                 writing.stored = level.store(version)
             except Exception as exc:  # agreed by every rank like any stage's error, never lost
                 writing.error = exc

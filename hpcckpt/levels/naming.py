@@ -21,6 +21,11 @@ LEVEL_NUMBERS = {"local": "L1", "partner": "L2", "erasure": "L3", "pfs": "L4"}
 STAGE_LABELS = {"local": "L1 local write", "partner": "L2 partner copy", "erasure": "L3 erasure coding",
                 "pfs": "L4 pfs write"}
 NODE_LOCAL_LEVELS = ("local", "partner", "erasure")
+GLOBAL_LEVELS = ("pfs",)
+# The levels by name, for code that reads the files a job left rather than asking a live
+# stack (repartition/'s planner, the offline catalog, reports from the run log): each kind
+# of file is one level's.
+LOCAL, PARTNER, ERASURE, PFS = LEVEL_ORDER
 
 PFS_COMMIT_NAME = "manifest.json"
 SHARD_GLOB = "shard-r*.hck"

@@ -47,6 +47,7 @@ from hpcckpt.format.shardfile import read_shard_table, shard_table_of_bytes, ver
 from hpcckpt.io.direct_io import ReusedBuffers
 from hpcckpt.io.mapped import ScratchFile, map_readonly
 from hpcckpt.levels.base import DEFAULT_CHUNK_BYTES
+from hpcckpt.levels.naming import ERASURE, PFS
 from hpcckpt.levels.rebuild_rounds import SurvivingBlock, WantedBlock, rebuild_in_rounds, segment_reader, segment_writer
 from hpcckpt.levels.stripes import segment_length, stripe_plan
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
@@ -234,7 +235,7 @@ class RepartitionJob:
         if failure is not None:
             self.warn(f"version {plan.step}: the L3 rebuild of group {list(rebuild.members)} failed on this rank: "
                       f"{failure}")
-            return {("erasure", m) for m in rebuild.lost} if decoding else set()
+            return {(ERASURE, m) for m in rebuild.lost} if decoding else set()
         bad = set()
         if decoding:
             self.bytes_received += segment * sum(1 for block in rebuild.blocks if block.provider != self.rank)
@@ -244,7 +245,7 @@ class RepartitionJob:
                 held[old_rank] = self._verified(file.mapped(), old_rank, f"old rank {old_rank}'s shard rebuilt from L3")
             except HpcckptError as exc:
                 self.warn(f"version {plan.step}: the L3 rebuild of old rank {old_rank} is unusable: {exc}")
-                bad.add(("erasure", old_rank))
+                bad.add((ERASURE, old_rank))
         return bad
 
     def _block_reader(self, block, stripes, segment: int, k: int, held: dict, parity: dict):
@@ -336,7 +337,7 @@ class RepartitionJob:
                     pieces[name] = self.buffers[name]
         except (HpcckptError, OSError) as exc:
             self.warn(f"version {plan.step}: old rank {from_l4.current}'s L4 shard is unusable: {exc}")
-            bad.add(("pfs", from_l4.current))
+            bad.add((PFS, from_l4.current))
         finally:
             from_l4.close()
             self.bytes_read += from_l4.bytes_read

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from hpcckpt.levels.naming import LEVEL_LABELS
+from hpcckpt.levels.naming import ERASURE, LEVEL_LABELS, LOCAL, PARTNER, PFS
 from hpcckpt.levels.stripes import stripe_plan
 from hpcckpt.levels.survey import NodeLocalView, Writing
 
@@ -30,7 +30,7 @@ from hpcckpt.levels.survey import NodeLocalView, Writing
 @dataclass(frozen=True)
 class ShardSource:
     old_rank: int
-    level: str  # "local", "partner", "erasure", "pfs"
+    level: str  # the level whose file it is (levels/naming.py: LOCAL, PARTNER, ERASURE, PFS)
     provider: int | None  # the new rank that reads (or rebuilds) and serves it; None: L4, read by whoever needs it
     path: str | None = None  # the file the provider reads (local, partner)
 
@@ -74,7 +74,7 @@ class RepartitionPlan:
     def reads_of(self, new_rank: int) -> tuple[ShardSource, ...]:
         """The node-local shard files (L1, L2) this new rank reads and verifies."""
         return tuple(s for s in self.sources
-                     if s is not None and s.provider == new_rank and s.level in ("local", "partner"))
+                     if s is not None and s.provider == new_rank and s.level in (LOCAL, PARTNER))
 
     def summary(self) -> str:
         counts = Counter(s.level for s in self.sources if s is not None)
@@ -96,8 +96,8 @@ def plan_repartition(step: int, writing: Writing, views: Sequence[NodeLocalView 
         return min(candidates, key=lambda c: (load[c[0]], c[0]), default=None)
 
     for old_rank in range(writing.world_size):
-        for level, holds, path in (("local", lambda v: old_rank in v.shards, NodeLocalView.path_of_shard),
-                                   ("partner", lambda v: any(s == old_rank for s, _ in v.replicas),
+        for level, holds, path in ((LOCAL, lambda v: old_rank in v.shards, NodeLocalView.path_of_shard),
+                                   (PARTNER, lambda v: any(s == old_rank for s, _ in v.replicas),
                                     NodeLocalView.path_of_replica)):
             if (level, old_rank) in excluded:
                 continue
@@ -113,10 +113,10 @@ def plan_repartition(step: int, writing: Writing, views: Sequence[NodeLocalView 
         if rebuild is not None:
             rebuilds.append(rebuild)
             for old_rank in rebuild.lost:
-                sources[old_rank] = ShardSource(old_rank, "erasure", rebuild.decoder)
+                sources[old_rank] = ShardSource(old_rank, ERASURE, rebuild.decoder)
     for old_rank, source in enumerate(sources):
-        if source is None and pfs_holds and ("pfs", old_rank) not in excluded:
-            sources[old_rank] = ShardSource(old_rank, "pfs", None)
+        if source is None and pfs_holds and (PFS, old_rank) not in excluded:
+            sources[old_rank] = ShardSource(old_rank, PFS, None)
     return RepartitionPlan(step, writing.world_size, tuple(sources), tuple(rebuilds))
 
 
@@ -125,7 +125,7 @@ def _plan_group_rebuild(members: tuple[int, ...], parity: int, sources: list, vi
     """A rebuild of the group's members that have no shard source, where every stripe still
     has k readable pieces; None when nothing is lost or too much is."""
     lost = tuple(m for m in members if sources[m] is None)
-    if not lost or any(("erasure", m) in excluded for m in lost) or not 1 <= parity < len(members):
+    if not lost or any((ERASURE, m) in excluded for m in lost) or not 1 <= parity < len(members):
         return None
     n, k = len(members), len(members) - parity
     parity_holders = {}

@@ -40,12 +40,12 @@ def main():
     ckpt = Checkpointer(comm, config)
     ckpt.protect("w", weights)
     faults = {
-        1: (1, lambda: fail_once(ckpt.partner._receive_buffers, "get", MemoryError("injected allocation failure"))),
-        2: (2, lambda: fail_once(ckpt.erasure.code, "encode", RuntimeError("injected encoder failure"))),
-        3: (3, lambda: fail_once(ckpt.erasure._receive_buffers, "get",
+        1: (1, lambda: fail_once(ckpt.levels.partner._receive_buffers, "get", MemoryError("injected allocation failure"))),
+        2: (2, lambda: fail_once(ckpt.levels.erasure.code, "encode", RuntimeError("injected encoder failure"))),
+        3: (3, lambda: fail_once(ckpt.levels.erasure._receive_buffers, "get",
                                  OSError(errno.ENOMEM, "Cannot allocate memory (injected)"))),
         # Not a storage failure (those degrade: tests/test_degraded_storage_mpi.py): it stops the version.
-        4: (0, lambda: fail_once(ckpt.local, "commit", OSError(errno.ENOMEM, "Cannot allocate memory (injected)"))),
+        4: (0, lambda: fail_once(ckpt.levels.local, "commit", OSError(errno.ENOMEM, "Cannot allocate memory (injected)"))),
     }
     outcomes = []
     for step in (1, 2, 3, 4, 5):
@@ -58,7 +58,7 @@ def main():
                 outcomes.append([step, None, []])
             except CheckpointError as exc:
                 outcomes.append([step, str(exc), sorted(exc.failures_by_rank)])
-    committed = ckpt.local.committed_steps()
+    committed = ckpt.levels.local.committed_steps()
     everything = comm.gather({"rank": comm.rank, "outcomes": outcomes, "committed": committed}, root=0)
     if comm.rank == 0:
         for record in everything:

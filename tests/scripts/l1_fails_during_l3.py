@@ -25,7 +25,7 @@ def main():
     ckpt.protect("w", weights)
     ckpt.checkpoint(1)
     ckpt.wait()
-    in_the_way = ckpt.local.shard_path(2)
+    in_the_way = ckpt.levels.local.shard_path(2)
     if comm.rank == 1:
         in_the_way.parent.mkdir(parents=True)
         in_the_way.write_bytes(b"not a shard")
@@ -39,8 +39,8 @@ def main():
     except CheckpointError as exc:
         result["error"] = str(exc)
         result["failed_ranks"] = sorted(exc.failures_by_rank)
-    result["parity_of_2"] = ckpt.erasure.parity_path(2).exists()
-    result["committed_2"] = ckpt.local.commit_path(2).exists()
+    result["parity_of_2"] = ckpt.levels.erasure.parity_path(2).exists()
+    result["committed_2"] = ckpt.levels.local.commit_path(2).exists()
     result["in_the_way"] = in_the_way.read_bytes().decode(errors="replace") if comm.rank == 1 else None
     weights[:] = 0
     result["restored"] = ckpt.restart()

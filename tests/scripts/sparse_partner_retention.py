@@ -28,7 +28,7 @@ def main():
             weights[:] = step
             ckpt.checkpoint(step)
             ckpt.wait()
-        result = {"rank": comm.rank, "committed": ckpt.local.committed_steps()}
+        result = {"rank": comm.rank, "committed": ckpt.levels.local.committed_steps()}
     else:
         restored = ckpt.restart("require")
         result = {"rank": comm.rank, "restored": restored, "values": sorted(set(weights.tolist())),
