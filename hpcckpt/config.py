@@ -136,6 +136,13 @@ class ResilienceConfig:
     parity: int = 2
     partner_every: int = 1
     erasure_every: int = 1
+    # Mean time between failures by class, hours (0: none known): a rank crash, the loss of one
+    # node with its local storage, of two nodes at once. Any of them set: the interval and each
+    # level's share of the versions are chosen to minimise the expected waste
+    # (ckpt/level_intervals.py), instead of every_steps' overhead bound and the *_every settings.
+    mtbf_crash_hours: float = 0.0
+    mtbf_node_hours: float = 0.0
+    mtbf_two_nodes_hours: float = 0.0
     # Checkpoints in a row that no level could hold before training stops (a level that fails
     # is otherwise only warned about and tried again at its next version due).
     max_unprotected_checkpoints: int = 3
@@ -217,7 +224,8 @@ _POSITIVE = {
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
-    ("storage", "pfs_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
+    ("storage", "pfs_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
+    ("resilience", "mtbf_two_nodes_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
 }
 
@@ -411,6 +419,34 @@ def load_config(
     return config
 
 
+FAILURE_RATE_KEYS = ("mtbf_crash_hours", "mtbf_node_hours", "mtbf_two_nodes_hours")
+
+
+def _check_failure_rates(config: JobConfig, where) -> None:
+    """resilience.mtbf_*_hours choose the interval and each level's share of the versions:
+    nothing else may choose them too."""
+    resilience = config.resilience
+    keys = [f"resilience.{key}" for key in FAILURE_RATE_KEYS]
+    rates = [getattr(resilience, key) for key in FAILURE_RATE_KEYS]
+    if any(rate < 0 for rate in rates):
+        raise ConfigError(f"{where(*keys)}: {', '.join(keys)} must be >= 0 (0: no failure of that class known)")
+    if not any(rates):
+        return
+    every = config.checkpoint.every_steps
+    if every != "auto":
+        raise ConfigError(f"{where('checkpoint.every_steps', *keys)}: resilience.mtbf_*_hours choose the checkpoint "
+                          f"interval from the failure rates, but checkpoint.every_steps = {every!r}; set "
+                          "checkpoint.every_steps = \"auto\" (or remove the mtbf settings)")
+    if config.checkpoint.mtbf_hours > 0:
+        raise ConfigError(f"{where('checkpoint.mtbf_hours', *keys)}: checkpoint.mtbf_hours (one interval for "
+                          "every level) and resilience.mtbf_*_hours (an interval per level) both set; keep one")
+    fixed = [key for key in ("resilience.partner_every", "resilience.erasure_every", "storage.pfs_every")
+             if key in dict(config.origins)]
+    if fixed:
+        raise ConfigError(f"{where(*fixed, *keys)}: {', '.join(fixed)} fixed, but resilience.mtbf_*_hours choose "
+                          "how often each level takes a version; remove one or the other")
+
+
 def _check_consistency(config: JobConfig) -> None:
     """Rules that involve more than one key; each message names the sources of its keys."""
     where = config.origin
@@ -453,6 +489,7 @@ def _check_consistency(config: JobConfig) -> None:
                           f"{config.checkpoint.mtbf_hours} picks a checkpoint interval, but checkpoint.every_steps = 0 "
                           "turns checkpoints off; set one of them (mtbf_hours takes precedence over an every_steps "
                           "of N > 0)")
+    _check_failure_rates(config, where)
     if not 0.0 < config.checkpoint.max_overhead < 1.0:
         raise ConfigError(f"{where('checkpoint.max_overhead')}: checkpoint.max_overhead must be between 0 and 1 "
                           f"(e.g. 0.035), got {config.checkpoint.max_overhead}")

@@ -103,6 +103,7 @@ def test_string_key_takes_a_bare_override_as_typed(tmp_path, override, expected)
     (["storage.pfs_dir={x}"], {}, "--set storage.pfs_dir={x}: "),
     (["checkpoint.mtbf_hours=2", "checkpoint.every_steps=0"], {},
      "--set checkpoint.mtbf_hours=2 and --set checkpoint.every_steps=0: "),
+    (["resilience.mtbf_node_hours=-1"], {}, "--set resilience.mtbf_node_hours=-1: "),
 ])
 def test_errors_found_after_merging_name_the_override(tmp_path, overrides, env, origin):
     path = write(tmp_path, "[run]\nsteps = 7\n")
@@ -210,3 +211,23 @@ def test_the_configuration_reference_lists_every_key_with_the_code_default():
     assert len(rows) == len(documented), "a key is documented twice"
     for key, default in in_code.items():
         assert documented[key] == default and type(documented[key]) is type(default), key
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["resilience.mtbf_node_hours=4", "checkpoint.every_steps=50"],
+     'checkpoint.every_steps = 50; set checkpoint.every_steps = "auto"'),
+    (["resilience.mtbf_crash_hours=1", "checkpoint.every_steps=auto", "checkpoint.mtbf_hours=2"],
+     "checkpoint.mtbf_hours (one interval for every level) and resilience.mtbf_*_hours"),
+    (["resilience.mtbf_two_nodes_hours=9", "checkpoint.every_steps=auto", "storage.pfs_every=4"],
+     "storage.pfs_every fixed, but resilience.mtbf_*_hours choose how often each level takes a version"),
+])
+def test_failure_rates_and_another_choice_of_interval_are_refused(tmp_path, overrides, fragment):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(write(tmp_path, ""), overrides, environ={})
+    assert fragment in str(excinfo.value)
+
+
+def test_failure_rates_with_an_automatic_interval_are_accepted(tmp_path):
+    config = load_config(write(tmp_path, ""), ["resilience.mtbf_node_hours=4", "checkpoint.every_steps=auto"],
+                         environ={})
+    assert config.resilience.mtbf_node_hours == 4.0

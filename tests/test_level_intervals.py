@@ -29,6 +29,7 @@ def test_the_first_level_takes_every_version_and_the_rest_powers_of_two():
     assert chosen.every["local"] == 1
     assert all(k in (1, 2, 4, 8, 16, 32, 64) for k in chosen.every.values())
     assert chosen.interval_s >= 0.2 and math.isfinite(chosen.interval_s)
+    assert chosen.recovered_by["rank crash"] == "local"  # every level covers it; L1 is read first
 
 
 def test_cheap_levels_are_taken_more_often_than_expensive_ones_that_cover_the_same():
@@ -110,3 +111,13 @@ def test_a_class_no_level_covers_is_reported_not_optimised():
 def test_without_failure_rates_every_level_takes_every_version():
     chosen = choose_level_intervals(stack(), rates(), 0.2)
     assert set(chosen.every.values()) == {1} and chosen.interval_s == math.inf
+
+
+def test_a_free_level_that_covers_nothing_more_is_still_taken_rarely():
+    # Costs not measured yet (0): L2-L4 add nothing against crashes, L1 covers them.
+    free = [LevelCost(level.name, level.survives, 0.0, level.durable_s, level.restart_s, level.own_pace)
+            for level in stack()]
+    chosen = choose_level_intervals(free, rates(crash=1), 0.2)
+    assert chosen.every == {"local": 1, "partner": MAX_EVERY, "erasure": MAX_EVERY, "pfs": MAX_EVERY}
+    # ...while a free level that covers a failure is taken with every version.
+    assert choose_level_intervals(free, rates(crash=1, node=2), 0.2).every["partner"] == 1

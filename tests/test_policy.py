@@ -85,3 +85,62 @@ def test_no_interval_is_chosen_before_a_step_was_timed():
         policy = IntervalPolicy.from_config(config)
         assert policy.observe_checkpoint(1, blocking=0.5, durable=0.2) is None
         assert policy.interval == 0  # still profiling, not 57 million steps
+
+
+def resilience(crash=0.0, node=0.0, two=0.0):
+    return SimpleNamespace(mtbf_crash_hours=crash, mtbf_node_hours=node, mtbf_two_nodes_hours=two)
+
+
+STACK = (("local", 0, False), ("partner", 1, False), ("erasure", 2, False), ("pfs", None, True))
+
+
+def per_level_policy(**rates):
+    policy = IntervalPolicy.from_config(cfg("auto"), resilience(**rates))
+    policy.levels = STACK
+    return policy
+
+
+def test_failure_rates_choose_an_interval_per_level_from_each_levels_measured_cost():
+    policy = per_level_policy(crash=0.01, node=0.02)
+    assert policy.per_level and policy.levels_due(1, False) == ("local", "partner", "erasure", "pfs")
+    policy.observe_step(0.010)
+    policy.observe_step(0.015, persisting=True)  # steps lose a third while a persist runs
+    # L1-L3 durable within 50 ms; L4 at its own pace takes 2 s and so costs 100x L1's writing.
+    policy.observe_levels({"local": 0.02, "partner": 0.03, "erasure": 0.05, "pfs": 2.0},
+                          {"local": 0.02, "partner": 0.03, "erasure": 0.05, "pfs": 2.0})
+    said = policy.observe_checkpoint(6, blocking=0.001, durable=2.0)
+    assert said and "every" in said
+    every = policy.every
+    assert every["local"] == 1 and every["partner"] <= every["pfs"]
+    assert every["erasure"] == max(every.values())  # no two-node losses: L3 covers nothing L2 does not
+    due = [policy.levels_due(n, False) for n in range(1, 65)]
+    assert all("local" in d for d in due)
+    assert sum("pfs" in d for d in due) == 64 // every["pfs"]
+    assert policy.levels_due(3, True) == ("local", "partner", "erasure", "pfs")  # the final one: all
+
+
+def test_without_failure_rates_the_pipeline_decides_the_levels():
+    policy = IntervalPolicy.from_config(cfg("auto"), resilience())
+    policy.levels = STACK
+    assert not policy.per_level and policy.levels_due(4, False) is None
+
+
+def test_the_per_level_choice_waits_for_every_levels_first_measurement():
+    policy = per_level_policy(node=0.01)
+    policy.observe_step(0.010)
+    policy.observe_levels({"local": 0.02}, {"local": 0.02})
+    policy.observe_checkpoint(6, blocking=0.001, durable=0.02)
+    assert policy.every == {} and policy.levels_due(2, False) == ("local", "partner", "erasure", "pfs")
+
+
+def test_the_per_level_choice_survives_a_restart():
+    policy = per_level_policy(crash=0.01, node=0.02)
+    policy.observe_step(0.010)
+    policy.observe_step(0.015, persisting=True)
+    times = {"local": 0.02, "partner": 0.03, "erasure": 0.05, "pfs": 2.0}
+    policy.observe_levels(times, times)
+    policy.observe_checkpoint(6, blocking=0.001, durable=2.0)
+    restored = per_level_policy(crash=0.01, node=0.02)
+    restored.load_state(policy.state())
+    assert (restored.interval, restored.every, restored.level_durable) == \
+        (policy.interval, policy.every, policy.level_durable)

@@ -33,6 +33,7 @@ call.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -117,10 +118,15 @@ class Checkpointer:
             self.restart_unconfirmed = None  # the restart ledger until the resumed run proves itself
             self.storage.prepare(read_only)
             self.storage.log_placement()
+            own_pace = self.pipeline.flush is not None
+            level_specs = tuple((level.name, level.survives_nodes, own_pace and not level.node_local)
+                                for level in self.storage.levels)
             self.schedule = CheckpointSchedule(comm, config.checkpoint, end_time=config.end_time,
                                                halt_seconds=config.halt_seconds,
                                                halt_file=Path(config.run_dir) / HALT_FILE_NAME, log=log,
-                                               catch_signals=catch_signals and not read_only)
+                                               catch_signals=catch_signals and not read_only,
+                                               resilience=config.resilience, levels=level_specs)
+            self._level_times: dict[str, tuple[float, float]] = {}  # newest (until durable, own writing) by level
             self.tally = CheckpointTally(log)
             self._steps_run = 0  # steps done since the start (or restart), for confirm_after_steps
             self._final_step: int | None = None  # the step due() said is the last (a stop, or last=True)
@@ -262,6 +268,7 @@ class Checkpointer:
         self.tally.durable(previous, self._l4_copying)
         if previous is not None and previous.durable_s:
             self._previous_durable = max(previous.durable_s.values())
+        self._note_level_times(previous)
         self.confirm_restart()
         self._ensure_layout()
         self.faults.strike(step, "snapshot")
@@ -292,6 +299,9 @@ class Checkpointer:
         self._ordinal += 1
         snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final,
                                                             {"schedule": self.schedule.state()})
+        due = self.schedule.levels_due(self._ordinal, final)
+        if due is not None:
+            snapshot = dataclasses.replace(snapshot, levels=due)
         self.pipeline.submit(snapshot, report, started, self.capture_state.copies, self.arrays.copy_piece)
         self._last_checkpoint = step
         blocked, waited = self._begin_blocked
@@ -302,13 +312,22 @@ class Checkpointer:
         if self.schedule.profiling:
             self.wait()  # the profiling checkpoint: the first interval accounts for the persist's time
             durable = max(report.durable_s.values()) if report.durable_s else 0.0
-        said = self.schedule.checkpoint_taken(step, blocked, waited, durable)
+            self._note_level_times(report)
+        said = self.schedule.checkpoint_taken(step, blocked, waited, durable, self._level_times)
         if said and self.schedule.policy.adaptive:
             self.log.info(said, console=True)
         elif said:
             self.log.warning(said)
         self.schedule.restart_clock(self.pipeline.persisting)
         return report
+
+    def _note_level_times(self, report: PersistReport | None) -> None:
+        """Each level's newest (seconds until durable, seconds of its own writing), from a
+        finished checkpoint's report and from L4's newest copy at its own pace."""
+        flush = self.pipeline.flush
+        for seen in (report, flush.last_report if flush is not None else None):
+            for name, durable in (seen.durable_s.items() if seen is not None else ()):
+                self._level_times[name] = (durable, durable - seen.started_s.get(name, 0.0))
 
     @property
     def persisting(self) -> bool:

@@ -62,6 +62,7 @@ class AsyncFlush:
         self.owed = False
         self.error: BaseException | None = None
         self.stats = FlushStats()
+        self.last_report = None  # the report of the newest version copied (its L4 timings)
         self._worker = Worker("hpcckpt-l4", on_start=on_start)
 
     def offer(self, persist_comm, step: int, manifest, report, started: float, due: bool) -> bool:
@@ -104,6 +105,7 @@ class AsyncFlush:
     def _copy(self, step: int, manifest, report, started: float, committed_at: float) -> None:
         if self.copy(step, manifest, report, started, self.comm):
             self.stats.copied.append((step, time.perf_counter() - committed_at))
+            self.last_report = report
 
     def wait(self) -> None:
         """Until no copy runs on this rank; its unexpected failure is raised here."""

@@ -20,8 +20,8 @@ C_l: training seconds one version on level l costs (C_1: also the snapshot's blo
 D_c: seconds until a version on the level that recovers class c is durable there (a failure
 sooner falls back one whole interval of that level: K_c * tau / 2 + D_c exactly while
 D_c <= K_c * tau); R_c: the restart from that level. The recovering level is the one of the
-covering levels with the smallest k (the newest version), the cheaper to restore from on a
-tie. For fixed k the best tau is Young's, generalised:
+covering levels with the smallest k (the newest version), the first in the stack on a tie
+(a restore reads the first level that holds the version). For fixed k the best tau is Young's, generalised:
 
     tau*(k) = sqrt((C_1 + sum_l C_l / k_l) / (sum_c lambda_c * K_c / 2))
 
@@ -89,7 +89,9 @@ def choose_level_intervals(levels: list[LevelCost], failures: list[FailureClass]
         every = {level.name: 1 for level in levels}
         return LevelIntervals(math.inf, every, 0.0, {}, "no failure rate is set: every level takes every version")
     best = None
-    for ks in itertools.product(CHOICES, repeat=len(rest)):
+    # Rarest first, replaced only by a choice that wastes strictly less: a level whose versions
+    # change nothing (it covers no failure another level does not) is taken as rarely as allowed.
+    for ks in itertools.product(CHOICES[::-1], repeat=len(rest)):
         every = {first.name: 1, **{level.name: k for level, k in zip(rest, ks)}}
         candidate = _evaluate(levels, every, failing, min_interval_s)
         if best is None or candidate[0] < best[0] - 1e-15:
@@ -107,7 +109,8 @@ def _evaluate(levels: list[LevelCost], every: dict, failing: list[FailureClass],
         if not covering:
             recovered_by[failure.label] = None
             continue
-        recovering = min(covering, key=lambda level: (every[level.name], level.restart_s))
+        # A restore reads the first level of the stack that holds the version.
+        recovering = min(covering, key=lambda level: every[level.name])
         recovered_by[failure.label] = recovering.name
         loss_rate += failure.per_second * every[recovering.name] / 2
         fixed += failure.per_second * (recovering.durable_s + recovering.restart_s)

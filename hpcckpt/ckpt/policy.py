@@ -12,7 +12,10 @@ shortest interval N whose overhead stays under `checkpoint.max_overhead`:
 one without (the persist shares the cores, the disk and the network with training); it is
 measured while running, so the interval is retuned after every checkpoint (interference from
 other jobs raises it too). With `checkpoint.mtbf_hours = H` the interval is Young/Daly's
-sqrt(2 * C * MTBF), never below the persist bound.
+sqrt(2 * C * MTBF), never below the persist bound. With failure rates by class
+(resilience.mtbf_crash_hours, mtbf_node_hours, mtbf_two_nodes_hours) the interval and how
+often each level takes a version are chosen together from each level's measured cost and the
+failures it covers (ckpt/level_intervals.py, where the model is written out).
 
 The policy is pure arithmetic over measurements; it is the same on every rank because the
 measurements it is fed are agreed (maxima over ranks) by the caller.
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from hpcckpt.ckpt.level_intervals import FailureClass, LevelCost, choose_level_intervals
 
 PROFILE_STEPS = 5
 EWMA = 0.5  # weight of the newest measurement
@@ -40,16 +45,49 @@ class IntervalPolicy:
     last_checkpoint: int = 0
     reason: str = ""
     history: list = field(default_factory=list)
+    # Per-level intervals: the failure classes with their rates, the levels in the stack's
+    # order as (name, node losses survived or None, copies at its own pace), each level's
+    # measured seconds until durable and of its own writing (smoothed), and the choice.
+    failures: tuple = ()
+    levels: tuple = ()
+    level_durable: dict = field(default_factory=dict)
+    level_busy: dict = field(default_factory=dict)
+    every: dict = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg) -> "IntervalPolicy":
+    def from_config(cls, cfg, resilience=None) -> "IntervalPolicy":
+        """`cfg`: the checkpoint section; `resilience`: its section, whose failure rates (if
+        any) choose an interval per level."""
         every = cfg.every_steps
         adaptive = every == "auto" or cfg.mtbf_hours > 0
         policy = cls("auto" if adaptive else every, cfg.max_overhead, cfg.mtbf_hours)
+        if resilience is not None:
+            hours = (resilience.mtbf_crash_hours, resilience.mtbf_node_hours, resilience.mtbf_two_nodes_hours)
+            policy.failures = tuple(FailureClass(nodes, 1 / (3600 * h)) for nodes, h in enumerate(hours) if h > 0)
         if not adaptive:
             policy.interval = int(every)
             policy.reason = f"checkpoint.every_steps = {every}"
         return policy
+
+    @property
+    def per_level(self) -> bool:
+        """Each level's share of the versions is chosen here (failure rates and levels known)."""
+        return self.adaptive and bool(self.failures) and bool(self.levels)
+
+    def levels_due(self, ordinal: int, final: bool) -> tuple | None:
+        """The levels the checkpoint with 1-based `ordinal` goes to, when chosen here (None:
+        the pipeline's fixed settings decide)."""
+        if not self.per_level:
+            return None
+        return tuple(name for name, _, _ in self.levels
+                     if final or ordinal % max(1, self.every.get(name, 1)) == 0)
+
+    def observe_levels(self, durable: dict, busy: dict) -> None:
+        """Each level's newest measured seconds until durable and of its own writing."""
+        for name, seconds in durable.items():
+            self.level_durable[name] = _smooth(self.level_durable.get(name, 0.0), seconds)
+        for name, seconds in busy.items():
+            self.level_busy[name] = _smooth(self.level_busy.get(name, 0.0), seconds)
 
     @property
     def enabled(self) -> bool:
@@ -100,14 +138,17 @@ class IntervalPolicy:
             self.durable = _smooth(self.durable, durable)
         if self.step_time <= 0:
             return None  # no step timed yet: any interval would divide by nothing; keep profiling
+        every_before = dict(self.every)
         chosen, reason = self._choose()
-        if chosen != self.interval:
+        if chosen != self.interval or self.every != every_before:
             self.interval, self.reason = chosen, reason
             self.history.append((step, chosen))
             return f"checkpoint interval now {chosen} steps: {reason}"
         return None
 
     def _choose(self) -> tuple[int, str]:
+        if self.per_level and all(name in self.level_durable for name, _, _ in self.levels):
+            return self._choose_per_level()
         step_time = max(self.step_time, 1e-9)
         persist_bound = max(1, math.ceil(self.durable / step_time))
         measured = (f"step {1000 * self.step_time:.2f} ms, snapshot blocks {1000 * self.blocking:.2f} ms, "
@@ -124,10 +165,37 @@ class IntervalPolicy:
         return interval, (f"shortest interval with overhead <= {100 * self.max_overhead:.1f} % ({binding}); "
                           f"{measured}")
 
+    def _choose_per_level(self) -> tuple[int, str]:
+        """The base interval and each level's every-k-th from level_intervals.py: a version on
+        a level costs the training the share of its writing that steps lose while a persist
+        runs (the first level also the snapshot's blocking); restoring from it is taken to
+        take as long as writing it did."""
+        step_time = max(self.step_time, 1e-9)
+        slowdown = self.interference / step_time
+        costs = []
+        for index, (name, survives, own_pace) in enumerate(self.levels):
+            busy = self.level_busy.get(name, self.level_durable[name])
+            costs.append(LevelCost(name, survives, (self.blocking if index == 0 else 0.0) + slowdown * busy,
+                                   self.level_durable[name], busy, own_pace))
+        floor = max([self.level_durable[name] for name, _, own_pace in self.levels if not own_pace], default=0.0)
+        chosen = choose_level_intervals(costs, list(self.failures), floor)
+        self.every = dict(chosen.every)
+        persist_bound = max(1, math.ceil(floor / step_time))
+        if not math.isfinite(chosen.interval_s):
+            # No level covers any failure set: the overhead bound, as without failure rates.
+            overhead_bound = max(1, math.ceil(self.cost / (self.max_overhead * step_time)))
+            return max(persist_bound, overhead_bound), f"no level covers a failure class set; {chosen.reason}"
+        interval = max(persist_bound, math.ceil(chosen.interval_s / step_time))
+        takes = ", ".join(f"{name} every {k}" for name, k in chosen.every.items() if k > 1)
+        return interval, (f"{takes or 'every level every version'}; {chosen.reason}; step {1000 * step_time:.2f} ms, "
+                          f"steps {100 * slowdown:.1f} % slower while a persist runs")
+
     def state(self) -> dict:
         return {"step_time": self.step_time, "busy_step_time": self.busy_step_time,
                 "blocking": self.blocking, "durable": self.durable,
-                "interval": self.interval, "last_checkpoint": self.last_checkpoint, "reason": self.reason}
+                "interval": self.interval, "last_checkpoint": self.last_checkpoint, "reason": self.reason,
+                "level_durable": dict(self.level_durable), "level_busy": dict(self.level_busy),
+                "every": dict(self.every)}
 
     def load_state(self, state: dict) -> None:
         """A restart keeps the profile: no second profiling phase."""
@@ -136,9 +204,12 @@ class IntervalPolicy:
         self.blocking = float(state.get("blocking", 0.0))
         self.durable = float(state.get("durable", 0.0))
         self.last_checkpoint = int(state.get("last_checkpoint", 0))
+        self.level_durable = {str(k): float(v) for k, v in state.get("level_durable", {}).items()}
+        self.level_busy = {str(k): float(v) for k, v in state.get("level_busy", {}).items()}
         if self.adaptive:
             self.interval = int(state.get("interval", 0))
             self.reason = str(state.get("reason", ""))
+            self.every = {str(k): int(v) for k, v in state.get("every", {}).items()}
 
 
 def checkpoints_enabled(cfg) -> bool:

@@ -10,12 +10,14 @@ feeds them what they measure and keeps every rank deciding alike:
   trainer times its step alone, without logging and evaluation) reports it.
 - costs of each checkpoint: what it blocked, and how long its persist took to be durable.
   With an adaptive interval they are agreed as maxima over ranks (the slowest rank's costs)
-  in one sleeping allreduce after each checkpoint, so the interval is the same everywhere.
+  in one sleeping allreduce after each checkpoint, so the interval is the same everywhere; with
+  failure rates set (resilience.mtbf_*_hours) so are each level's times, and the levels each
+  checkpoint goes to (levels_due).
 - stops: the per-step OR-reduce of ckpt/stopping.py.
 
 Collectives (all ranks, main thread, on a communicator of the schedule's own): one posted
 Iallreduce of an int per step (the stop flags); with an adaptive interval one sleeping
-Iallreduce of four doubles per checkpoint.
+Iallreduce of four doubles (and two per level) per checkpoint.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from hpcckpt.cluster.collectives import wait_all
 
 class CheckpointSchedule:
     def __init__(self, comm, checkpoint_config, *, end_time: float = 0.0, halt_seconds: float = 0.0,
-                 halt_file=None, log=None, catch_signals: bool = True):
-        """(all ranks) Collective: duplicates `comm`."""
+                 halt_file=None, log=None, catch_signals: bool = True, resilience=None, levels: tuple = ()):
+        """(all ranks) Collective: duplicates `comm`. `resilience`: the section whose failure
+        rates choose an interval per level; `levels`: the stack's levels as (name, node losses
+        a version there survives or None, copies at its own pace)."""
         self.comm = comm.Dup()  # main thread only: the stop exchange and the cost agreement
         self.log = log
-        self.policy = IntervalPolicy.from_config(checkpoint_config)
+        self.policy = IntervalPolicy.from_config(checkpoint_config, resilience)
+        self.policy.levels = tuple(levels)
         self.every_steps = checkpoint_config.every_steps
         self.stops = StopRequests(self.comm, end_time, halt_seconds, halt_file, dup=False)
         if catch_signals:
@@ -85,11 +90,18 @@ class CheckpointSchedule:
         return self.stops.reason
 
     # -- the checkpoint ---------------------------------------------------------------------
-    def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None) -> str | None:
+    def levels_due(self, ordinal: int, final: bool) -> tuple | None:
+        """The levels checkpoint number `ordinal` goes to when the failure rates choose them;
+        None: the pipeline's fixed settings (resilience.*_every, storage.pfs_every) decide."""
+        return self.policy.levels_due(ordinal, final)
+
+    def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None,
+                         level_times: dict | None = None) -> str | None:
         """(all ranks) One checkpoint's costs: `blocked` in all (`waited` of it for the
         previous persist), `durable` seconds until the last level of the previous (or this
-        profiling) checkpoint was durable. Returns a line to log (interval changed, or a
-        fixed interval shorter than a persist) or None."""
+        profiling) checkpoint was durable, `level_times` level -> (seconds until durable, of
+        its own writing) as newest measured on this rank. Returns a line to log (interval
+        changed, or a fixed interval shorter than a persist) or None."""
         policy = self.policy
         if not policy.adaptive:
             policy.observe_checkpoint(step, blocked, None)
@@ -100,9 +112,15 @@ class CheckpointSchedule:
                 return (f"checkpoint.every_steps = {self.every_steps} is shorter than a persist takes: step {step} "
                         f"waited {waited:.3f} s for the previous one; use a larger interval or every_steps = \"auto\"")
             return None
-        step_time, busy_step_time, blocking, agreed_durable = self._agreed_max(
-            [policy.step_time, policy.busy_step_time, blocked, durable or 0.0])
+        names = [name for name, _, _ in policy.levels] if policy.per_level else []
+        times = level_times or {}
+        per_level = [value for name in names for value in times.get(name, (-1.0, -1.0))]
+        agreed = self._agreed_max([policy.step_time, policy.busy_step_time, blocked, durable or 0.0, *per_level])
+        step_time, busy_step_time, blocking, agreed_durable = agreed[:4]
         policy.step_time, policy.busy_step_time = step_time, busy_step_time
+        pairs = dict(zip(names, zip(agreed[4::2], agreed[5::2])))
+        policy.observe_levels({name: d for name, (d, _) in pairs.items() if d >= 0},
+                              {name: b for name, (_, b) in pairs.items() if b >= 0})
         return policy.observe_checkpoint(step, blocking, agreed_durable or None)
 
     @property

@@ -115,6 +115,9 @@ class Level(Protocol):
     keeps_shards: bool  # it keeps whole shard files (shard_path): a restore reads them as they are
     prunes_here: bool  # this rank applies retention to it (each rank its own files, or a coordinator)
     collective: bool  # store() and deliver() are collective over the level's communicator
+    # Simultaneous node losses a version on it survives: 0 (a crash only), 1, the parity, or
+    # None for any number (a copy off the nodes). The per-level intervals weigh it.
+    survives_nodes: int | None
     root: Path
 
     def prepare(self) -> None: ...

@@ -71,6 +71,12 @@ class ErasureLevel(NodeLocalFiles):
     def prepare(self) -> None:
         pass  # the node-local directory is L1's, which proves it writable
 
+    @property
+    def survives_nodes(self) -> int:
+        """The placement puts a group's members on distinct nodes (cluster/topology.py's
+        fit_redundancy): any `parity` of them may go."""
+        return self.p
+
     def parity_path(self, step: int) -> Path:
         return self.version_dir(step) / parity_file_name(self.rank)
 

@@ -21,6 +21,7 @@ from hpcckpt.levels.spares import SpareFiles
 
 class LocalLevel(ShardFileLevel, NodeLocalFiles):
     name = "local"
+    survives_nodes = 0  # its files are on the node: a crash of the rank only
     config_key = "storage.local_dir"
     collective = False
 

@@ -31,6 +31,7 @@ TAG_NUMBERS = 203  # the numbers a rank and its partner tell each other before a
 
 class PartnerLevel(NodeLocalFiles):
     name = "partner"
+    survives_nodes = 1  # a replica on another node: one node lost
     collective = True
 
     def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False,

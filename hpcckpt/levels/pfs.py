@@ -31,6 +31,7 @@ COORDINATOR = 0  # the rank that writes the commit record and deletes whole vers
 
 class PfsLevel(ShardFileLevel):
     name = "pfs"
+    survives_nodes = None  # off the nodes: any number of them lost
     label = LEVEL_LABELS["pfs"]
     number = LEVEL_NUMBERS["pfs"]
     stage_label = STAGE_LABELS["pfs"]

@@ -1,0 +1,61 @@
+"""Per-level intervals on real ranks: failure rates by class make the library take each level
+only as often as the failures it covers are worth (ckpt/level_intervals.py)."""
+
+import re
+
+from conftest import assert_ok, final_record, run_mpi, small_job
+
+ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
+
+
+def job(tmp_path, levels=ALL_LEVELS, **rates):
+    return small_job(tmp_path, run={"steps": 300, "log_every": 50},
+                     checkpoint={"every_steps": "auto", "keep_local": 2, "keep_pfs": 2},
+                     resilience={"levels": levels, "group_size": 4, "parity": 2, **rates},
+                     cluster={"simulated_nodes": 4}, eval={"every_steps": 1000})
+
+
+def train(tmp_path, config, *extra):
+    return run_mpi(4, ["train", "-c", str(config), *extra], cwd=tmp_path)
+
+
+def versions_per_level(tmp_path) -> dict:
+    """Versions each level took on rank 0, from its log ("step N: LEVEL done after ...")."""
+    counts = dict.fromkeys(ALL_LEVELS, 0)
+    for level in re.findall(r"step \d+: (\w+) done after", (tmp_path / "run" / "log" / "rank0.log").read_text()):
+        counts[level] += 1
+    return counts
+
+
+def test_levels_that_cover_no_failure_set_take_only_the_first_and_final_versions(tmp_path):
+    # Only rank crashes: L1 covers them, L2-L4 add nothing but cost.
+    config = job(tmp_path, mtbf_crash_hours=0.0002)
+    done = train(tmp_path, config)
+    assert_ok(done)
+    counts = versions_per_level(tmp_path)
+    # The first checkpoint measures every level; after it only L1, until the final version.
+    assert counts["local"] >= 3, counts
+    assert all(counts[level] <= 2 for level in ("partner", "erasure", "pfs")), counts
+    said = (tmp_path / "run" / "log" / "rank0.log").read_text()
+    assert "partner every 64, erasure every 64, pfs every 64" in said
+    assert "rank crash from local" in said
+
+
+def test_a_crash_restarts_from_l1_onto_the_uninterrupted_weights(tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    assert_ok(train(reference, job(reference, mtbf_crash_hours=0.0002)))
+    config = job(tmp_path, mtbf_crash_hours=0.0002)
+    crashed = train(tmp_path, config, "--inject", "rank-kill:rank=2:step=250")
+    assert crashed.returncode != 0
+    resumed = train(tmp_path, config)
+    assert_ok(resumed)
+    assert re.search(r"restored version \d+: 4 rank\(s\) from L1 local", resumed.stdout), resumed.stdout
+    assert final_record(tmp_path / "run")["weights_digest"] == final_record(reference / "run")["weights_digest"]
+
+
+def test_a_failure_class_only_l4_covers_is_recovered_from_l4(tmp_path):
+    config = job(tmp_path, levels=["local", "pfs"], mtbf_crash_hours=0.001, mtbf_node_hours=0.0005)
+    assert_ok(train(tmp_path, config))
+    said = (tmp_path / "run" / "log" / "rank0.log").read_text()
+    assert "rank crash from local, loss of 1 node(s) from pfs" in said, said[-2000:]
