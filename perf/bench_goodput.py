@@ -1,0 +1,462 @@
+"""Goodput under failures: the machine time that failures waste, for hpcckpt's levels against
+single-level checkpointing, under one seeded failure schedule replayed for every approach.
+
+    python perf/bench_goodput.py                 # 3 seeds, 4 approaches (about 16 minutes here)
+    python perf/bench_goodput.py --seeds 1 --approaches hpcckpt,dcp --json out.json
+
+The workload is the trainer (`hpcckpt train`'s model, data order and steps), 4 ranks on 4
+simulated nodes, a state of about --state-mb MB (parameters and SGD momentum). Every attempt is
+launched by the job scripts' restart loop (`bash jobs/slurm.sbatch` over mpiexec, outside
+Slurm), which relaunches it after each failure until the run reaches its last step.
+
+Failures come from this script, from outside the job, as a cluster's do: at exponential
+intervals (mean --mtbf-s seconds of wall time), each a rank crash (SIGKILL of one rank), the
+loss of one node (its ranks stopped, its node-local directory deleted, its ranks killed) or,
+rarer, of two nodes at once (--mix). The schedule (times, classes, victims) is drawn from the
+seed alone, so every approach meets the same failures at the same times after its start. A
+failure that comes while no attempt runs (between attempts) still deletes the node's
+directory; a crash then hits nothing.
+
+The PFS is shared and slower than node-local storage, as on a cluster: its write bandwidth
+for the job is --pfs-fraction of the node-local disk's (measured here at the start), the same
+cap for every approach (storage.pfs_bandwidth_mb per rank for hpcckpt's L4, an equal share
+per writing rank for DCP, the whole cap for h5py's single writer). Reads are not capped.
+
+Approaches:
+- hpcckpt: L1-L4 (L3 groups of 4, parity 2), the interval and each level's share of the
+  versions chosen by the library from the failure rates (resilience.mtbf_*_hours, set to this
+  schedule's rates) and the costs it measures (ckpt/level_intervals.py);
+- hpcckpt_l4: L4 only, at its Young/Daly interval (checkpoint.mtbf_hours: all failures);
+- dcp: torch.distributed.checkpoint.async_save, and
+- h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
+  (perf/goodput_app.py), restarting from their own files.
+
+Reported per approach (medians over seeds): wall time; goodput = failure-free compute time /
+wall time, the failure-free time being the same job run without checkpoints or failures;
+waste = 1 - goodput; steps redone; restart time by failure class (from the failure until the
+relaunched job has loaded its version); the checkpoints of the last attempt. Every run must end
+on the weights of the failure-free run (the same data order): proof that each restart
+restored what it should.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness import REPO, worker_env, write_json
+
+APPROACHES = ("hpcckpt", "hpcckpt_l4", "dcp", "h5py")
+CLASSES = ("crash", "node", "two_nodes")
+NODES_LOST = {"crash": 0, "node": 1, "two_nodes": 2}
+FEATURES = 1024
+
+
+@dataclass(frozen=True)
+class Failure:
+    at_s: float  # seconds after the job's start
+    kind: str  # crash, node, two_nodes
+    victims: tuple[int, ...]  # the rank (crash) or the nodes lost
+
+
+def failure_schedule(seed: int, mtbf_s: float, mix: dict, ranks: int, nodes: int, horizon_s: float) -> list[Failure]:
+    rng = random.Random(seed)
+    kinds, weights = zip(*mix.items())
+    events, now = [], 0.0
+    while True:
+        now += rng.expovariate(1.0 / mtbf_s)
+        if now > horizon_s:
+            return events
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "crash":
+            victims = (rng.randrange(ranks),)
+        else:
+            victims = tuple(sorted(rng.sample(range(nodes), NODES_LOST[kind])))
+        events.append(Failure(round(now, 3), kind, victims))
+
+
+# -- the job -----------------------------------------------------------------------------------
+def hidden_for(state_mb: float) -> tuple[int, int]:
+    """Two equal hidden layers whose parameters and momentum make about `state_mb` MB."""
+    # params ~ FEATURES*h + h*h + 10*h; state = 2 * 4 bytes * params
+    target = state_mb * 1e6 / 8
+    h = int((-(FEATURES + 10) + ((FEATURES + 10) ** 2 + 4 * target) ** 0.5) / 2)
+    return h, h
+
+
+def job_toml(path: Path, run_dir: Path, steps: int, hidden: tuple, extra: dict) -> Path:
+    sections = {
+        "run": {"dir": str(run_dir), "steps": steps, "log_every": 1, "device": "cpu", "seed": 7},
+        "model": {"kind": "mlp", "hidden": list(hidden)},
+        "data": {"source": "synthetic", "features": FEATURES, "samples": 4096, "batch_size": 64},
+        "optimizer": {"kind": "sgd", "lr": 0.05},
+        "eval": {"every_steps": 10 * steps},
+        "cluster": {"simulated_nodes": 4},
+    }
+    for section, values in extra.items():
+        sections.setdefault(section, {}).update(values)
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: dict, mtbf_s: float,
+                   pfs_mbps: float, ranks: int) -> tuple[dict, Path]:
+    """(environment for the job script, the run directory) of one approach."""
+    run_dir = root / name
+    per_rank_pfs = pfs_mbps / ranks
+    if name in ("hpcckpt", "hpcckpt_l4", "nockpt"):
+        extra = {"storage": {"pfs_bandwidth_mb": round(per_rank_pfs, 3)}}
+        if name == "hpcckpt":
+            extra["checkpoint"] = {"every_steps": "auto"}
+            extra["resilience"] = {"levels": ["local", "partner", "erasure", "pfs"], "group_size": 4, "parity": 2,
+                                   "mtbf_crash_hours": rates_h["crash"], "mtbf_node_hours": rates_h["node"],
+                                   "mtbf_two_nodes_hours": rates_h["two_nodes"]}
+        elif name == "hpcckpt_l4":
+            extra["checkpoint"] = {"every_steps": "auto", "mtbf_hours": mtbf_s / 3600}
+            extra["resilience"] = {"levels": ["pfs"]}
+        else:
+            extra["checkpoint"] = {"every_steps": 0}
+        config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, extra)
+        return {"CONFIG": str(config)}, run_dir
+    config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, {})
+    app = (f"{sys.executable} {REPO / 'perf' / 'goodput_app.py'} --approach {name} --config {config} "
+           f"--dir {run_dir / 'pfs'} --mtbf-s {mtbf_s} --pfs-mbps {pfs_mbps}")
+    return {"APP": app}, run_dir
+
+
+@dataclass
+class Attempt:
+    started_s: float
+    start_step: int | None = None
+    reached: int = 0
+    loaded_at_s: float | None = None
+    restored_from: str = ""
+
+
+@dataclass
+class Outcome:
+    approach: str
+    seed: int
+    wall_s: float
+    finished: bool
+    digest: str
+    attempts: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # (at_s, kind, applied, restart_s)
+    checkpoints: str = ""
+    intervals: list = field(default_factory=list)
+
+    @property
+    def steps_run(self) -> int:
+        return sum(max(0, a.reached - (a.start_step or 0)) for a in self.attempts)
+
+    def step_seconds(self) -> float | None:
+        """The failure-free step time, from the last attempt's step lines (a run without
+        checkpoints: the compute alone)."""
+        return self._step_seconds
+
+    _step_seconds: float | None = None
+
+
+class Job:
+    """One run of the job script under the failure schedule."""
+
+    def __init__(self, name: str, env: dict, run_dir: Path, tag: str, ranks: int, nodes: int,
+                 restart_delay: float = 0.0):
+        self.name, self.run_dir, self.tag, self.ranks, self.nodes = name, run_dir, tag, ranks, nodes
+        self.env = dict(worker_env(), **env, NRANKS=str(ranks), MPIEXEC=str(Path(sys.executable).parent / "mpiexec"),
+                        MAX_RESTARTS="1000", EXIT_DIR=str(run_dir), GOODPUT_JOB_TAG=tag,
+                        HPCCKPT=f"{sys.executable} -m hpcckpt", RESTART_DELAY=str(restart_delay))
+        self.lines: list[tuple[float, str]] = []
+
+    def run(self, schedule: list[Failure], timeout_s: float) -> Outcome:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True)
+        started = time.monotonic()
+        proc = subprocess.Popen(["bash", str(REPO / "jobs" / "slurm.sbatch")], cwd=self.run_dir, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True)
+        reader = threading.Thread(target=self._read, args=(proc, started), daemon=True)
+        reader.start()
+        applied = []
+        for failure in schedule:
+            if not _sleep_until(proc, started + failure.at_s):
+                break
+            applied.append((failure, self._strike(failure)))
+        try:
+            proc.wait(timeout=max(1.0, started + timeout_s - time.monotonic()))
+            finished = proc.returncode == 0
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            finished = False
+        wall = time.monotonic() - started
+        reader.join(timeout=10)
+        log = self.run_dir.parent / f"{self.tag}.log"
+        log.write_text("".join(f"{at:8.2f} {line}\n" for at, line in self.lines)
+                       + "".join(f"failure {f.kind} {f.victims} at {f.at_s:.2f} s: {'hit' if hit else 'missed'}\n"
+                                 for f, hit in applied))
+        return self._outcome(wall, finished, applied)
+
+    def _read(self, proc, started: float) -> None:
+        for line in proc.stdout:
+            self.lines.append((time.monotonic() - started, line.rstrip("\n")))
+
+    # -- failures -------------------------------------------------------------------------------
+    def _ranks(self) -> dict[int, int]:
+        """rank -> pid of this job's live ranks (MPICH's PMI_RANK in their environment)."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"GOODPUT_JOB_TAG={self.tag}".encode() not in environ:
+                continue
+            rank = next((item.split(b"=", 1)[1] for item in environ if item.startswith(b"PMI_RANK=")), None)
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            if rank is not None and "python" in status.split("\n", 1)[0]:
+                found[int(rank)] = int(entry.name)
+        return found
+
+    def _strike(self, failure: Failure) -> bool:
+        from hpcckpt.cluster.topology import simulated_node_of_rank
+
+        ranks = self._ranks()
+        if failure.kind == "crash":
+            pid = ranks.get(failure.victims[0])
+            if pid is None:
+                return False
+            _signal(pid, signal.SIGKILL)
+            return True
+        node_of = simulated_node_of_rank(self.ranks, self.nodes)
+        victims = [pid for rank, pid in ranks.items() if node_of[rank] in failure.victims]
+        for pid in victims:  # stopped first, so none writes into its directory again
+            _signal(pid, signal.SIGSTOP)
+        for node in failure.victims:
+            shutil.rmtree(self.run_dir / "local" / f"node{node}", ignore_errors=True)
+        for pid in victims:
+            _signal(pid, signal.SIGKILL)
+        return bool(victims)
+
+    # -- what the job said ------------------------------------------------------------------------
+    def _outcome(self, wall: float, finished: bool, applied: list) -> Outcome:
+        attempts: list[Attempt] = []
+        outcome = Outcome(self.name, 0, wall, finished, "")
+        for at, line in self.lines:
+            if re.match(r"hpcckpt-job: attempt \d+ \(at most", line):
+                attempts.append(Attempt(at))
+            elif not attempts:
+                continue
+            elif m := re.match(r"restored version (\d+)(.*)", line):
+                attempts[-1].start_step, attempts[-1].loaded_at_s = int(m.group(1)), at
+                attempts[-1].restored_from = m.group(2).strip(" :")
+                attempts[-1].reached = int(m.group(1))
+            elif line.startswith("starting from scratch"):
+                attempts[-1].start_step, attempts[-1].loaded_at_s, attempts[-1].reached = 0, at, 0
+            elif m := re.match(r"step\s+(\d+)\s", line):
+                attempts[-1].reached = max(attempts[-1].reached, int(m.group(1)))
+            elif m := re.match(r"done: (\d+) steps .*weights ([0-9a-f]+)", line):
+                attempts[-1].reached = max(attempts[-1].reached, int(m.group(1)))
+                outcome.digest = m.group(2)
+            elif line.startswith("checkpoints: "):
+                outcome.checkpoints = line
+            elif "interval now" in line or "per-level intervals" in line:
+                outcome.intervals.append(line)
+        outcome.attempts = attempts
+        steps = [(at, int(m.group(1))) for at, line in self.lines if (m := re.match(r"step\s+(\d+)\s", line))]
+        if len(steps) > 10:
+            (t0, s0), (t1, s1) = steps[len(steps) // 5], steps[-1]
+            outcome._step_seconds = (t1 - t0) / max(1, s1 - s0)
+        for failure, hit in applied:
+            loaded = [a.loaded_at_s for a in attempts if a.loaded_at_s is not None and a.loaded_at_s > failure.at_s]
+            restart = (min(loaded) - failure.at_s) if hit and loaded else None
+            outcome.failures.append((failure.at_s, failure.kind, hit, restart))
+        return outcome
+
+
+def _sleep_until(proc, deadline: float) -> bool:
+    """Sleep until `deadline` (monotonic); False if the job ended first."""
+    while True:
+        left = deadline - time.monotonic()
+        if proc.poll() is not None:
+            return False
+        if left <= 0:
+            return True
+        time.sleep(min(left, 0.05))
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def disk_rate_mbps(directory: Path, nbytes: int = 256 << 20) -> float:
+    """The node-local disk's write rate: one file, written and fsynced (median of 3)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(8 << 20)
+    rates = []
+    for i in range(3):
+        path = directory / f"disk-{i}.bin"
+        started = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            for _ in range(nbytes // len(block)):
+                f.write(block)
+            os.fsync(f.fileno())
+        rates.append(nbytes / (time.perf_counter() - started) / 1e6)
+        path.unlink()
+    return statistics.median(rates)
+
+
+# -- the report --------------------------------------------------------------------------------
+def where_the_waste_went(outcome: Outcome, baseline_s: float, step_s: float, steps: int) -> dict:
+    """The wall time beyond the failure-free run, split: restarts (each failure until the
+    relaunched job has loaded its version), the steps done again, and the rest (checkpoints'
+    cost to training and the steps a failure cut short)."""
+    waste = outcome.wall_s - baseline_s
+    restarts = sum(restart for _, _, hit, restart in outcome.failures if hit and restart is not None)
+    redone = max(0, outcome.steps_run - steps) * step_s
+    return {"waste_s": waste, "restarts_s": restarts, "redone_s": redone, "rest_s": waste - restarts - redone}
+
+
+def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps: int, step_s: dict) -> dict:
+    table = {}
+    for name in dict.fromkeys(o.approach for o in outcomes):
+        runs = [o for o in outcomes if o.approach == name]
+        goodputs = [baseline_s[o.seed] / o.wall_s for o in runs]
+        split = [where_the_waste_went(o, baseline_s[o.seed], step_s[o.seed], steps) for o in runs]
+        restarts: dict[str, list] = {}
+        for o in runs:
+            for _, kind, hit, restart in o.failures:
+                if hit and restart is not None:
+                    restarts.setdefault(kind, []).append(restart)
+        table[name] = {
+            "wall_s": statistics.median(o.wall_s for o in runs),
+            "goodput": statistics.median(goodputs),
+            "waste": 1 - statistics.median(goodputs),
+            "steps_redone": statistics.median(o.steps_run - steps for o in runs),
+            "failures_hit": statistics.median(sum(1 for f in o.failures if f[2]) for o in runs),
+            "restart_s": {kind: statistics.median(values) for kind, values in restarts.items()},
+            "waste_split_s": {key: statistics.median(part[key] for part in split) for key in split[0]},
+            "finished": all(o.finished for o in runs),
+            "weights_equal": all(o.digest == reference[o.seed] for o in runs),
+            "checkpoints": [o.checkpoints for o in runs],
+            "last_interval": [o.intervals[-1] if o.intervals else "" for o in runs],
+        }
+    return table
+
+
+def print_table(table: dict) -> None:
+    print(f"{'approach':<12} {'wall s':>8} {'goodput':>8} {'waste':>7} {'redone':>7} {'failures':>8} "
+          f"{'restart s (crash/node/two)':>28} {'finished':>8} {'weights':>8}")
+    for name, row in table.items():
+        restarts = "/".join(f"{row['restart_s'][k]:.1f}" if k in row["restart_s"] else "-" for k in CLASSES)
+        print(f"{name:<12} {row['wall_s']:8.1f} {100 * row['goodput']:7.1f}% {100 * row['waste']:6.1f}% "
+              f"{row['steps_redone']:7.0f} {row['failures_hit']:8.0f} {restarts:>28} "
+              f"{str(row['finished']):>8} {'equal' if row['weights_equal'] else 'DIFFER':>8}")
+    print("\nwhere the waste went (median seconds beyond the failure-free run): restarts (failure until the "
+          "version is loaded), steps redone, the rest (checkpoint cost, steps cut short)")
+    for name, row in table.items():
+        split = row["waste_split_s"]
+        print(f"  {name:<12} waste {split['waste_s']:6.1f} s = restarts {split['restarts_s']:5.1f} + redone "
+              f"{split['redone_s']:5.1f} + rest {split['rest_s']:5.1f}")
+    for name, row in table.items():
+        for line in row["checkpoints"][:1] + [x for x in row["last_interval"][:1] if x]:
+            print(f"  {name}: {line[:300]}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--state-mb", type=float, default=100.0)
+    parser.add_argument("--mtbf-s", type=float, default=30.0, help="mean wall time between failures, all classes")
+    parser.add_argument("--mix", default="crash=0.5,node=0.35,two_nodes=0.15", help="share of each failure class")
+    parser.add_argument("--pfs-fraction", type=float, default=0.1, help="PFS bandwidth / node-local disk bandwidth")
+    parser.add_argument("--approaches", default=",".join(APPROACHES))
+    parser.add_argument("--restart-delay", type=float, default=0.0,
+                        help="the restart loop's pause between attempts (RESTART_DELAY), the same for all")
+    parser.add_argument("--root", default="/tmp/hpcckpt-goodput", help="run directories and each job's output")
+    parser.add_argument("--json", help="write every run and the table here")
+    args = parser.parse_args(argv)
+
+    ranks = nodes = 4
+    root = Path(args.root)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    mix = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
+    if set(mix) - set(CLASSES):
+        raise SystemExit(f"--mix: classes are {', '.join(CLASSES)}")
+    total = sum(mix.values())
+    rates_h = {kind: (args.mtbf_s * total / mix[kind]) / 3600 if mix.get(kind) else 0.0 for kind in CLASSES}
+    disk = disk_rate_mbps(root / "disk")
+    pfs_mbps = args.pfs_fraction * disk
+    hidden = hidden_for(args.state_mb)
+    print(f"bench_goodput: {ranks} ranks on {nodes} simulated nodes, model hidden {hidden} (~{args.state_mb:.0f} MB "
+          f"state), {args.steps} steps; node-local disk {disk:.0f} MB/s, PFS capped at {pfs_mbps:.0f} MB/s for the "
+          f"job ({args.pfs_fraction:g}); failures every {args.mtbf_s:g} s on average: "
+          + ", ".join(f"{k} {mix.get(k, 0) / total:.0%} (MTBF {3600 * h:.0f} s)" for k, h in rates_h.items() if h),
+          flush=True)
+    approaches = [a for a in args.approaches.split(",") if a]
+    outcomes, baseline_s, reference, step_s = [], {}, {}, {}
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        env, run_dir = approach_setup("nockpt", root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks)
+        plain = Job("nockpt", env, run_dir, f"seed{seed}-nockpt", ranks, nodes, args.restart_delay)
+        clean = plain.run([], 3600)
+        if not clean.finished:
+            raise SystemExit("the failure-free run failed:\n" + "\n".join(line for _, line in plain.lines[-60:]))
+        baseline_s[seed], reference[seed], step_s[seed] = clean.wall_s, clean.digest, clean.step_seconds() or 0.0
+        schedule = failure_schedule(seed, args.mtbf_s, mix, ranks, nodes, horizon_s=20 * clean.wall_s)
+        print(f"seed {seed}: failure-free {clean.wall_s:.1f} s ({1000 * step_s[seed]:.0f} ms/step, weights "
+              f"{clean.digest}); schedule: "
+              + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in schedule if f.at_s < 4 * clean.wall_s), flush=True)
+        order = approaches if seed % 2 else approaches[::-1]
+        for name in order:
+            env, run_dir = approach_setup(name, root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks)
+            job = Job(name, env, run_dir, f"seed{seed}-{name}", ranks, nodes, args.restart_delay)
+            outcome = job.run(schedule, timeout_s=20 * clean.wall_s)
+            outcome.seed = seed
+            outcomes.append(outcome)
+            hits = sum(1 for f in outcome.failures if f[2])
+            print(f"  {name}: {outcome.wall_s:.1f} s, goodput {100 * clean.wall_s / outcome.wall_s:.1f} %, "
+                  f"{len(outcome.attempts)} attempt(s), {hits} failure(s) hit, {outcome.steps_run - args.steps} "
+                  f"step(s) redone, weights {'equal' if outcome.digest == clean.digest else 'DIFFER'}"
+                  f"{'' if outcome.finished else ', DID NOT FINISH'}", flush=True)
+            if not outcome.finished or outcome.digest != clean.digest:
+                sys.stderr.write("\n".join(line for _, line in job.lines[-60:]) + "\n")
+    table = summarise(outcomes, baseline_s, reference, args.steps, step_s)
+    print()
+    print_table(table)
+    if args.json:
+        write_json(args.json, {"args": vars(args), "disk_mbps": disk, "pfs_mbps": pfs_mbps, "hidden": hidden,
+                               "rates_h": rates_h, "baseline_s": baseline_s, "step_s": step_s, "table": table,
+                               "runs": [asdict(o) for o in outcomes]})
+    ok = all(row["finished"] and row["weights_equal"] for row in table.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
