@@ -1,7 +1,7 @@
 """Goodput under failures: the machine time that failures waste, for hpcckpt's levels against
 single-level checkpointing, under one seeded failure schedule replayed for every approach.
 
-    python perf/bench_goodput.py                 # 3 seeds, 4 approaches (about 16 minutes here)
+    python perf/bench_goodput.py                 # 3 seeds, 4 approaches (20-22 minutes on 2 cores)
     python perf/bench_goodput.py --seeds 1 --approaches hpcckpt,dcp --json out.json
 
 The workload is the trainer (`hpcckpt train`'s model, data order and steps), 4 ranks on 4
