@@ -1,0 +1,62 @@
+"""What perf/bench_goodput.py's figures rest on: the failure schedule is the seed's alone, the
+model has the state size asked for, and each job's output is read into attempts, steps redone
+and restart times as it should be."""
+
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "perf"))
+
+import bench_goodput as bench  # noqa: E402
+
+MIX = {"crash": 0.5, "node": 0.35, "two_nodes": 0.15}
+
+
+def test_the_failure_schedule_is_the_seeds_alone():
+    first = bench.failure_schedule(4, 30.0, MIX, ranks=4, nodes=4, horizon_s=3600)
+    assert first == bench.failure_schedule(4, 30.0, MIX, ranks=4, nodes=4, horizon_s=3600)
+    assert first != bench.failure_schedule(5, 30.0, MIX, ranks=4, nodes=4, horizon_s=3600)
+    times = [f.at_s for f in first]
+    assert times == sorted(times) and times[-1] <= 3600
+    assert 20 <= 3600 / len(first) <= 45  # exponential gaps with a 30 s mean
+    for failure in first:
+        assert len(failure.victims) == bench.NODES_LOST.get(failure.kind) or failure.kind == "crash"
+        assert len(set(failure.victims)) == len(failure.victims) and all(0 <= v < 4 for v in failure.victims)
+    assert {f.kind for f in first} == set(MIX)
+
+
+def test_the_model_holds_the_state_size_asked_for():
+    h, _ = bench.hidden_for(100.0)
+    params = bench.FEATURES * h + h + h * h + h + 10 * h + 10
+    assert abs(8 * params / 1e6 - 100.0) < 1.0
+
+
+def test_a_jobs_output_becomes_attempts_redone_steps_and_restart_times(tmp_path):
+    job = bench.Job("hpcckpt", {}, tmp_path / "run", "tag", ranks=4, nodes=4)
+    job.lines = [
+        (0.0, "hpcckpt-job: attempt 1 (at most 1001): python -m hpcckpt train"),
+        (1.5, "starting from scratch (no checkpoint to resume from)"),
+        *[(1.5 + 0.5 * s, f"step {s:6d}  epoch   0  loss 1.0") for s in range(1, 13)],
+        (8.0, "hpcckpt-job: attempt 1 failed with exit code 9; restarting from the surviving checkpoint levels"),
+        (8.0, "hpcckpt-job: attempt 2 (at most 1001): python -m hpcckpt train"),
+        (10.0, "restored version 10: 3 rank(s) from L1 local, 1 rank(s) from L2 partner"),
+        *[(10.0 + 0.5 * (s - 10), f"step {s:6d}  epoch   0  loss 1.0") for s in range(11, 21)],
+        (16.0, "done: 20 steps in 6.0 s, final val_accuracy n/a, weights 0123456789abcdef (identical on all ranks)"),
+        (16.1, "hpcckpt-job: finished after 2 attempt(s)"),
+    ]
+    failures = [(bench.Failure(7.8, "node", (1,)), True), (bench.Failure(30.0, "crash", (0,)), False)]
+    outcome = job._outcome(16.2, True, failures)
+    assert len(outcome.attempts) == 2
+    assert (outcome.attempts[0].start_step, outcome.attempts[0].reached) == (0, 12)
+    assert (outcome.attempts[1].start_step, outcome.attempts[1].reached) == (10, 20)
+    assert outcome.attempts[1].restored_from.startswith("3 rank(s) from L1 local")
+    assert outcome.steps_run - 20 == 2  # steps 11 and 12 done twice
+    assert outcome.digest == "0123456789abcdef"
+    (at, kind, hit, restart), missed = outcome.failures
+    assert (kind, hit) == ("node", True) and abs(restart - 2.2) < 1e-9
+    assert missed[2] is False and missed[3] is None
+    split = bench.where_the_waste_went(outcome, baseline_s=10.0, step_s=0.5, steps=20)
+    assert abs(split["waste_s"] - 6.2) < 1e-9 and abs(split["restarts_s"] - 2.2) < 1e-9
+    assert abs(split["redone_s"] - 1.0) < 1e-9 and abs(split["rest_s"] - 3.0) < 1e-9
