@@ -117,6 +117,8 @@ class StorageConfig:
     # busy (ckpt/flush.py); false: every version due waits for L4 before the next checkpoint.
     pfs_async: bool = True
     pfs_bandwidth_mb: float = 0.0
+    # Each rank's L4 read rate at a restart, MB/s (0: unlimited): a share of a contended PFS.
+    pfs_read_bandwidth_mb: float = 0.0
     local_bandwidth_mb: float = 0.0
     # Checkpoint data files bypass the page cache (O_DIRECT) where the file system allows.
     direct_io: bool = True
@@ -224,7 +226,7 @@ _POSITIVE = {
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
-    ("storage", "pfs_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
+    ("storage", "pfs_bandwidth_mb"), ("storage", "pfs_read_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
     ("resilience", "mtbf_two_nodes_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
 }

@@ -20,7 +20,8 @@ directory; a crash then hits nothing.
 The PFS is shared and slower than node-local storage, as on a cluster: its write bandwidth
 for the job is --pfs-fraction of the node-local disk's (measured here at the start), the same
 cap for every approach (storage.pfs_bandwidth_mb per rank for hpcckpt's L4, an equal share
-per writing rank for DCP, the whole cap for h5py's single writer). Reads are not capped.
+per writing rank for DCP, the whole cap for h5py's single writer), and so is its read rate at
+a restart (storage.pfs_read_bandwidth_mb; DCP's and h5py's readers alike).
 
 Approaches:
 - hpcckpt: L1-L4 (L3 groups of 4, parity 2), the interval and each level's share of the
@@ -121,7 +122,8 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
     run_dir = root / name
     per_rank_pfs = pfs_mbps / ranks
     if name in ("hpcckpt", "hpcckpt_l4", "nockpt"):
-        extra = {"storage": {"pfs_bandwidth_mb": round(per_rank_pfs, 3)}}
+        extra = {"storage": {"pfs_bandwidth_mb": round(per_rank_pfs, 3),
+                             "pfs_read_bandwidth_mb": round(per_rank_pfs, 3)}}
         if name == "hpcckpt":
             extra["checkpoint"] = {"every_steps": "auto"}
             extra["resilience"] = {"levels": ["local", "partner", "erasure", "pfs"], "group_size": 4, "parity": 2,
@@ -288,9 +290,14 @@ class Job:
         if len(steps) > 10:
             (t0, s0), (t1, s1) = steps[len(steps) // 5], steps[-1]
             outcome._step_seconds = (t1 - t0) / max(1, s1 - s0)
+        hits = [failure.at_s for failure, hit in applied if hit]
         for failure, hit in applied:
             loaded = [a.loaded_at_s for a in attempts if a.loaded_at_s is not None and a.loaded_at_s > failure.at_s]
             restart = (min(loaded) - failure.at_s) if hit and loaded else None
+            # A failure that strikes the restart another one began cuts it short: its restart
+            # is counted once, from the later failure (None: not a whole restart of its own).
+            if restart is not None and any(failure.at_s < at < failure.at_s + restart for at in hits):
+                restart = None
             outcome.failures.append((failure.at_s, failure.kind, hit, restart))
         return outcome
 
@@ -337,6 +344,10 @@ def where_the_waste_went(outcome: Outcome, baseline_s: float, step_s: float, ste
     cost to training and the steps a failure cut short)."""
     waste = outcome.wall_s - baseline_s
     restarts = sum(restart for _, _, hit, restart in outcome.failures if hit and restart is not None)
+    # ...and the restarts cut short by the next failure, up to it
+    hits = sorted(at for at, _, hit, _ in outcome.failures if hit)
+    restarts += sum(later - at for at, later, (_, _, _, restart) in
+                    zip(hits, hits[1:], [f for f in outcome.failures if f[2]]) if restart is None)
     redone = max(0, outcome.steps_run - steps) * step_s
     return {"waste_s": waste, "restarts_s": restarts, "redone_s": redone, "rest_s": waste - restarts - redone}
 

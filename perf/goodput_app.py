@@ -14,9 +14,10 @@ chosen by the same policy as hpcckpt's, ckpt/policy.py):
   finished on every rank.
 - h5py: rank 0 writes every array into one HDF5 file, synchronously, the other ranks wait.
 
-The PFS these write to is capped at `--pfs-mbps` MB/s for the job (DCP: an equal share per
-rank, as they write at once; h5py: rank 0 alone), as hpcckpt's L4 is with
-storage.pfs_bandwidth_mb, so every approach meets the same slow shared file system.
+The PFS these write to and read from is capped at `--pfs-mbps` MB/s for the job (DCP: an
+equal share per rank, as they move data at once; h5py: rank 0 alone), as hpcckpt's L4 is with
+storage.pfs_bandwidth_mb and pfs_read_bandwidth_mb, so every approach meets the same slow
+shared file system.
 
 It prints the lines bench_goodput.py reads from `hpcckpt train` too: "restored version N",
 "the previous run had reached step S", "checkpoints: N taken, blocking median X ms" and
@@ -50,17 +51,31 @@ def hold_to(rate_bytes: float, nbytes: int, started: float) -> None:
 
 
 class ThrottledStream:
-    """A file whose writes average at most `rate` bytes/s (the PFS's share of this writer)."""
+    """A file whose writes and reads average at most `rate` bytes/s (the PFS's share of this
+    rank)."""
 
     def __init__(self, stream, rate: float):
         self._stream, self._rate = stream, rate
-        self._written, self._started = 0, time.perf_counter()
+        self._moved, self._started = 0, time.perf_counter()
+
+    def _account(self, nbytes: int) -> None:
+        self._moved += nbytes
+        hold_to(self._rate, self._moved, self._started)
 
     def write(self, data) -> int:
         written = self._stream.write(data)
-        self._written += len(memoryview(data).cast("B"))
-        hold_to(self._rate, self._written, self._started)
+        self._account(len(memoryview(data).cast("B")))
         return written
+
+    def read(self, size=-1):
+        data = self._stream.read(size)
+        self._account(len(data))
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self._stream.readinto(buffer)
+        self._account(n or 0)
+        return n
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -127,7 +142,7 @@ class H5pyFromRankZero:
         if self.comm.Get_rank() == 0:
             import h5py
 
-            with h5py.File(directory / "state.h5", "r") as f:
+            with open(directory / "state.h5", "rb") as raw, h5py.File(ThrottledStream(raw, self.rate), "r") as f:
                 for name, array in self.arrays:
                     array[...] = f[name][()]
         for _, array in self.arrays:
@@ -150,7 +165,7 @@ class DcpAsync:
             @contextmanager
             def create_stream(self, path, mode):
                 with super().create_stream(path, mode) as stream:
-                    yield ThrottledStream(stream, pfs_rate / comm.Get_size()) if "w" in mode else stream
+                    yield ThrottledStream(stream, pfs_rate / comm.Get_size())
 
         self.comm, self.root, self.dcp = comm, root, dcp
         self.ThrottledFileSystem = ThrottledFileSystem
@@ -196,7 +211,9 @@ class DcpAsync:
 
     def load(self, step: int) -> dict:
         path = self.root / f"step-{step}"
-        self.dcp.load(self.state, checkpoint_id=str(path), process_group=self.group)
+        reader = self.dcp.FileSystemReader(str(path))
+        reader.fs = self.ThrottledFileSystem()
+        self.dcp.load(self.state, storage_reader=reader, process_group=self.group)
         return pickle.loads((path / DONE).read_bytes())
 
 

@@ -60,3 +60,18 @@ def test_a_jobs_output_becomes_attempts_redone_steps_and_restart_times(tmp_path)
     split = bench.where_the_waste_went(outcome, baseline_s=10.0, step_s=0.5, steps=20)
     assert abs(split["waste_s"] - 6.2) < 1e-9 and abs(split["restarts_s"] - 2.2) < 1e-9
     assert abs(split["redone_s"] - 1.0) < 1e-9 and abs(split["rest_s"] - 3.0) < 1e-9
+
+
+def test_a_failure_during_a_restart_counts_the_restart_once(tmp_path):
+    job = bench.Job("dcp", {}, tmp_path / "run", "tag", ranks=4, nodes=4)
+    job.lines = [
+        (0.0, "hpcckpt-job: attempt 1 (at most 1001): python goodput_app.py"),
+        (1.0, "starting from scratch (no checkpoint to resume from)"),
+        (5.0, "hpcckpt-job: attempt 2 (at most 1001): python goodput_app.py"),
+        (7.0, "hpcckpt-job: attempt 3 (at most 1001): python goodput_app.py"),
+        (12.0, "restored version 4: 4 rank(s) from dcp"),
+    ]
+    hits = [(bench.Failure(4.0, "crash", (1,)), True), (bench.Failure(6.0, "node", (2,)), True)]
+    outcome = job._outcome(20.0, True, hits)
+    assert [f[3] for f in outcome.failures] == [None, 6.0]  # the first restart was cut short
+    assert bench.where_the_waste_went(outcome, 10.0, 0.5, 4)["restarts_s"] == 8.0  # 4 s .. 12 s, once

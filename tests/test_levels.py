@@ -141,6 +141,21 @@ def test_pfs_flush_respects_bandwidth_cap(tmp_path):
     assert time.perf_counter() - started >= 0.12  # 0.25 MB at 2 MB/s
 
 
+def test_pfs_restore_read_respects_its_read_cap(tmp_path):
+    import time
+
+    from hpcckpt.levels.base import DeliveryRequest
+
+    capped = PfsLevel(tmp_path / "pfs", 0, read_bandwidth_mb=2.0)
+    capped.prepare()
+    capped.write_shard(1, 1, [("w", np.zeros(250_000, np.uint8))], {})
+    request = DeliveryRequest(1, 1, frozenset({0}), (), lambda size, aligned: None)
+    started = time.perf_counter()
+    assert capped.deliver(request) == capped.shard_path(1)
+    assert time.perf_counter() - started >= 0.12  # 0.25 MB at 2 MB/s
+    assert capped.deliver(DeliveryRequest(1, 1, frozenset(), (), lambda size, aligned: None)) is None
+
+
 def test_files_of_a_level_the_job_no_longer_runs_are_swept_with_their_version(tmp_path):
     """A run resumed with erasure (or partner) turned off: the parity and replicas its versions
     still hold belong to no level of the stack, yet must go with the version, or they keep

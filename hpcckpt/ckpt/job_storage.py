@@ -190,7 +190,8 @@ class JobStorage:
         if "pfs" in self.enabled:
             pfs_spares = SpareFiles(self.pfs_dir, storage.pfs_recycle_files,
                                     lambda kind, writer, _: kind == "shard" and writer < self.world_size)
-            stack.append(PfsLevel(self.pfs_dir, self.rank, storage.pfs_bandwidth_mb, storage.direct_io, pfs_spares))
+            stack.append(PfsLevel(self.pfs_dir, self.rank, storage.pfs_bandwidth_mb, storage.direct_io, pfs_spares,
+                                  read_bandwidth_mb=storage.pfs_read_bandwidth_mb))
         return LevelStack(stack)
 
     def close(self) -> None:

@@ -9,10 +9,11 @@ The flush may be throttled to a bandwidth cap so it does not starve other jobs' 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from hpcckpt.format.manifest import Manifest
-from hpcckpt.levels.base import ShardFileLevel, remove_tree
+from hpcckpt.levels.base import DeliveryRequest, ShardFileLevel, hold_to_bandwidth, remove_tree
 from hpcckpt.levels.naming import (
     LEVEL_LABELS,
     LEVEL_NUMBERS,
@@ -29,6 +30,15 @@ from hpcckpt.levels.spares import SpareFiles
 COORDINATOR = 0  # the rank that writes the commit record and deletes whole versions
 
 
+def fetch_at_rate(path: Path, bytes_per_s: float, chunk: int = 4 << 20) -> None:
+    """Read `path` through at most `bytes_per_s`."""
+    started, done = time.perf_counter(), 0
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(chunk):
+            done += len(block)
+            hold_to_bandwidth(done, bytes_per_s, started)
+
+
 class PfsLevel(ShardFileLevel):
     name = "pfs"
     survives_nodes = None  # off the nodes: any number of them lost
@@ -40,17 +50,27 @@ class PfsLevel(ShardFileLevel):
     collective = False
 
     def __init__(self, root: str | Path, rank: int, bandwidth_mb: float = 0.0, direct_io: bool = False,
-                 spares: SpareFiles | None = None, file_mode: int = 0o666):
+                 spares: SpareFiles | None = None, file_mode: int = 0o666, read_bandwidth_mb: float = 0.0):
         self.root = Path(root)
         self.rank = rank
         self.direct_io = direct_io
         self.file_mode = file_mode
         self.spares = spares or SpareFiles(self.root, enabled=False)
         self.bandwidth_bytes = bandwidth_mb * 1e6
+        self.read_bandwidth_bytes = read_bandwidth_mb * 1e6
 
     @property
     def prunes_here(self) -> bool:
         return self.rank == COORDINATOR
+
+    def deliver(self, request: DeliveryRequest) -> Path | None:
+        """This rank's own shard file; under a read cap its bytes are fetched at that rate
+        first (the restore then verifies them from the page cache), as from a PFS that other
+        jobs share."""
+        path = super().deliver(request)
+        if path is not None and self.read_bandwidth_bytes > 0:
+            fetch_at_rate(path, self.read_bandwidth_bytes)
+        return path
 
     def version_dir(self, step: int) -> Path:
         return self.root / version_dir_name(step)
