@@ -97,6 +97,7 @@ import time
 from pathlib import Path
 
 from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
+from harness import gloo_group
 from harness import median as _median
 from harness import paper_overhead as _paper_overhead
 from harness import quiet_barrier as _quiet_barrier
@@ -605,19 +606,7 @@ def _make_gloo(comm):
 
     def get():
         if "group" not in holder:
-            import socket
-
-            import torch.distributed as dist
-
-            port = None
-            if comm.Get_rank() == 0:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-            port = comm.bcast(port, root=0)
-            dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size(),
-                                    init_method=f"tcp://127.0.0.1:{port}")
-            holder["group"] = dist.group.WORLD
+            holder["group"] = gloo_group(comm)
         return holder["group"]
 
     return get

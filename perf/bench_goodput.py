@@ -162,17 +162,11 @@ class Outcome:
     failures: list = field(default_factory=list)  # (at_s, kind, applied, restart_s)
     checkpoints: str = ""
     intervals: list = field(default_factory=list)
+    step_s: float | None = None  # seconds per step from the step lines (of a failure-free run: the compute alone)
 
     @property
     def steps_run(self) -> int:
         return sum(max(0, a.reached - (a.start_step or 0)) for a in self.attempts)
-
-    def step_seconds(self) -> float | None:
-        """The failure-free step time, from the last attempt's step lines (a run without
-        checkpoints: the compute alone)."""
-        return self._step_seconds
-
-    _step_seconds: float | None = None
 
 
 class Job:
@@ -289,7 +283,7 @@ class Job:
         steps = [(at, int(m.group(1))) for at, line in self.lines if (m := re.match(r"step\s+(\d+)\s", line))]
         if len(steps) > 10:
             (t0, s0), (t1, s1) = steps[len(steps) // 5], steps[-1]
-            outcome._step_seconds = (t1 - t0) / max(1, s1 - s0)
+            outcome.step_s = (t1 - t0) / max(1, s1 - s0)
         hits = [failure.at_s for failure, hit in applied if hit]
         for failure, hit in applied:
             loaded = [a.loaded_at_s for a in attempts if a.loaded_at_s is not None and a.loaded_at_s > failure.at_s]
@@ -439,7 +433,7 @@ def main(argv=None) -> int:
         clean = plain.run([], 3600)
         if not clean.finished:
             raise SystemExit("the failure-free run failed:\n" + "\n".join(line for _, line in plain.lines[-60:]))
-        baseline_s[seed], reference[seed], step_s[seed] = clean.wall_s, clean.digest, clean.step_seconds() or 0.0
+        baseline_s[seed], reference[seed], step_s[seed] = clean.wall_s, clean.digest, clean.step_s or 0.0
         schedule = failure_schedule(seed, args.mtbf_s, mix, ranks, nodes, horizon_s=20 * clean.wall_s)
         print(f"seed {seed}: failure-free {clean.wall_s:.1f} s ({1000 * step_s[seed]:.0f} ms/step, weights "
               f"{clean.digest}); schedule: "

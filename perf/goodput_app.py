@@ -38,16 +38,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from harness import gloo_group  # perf/ is on sys.path: the script runs from it
+
+from hpcckpt.levels.base import hold_to_bandwidth
 
 DONE = "done.pickle"  # a version's completion marker, with the training state
 PROGRESS = "progress.json"  # the step the run last reached (rank 0, every step)
-
-
-def hold_to(rate_bytes: float, nbytes: int, started: float) -> None:
-    if rate_bytes > 0:
-        remaining = nbytes / rate_bytes - (time.perf_counter() - started)
-        if remaining > 0:
-            time.sleep(remaining)
 
 
 class ThrottledStream:
@@ -60,7 +56,7 @@ class ThrottledStream:
 
     def _account(self, nbytes: int) -> None:
         self._moved += nbytes
-        hold_to(self._rate, self._moved, self._started)
+        hold_to_bandwidth(self._moved, self._rate, self._started)
 
     def write(self, data) -> int:
         written = self._stream.write(data)
@@ -169,7 +165,7 @@ class DcpAsync:
 
         self.comm, self.root, self.dcp = comm, root, dcp
         self.ThrottledFileSystem = ThrottledFileSystem
-        self.group = _gloo(comm)
+        self.group = gloo_group(comm)
         self.state = {"state": {name: torch.from_numpy(array) for name, array in arrays}}
         self.future = None
         self.pending = None
@@ -215,22 +211,6 @@ class DcpAsync:
         reader.fs = self.ThrottledFileSystem()
         self.dcp.load(self.state, storage_reader=reader, process_group=self.group)
         return pickle.loads((path / DONE).read_bytes())
-
-
-def _gloo(comm):
-    import socket
-
-    import torch.distributed as dist
-
-    port = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size(),
-                            init_method=f"tcp://127.0.0.1:{port}")
-    return dist.group.WORLD
 
 
 def main(argv=None) -> int:

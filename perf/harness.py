@@ -78,5 +78,23 @@ def run_worker(script: str, ranks: int, args: list[str], what: str, *, mpiexec: 
         Path(out).unlink(missing_ok=True)
 
 
+def gloo_group(comm):
+    """A torch.distributed gloo process group over the MPI ranks (rank 0 picks a free
+    localhost port): what torch DCP needs to save and load across them."""
+    import socket
+
+    import torch.distributed as dist
+
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size(),
+                            init_method=f"tcp://127.0.0.1:{port}")
+    return dist.group.WORLD
+
+
 def write_json(path: str | os.PathLike, result: dict) -> None:
     Path(path).write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
