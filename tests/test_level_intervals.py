@@ -121,3 +121,24 @@ def test_a_free_level_that_covers_nothing_more_is_still_taken_rarely():
     assert chosen.every == {"local": 1, "partner": MAX_EVERY, "erasure": MAX_EVERY, "pfs": MAX_EVERY}
     # ...while a free level that covers a failure is taken with every version.
     assert choose_level_intervals(free, rates(crash=1, node=2), 0.2).every["partner"] == 1
+
+
+def test_nodes_lost_during_a_restart_add_up_and_bound_the_level_that_survives_them():
+    # Two nodes is the worst single failure and L3 (parity 2) survives it, so L4 covers no class
+    # alone; but a node lost while the run restarts from a two-node loss makes three.
+    def l4_every(mtbf_scale, restart_s):
+        levels = [LevelCost("local", 0, 0.05, 0.1, restart_s), LevelCost("partner", 1, 0.05, 0.1, restart_s),
+                  LevelCost("erasure", 2, 0.1, 0.2, restart_s),
+                  LevelCost("pfs", None, 0.5, 5.0, restart_s, own_pace=True)]
+        failures = [FailureClass(0, 1 / (30 * mtbf_scale)), FailureClass(1, 1 / (43 * mtbf_scale)),
+                    FailureClass(2, 1 / (200 * mtbf_scale))]
+        return choose_level_intervals(levels, failures, 0.5)
+    # Failures every tens of seconds against restarts of 8 s: L4 is taken well below the cap.
+    frequent = l4_every(1.0, 8.0)
+    assert frequent.every["pfs"] < MAX_EVERY
+    # The same mix at an hourly scale: the second order vanishes, L4 goes back to the cap.
+    rare = l4_every(3600.0, 8.0)
+    assert rare.every["pfs"] == MAX_EVERY
+    # ...and so it does with restarts that are instantaneous, however frequent failures are.
+    assert l4_every(1.0, 0.0).every["pfs"] == MAX_EVERY
+

@@ -21,7 +21,17 @@ D_c: seconds until a version on the level that recovers class c is durable there
 sooner falls back one whole interval of that level: K_c * tau / 2 + D_c exactly while
 D_c <= K_c * tau); R_c: the restart from that level. The recovering level is the one of the
 covering levels with the smallest k (the newest version), the first in the stack on a tie
-(a restore reads the first level that holds the version). For fixed k the best tau is Young's, generalised:
+(a restore reads the first level that holds the version).
+
+Failures also meet a run while it recovers: until the restart has loaded its version and
+protected it again (R_c), the nodes a later failure d takes add to those c took. To second
+order this is a class of its own, nodes_lost(c) + nodes_lost(d), at rate
+lambda_c * (1 - exp(-lambda_d * R_c)), recovered like any other. It is what keeps a level
+that survives more nodes than any single class takes (L4 above an L3 of parity 2 when two
+nodes is the worst class) from being taken as rarely as the cap allows where failures are
+frequent against the restart; where they are rare it adds nearly nothing.
+
+For fixed k the best tau is Young's, generalised (the sums over the second-order classes too):
 
     tau*(k) = sqrt((C_1 + sum_l C_l / k_l) / (sum_c lambda_c * K_c / 2))
 
@@ -103,24 +113,40 @@ def choose_level_intervals(levels: list[LevelCost], failures: list[FailureClass]
 def _evaluate(levels: list[LevelCost], every: dict, failing: list[FailureClass], min_interval_s: float):
     """(waste, tau, every, recovered_by) for one choice of k."""
     cost_per_interval = sum(level.cost_s / every[level.name] for level in levels)
-    recovered_by, loss_rate, fixed = {}, 0.0, 0.0
+    recovered_by, during_restarts, loss_rate, fixed = {}, {}, 0.0, 0.0
     for failure in failing:
-        covering = [level for level in levels if level.covers(failure.nodes_lost)]
-        if not covering:
-            recovered_by[failure.label] = None
+        recovering = _recovering_level(levels, every, failure.nodes_lost)
+        recovered_by[failure.label] = recovering.name if recovering else None
+        if recovering is None:
             continue
-        # A restore reads the first level of the stack that holds the version.
-        recovering = min(covering, key=lambda level: every[level.name])
-        recovered_by[failure.label] = recovering.name
         loss_rate += failure.per_second * every[recovering.name] / 2
         fixed += failure.per_second * (recovering.durable_s + recovering.restart_s)
+        # Second order: nodes lost while the run restarts from this failure add to those it
+        # lost, since the restored version is protected again only once the restart is done.
+        for later in failing:
+            if later.nodes_lost == 0:
+                continue
+            during = failure.per_second * -math.expm1(-later.per_second * recovering.restart_s)
+            nodes = failure.nodes_lost + later.nodes_lost
+            compound = _recovering_level(levels, every, nodes)
+            during_restarts[f"loss of {nodes} node(s) during a restart"] = compound.name if compound else None
+            if compound is not None:
+                loss_rate += during * every[compound.name] / 2
+                fixed += during * (compound.durable_s + compound.restart_s)
     floor = max([min_interval_s, 1e-9] + [level.durable_s / every[level.name] for level in levels if level.own_pace])
     if loss_rate == 0:  # no level covers any failure: versions help nothing, as rarely as allowed
         tau = math.inf
     else:
         tau = max(floor, math.sqrt(cost_per_interval / loss_rate))
     waste = (cost_per_interval / tau if math.isfinite(tau) else 0.0) + (loss_rate * tau if loss_rate else 0.0) + fixed
-    return waste, tau, dict(every), recovered_by
+    return waste, tau, dict(every), {**recovered_by, **during_restarts}
+
+
+def _recovering_level(levels: list[LevelCost], every: dict, nodes_lost: int) -> LevelCost | None:
+    """Of the levels that survive `nodes_lost`, the one holding the newest version (a restore
+    reads the first level of the stack that holds it); None when no level survives them."""
+    covering = [level for level in levels if level.covers(nodes_lost)]
+    return min(covering, key=lambda level: every[level.name]) if covering else None
 
 
 def _reason(levels, failing, every, tau, waste, recovered_by) -> str:
