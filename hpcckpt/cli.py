@@ -217,13 +217,17 @@ def _command_inspect(args) -> int:
     if not versions:
         print(f"no checkpoint versions under {config.run.dir!r}")
         return 0
-    print(f"{'step':>8} {'levels':12} {'ranks':>5} {'size':>12}  {'survives':18} {'restart onto':12} metrics")
+    width = 34 if any(v.domains for v in versions) else 18
+    print(f"{'step':>8} {'levels':12} {'ranks':>5} {'size':>12}  {'survives':{width}} {'restart onto':12} metrics")
     for v in versions:
         levels = " ".join(LEVEL_NUMBERS[level] for level in v.levels) or ("rebuildable" if v.assembled_from else "incomplete")
         survives = "any node losses" if v.survives is None else f"{v.survives} node loss(es)"
+        if v.domains:
+            survives += (", any domain losses" if v.survives_domains is None else
+                         f", {v.survives_domains} of {v.domains} domains")
         onto = {"any": "any ranks", "": "-"}.get(v.restart_ranks, f"{v.restart_ranks} ranks")
         metrics = " ".join(f"{k}={x:.4g}" for k, x in v.metrics.items() if isinstance(x, (int, float)) and k != "step")
-        print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:18} {onto:12} {metrics}")
+        print(f"{v.step:8d} {levels:12} {v.world_size or '?':>5} {v.size:12,d}  {survives:{width}} {onto:12} {metrics}")
         if not v.levels and v.assembled_from:
             print(f"{'':8} some ranks' node-local files are gone (a lost node, or one that could not take it); a restart assembles it: old shards {v.assembled_from}")
     if "pfs" in config.resilience.levels:
@@ -282,7 +286,8 @@ def _command_evaluate(args) -> int:
     # Rank 0 decides which version (ranks may see different node-local directories); an error
     # there is raised on every rank so the job ends together with one message.
     step = on_root(comm, "finding the version to evaluate", lambda: resolve_version(config, args.version))
-    topology = discover_topology(comm, config.cluster.simulated_nodes)
+    topology = discover_topology(comm, config.cluster.simulated_nodes, config.cluster.failure_domains,
+                                  config.cluster.simulated_domains)
     log = RunLog(config.run.dir, comm.Get_rank(), comm.Get_size())
     try:
         backend = select_backend(config.run.device, topology.local_index(comm.Get_rank()))

@@ -154,6 +154,12 @@ class ResilienceConfig:
 class ClusterConfig:
     # 0: nodes are the real shared-memory domains; N > 0: ranks placed on N simulated nodes.
     simulated_nodes: int = 0
+    # The sets of nodes one fault takes at once, for placing L2 partners and L3 groups across
+    # them (cluster/domains.py): "auto" (the scheduler's topology, e.g. Slurm's switches),
+    # "nodes" (each node alone), "PATTERN=DOMAIN,..." host name patterns, or a file of them.
+    failure_domains: str = "auto"
+    # With simulated nodes: N > 0 failure domains of consecutive simulated nodes.
+    simulated_domains: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,7 @@ _POSITIVE = {
 }
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
-    ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"),
+    ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"), ("cluster", "simulated_domains"),
     ("storage", "pfs_bandwidth_mb"), ("storage", "pfs_read_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
     ("resilience", "mtbf_two_nodes_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
@@ -449,6 +455,22 @@ def _check_failure_rates(config: JobConfig, where) -> None:
                           "how often each level takes a version; remove one or the other")
 
 
+def _check_failure_domains(config: JobConfig, where) -> None:
+    from hpcckpt.cluster.domains import parse_domain_rules
+
+    cluster = config.cluster
+    parse_domain_rules(cluster.failure_domains, where("cluster.failure_domains") + ": cluster.failure_domains")
+    if cluster.simulated_domains and not cluster.simulated_nodes:
+        raise ConfigError(f"{where('cluster.simulated_domains', 'cluster.simulated_nodes')}: "
+                          f"cluster.simulated_domains = {cluster.simulated_domains} groups simulated nodes, but "
+                          "cluster.simulated_nodes = 0 (real nodes); set simulated_nodes, or declare real nodes' "
+                          "domains with cluster.failure_domains")
+    if cluster.simulated_domains > cluster.simulated_nodes:
+        raise ConfigError(f"{where('cluster.simulated_domains', 'cluster.simulated_nodes')}: "
+                          f"cluster.simulated_domains = {cluster.simulated_domains} is more than the "
+                          f"{cluster.simulated_nodes} simulated node(s); use at most {cluster.simulated_nodes}")
+
+
 def _check_consistency(config: JobConfig) -> None:
     """Rules that involve more than one key; each message names the sources of its keys."""
     where = config.origin
@@ -492,6 +514,7 @@ def _check_consistency(config: JobConfig) -> None:
                           "turns checkpoints off; set one of them (mtbf_hours takes precedence over an every_steps "
                           "of N > 0)")
     _check_failure_rates(config, where)
+    _check_failure_domains(config, where)
     if not 0.0 < config.checkpoint.max_overhead < 1.0:
         raise ConfigError(f"{where('checkpoint.max_overhead')}: checkpoint.max_overhead must be between 0 and 1 "
                           f"(e.g. 0.035), got {config.checkpoint.max_overhead}")

@@ -134,6 +134,10 @@ class VersionOverview:
     # version no level holds whole after a node loss may still be assembled from L2/L3.
     assembled_from: str = ""
     restart_ranks: str = ""  # "any" number of ranks, or the one count per-rank arrays need
+    # Where its record names failure domains (several nodes to one): how many whole domains
+    # lost at once it survives (None: any number), and how many domains there were.
+    survives_domains: int | None = 0
+    domains: int = 0
 
 
 def assembly_plan(config, step: int, manifest: Manifest, surveys: list[dict], pfs_complete: bool):
@@ -168,11 +172,14 @@ def version_overview(config) -> list[VersionOverview]:
         on_nodes = next((e for e in entries if e.place == ON_NODES), None)
         directories = [Path(d) for d in on_nodes.location.split(", ")] if on_nodes else []
         levels = levels_holding_whole(directories, manifest, ON_NODES in complete, ON_PFS in complete)
-        survives = 0
+        survives, survives_domains = 0, 0
+        by_domain = manifest is not None and bool(manifest.domain_of_rank)
         if manifest is not None and levels:
             # The geometry that cut this version's parity where its files say, not today's config.
-            survives = node_losses_covered(manifest, levels, directories,
-                                           (config.resilience.group_size, config.resilience.parity))
+            geometry = (config.resilience.group_size, config.resilience.parity)
+            survives = node_losses_covered(manifest, levels, directories, geometry)
+            if by_domain:
+                survives_domains = node_losses_covered(manifest, levels, directories, geometry, by_domain=True)
         first = (complete.get(ON_PFS) or complete.get(ON_NODES) or entries[0])
         assembled, ranks = "", ""
         if manifest is not None:
@@ -182,9 +189,12 @@ def version_overview(config) -> list[VersionOverview]:
             if assembled and not levels and on_nodes is not None:
                 committed = {int(COMMIT_NAME.match(p.name).group(1)) for d in directories for p in d.glob(COMMIT_GLOB)}
                 survives = further_losses_covered(manifest, committed)
+                if by_domain:
+                    survives_domains = further_losses_covered(manifest, committed, by_domain=True)
         overview.append(VersionOverview(step, tuple(levels), first.world_size or (manifest and manifest.world_size),
                                         sum(e.size for e in entries), survives,
-                                        first.metrics or (manifest.metrics if manifest else {}), assembled, ranks))
+                                        first.metrics or (manifest.metrics if manifest else {}), assembled, ranks,
+                                        survives_domains, len(set(manifest.domain_of_rank)) if by_domain else 0))
     return overview
 
 

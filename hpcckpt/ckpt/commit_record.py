@@ -24,6 +24,8 @@ class CommitRecords:
     parity: int
     run_id: str
     settings: dict
+    domain_of_rank: tuple = ()
+    domain_names: tuple = ()
 
     def __call__(self, snapshot, shard_infos, levels) -> Manifest:
         return Manifest(
@@ -44,4 +46,6 @@ class CommitRecords:
             groups=self.groups,
             parity=self.parity if self.groups else 0,
             version_id=shard_infos.version_id,
+            domain_of_rank=self.domain_of_rank,
+            domain_names=self.domain_names,
         )

@@ -91,7 +91,8 @@ class Checkpointer:
         self._own_log = log is None
         self.log = log if log is not None else RunLog(config.run_dir, self.rank, self.world_size)
         log = self.log
-        self.topology = topology or discover_topology(comm, config.simulated_nodes)
+        self.topology = topology or discover_topology(comm, config.simulated_nodes, config.failure_domains,
+                                                                config.simulated_domains)
         self.node = self.topology.node_of_rank[self.rank]
         self.faults = faults
         self._closed = False
@@ -108,7 +109,7 @@ class Checkpointer:
             self.capture_state = SnapshotCapture(self.arrays)
             records = CommitRecords(self.arrays, self.world_size, self.topology.node_of_rank, self.storage.local_dirs,
                                     self.partner_of, self.groups, self.storage.redundancy.parity, self.run.run_id,
-                                    config.recorded)
+                                    config.recorded, *self._domains_recorded())
             job = SaveJob(log, threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self._claim.lease,
                           record_peers=record_peers(self.rank, self.partner_of, self.topology.node_of_rank, self.groups))
             self.pipeline = SavePipeline(self.comm, self.storage.levels, PipelineSettings.from_config(config), records,
@@ -148,6 +149,13 @@ class Checkpointer:
     levels_enabled = property(lambda self: tuple(level.name for level in self.levels))
     pfs_dir = property(lambda self: self.storage.pfs_dir)
     local_dir = property(lambda self: self.storage.local_dir)
+    def _domains_recorded(self) -> tuple[tuple, tuple]:
+        """(domain of each rank, domain names) for the commit records; empty where every node
+        is a domain of its own."""
+        if not self.topology.has_domains:
+            return (), ()
+        return self.topology.domain_of_rank, self.topology.domain_names
+
     partner_of = property(lambda self: self.storage.partner_of)
     groups = property(lambda self: self.storage.groups)
     bytes_stored = property(lambda self: self.pipeline.bytes_stored)

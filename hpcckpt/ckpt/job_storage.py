@@ -4,6 +4,8 @@ checkpoint. Built once by the Checkpointer (ckpt/engine.py), collectively."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import os
 import socket
 from pathlib import Path
@@ -158,6 +160,7 @@ class JobStorage:
         self.node_spares = SpareFiles(self.local_dir, config.storage.recycle_files, self._reusable_node_spare)
         self.partner_of: tuple[int, ...] = ()
         self.groups: tuple[tuple[int, ...], ...] = ()
+        self.placement_warnings: tuple[str, ...] = topology.single_domain_warnings()  # redundancy sharing a domain
         self.levels = with_faults(self._level_stack(), faults)
 
     @staticmethod
@@ -179,9 +182,11 @@ class JobStorage:
             # Fitted on every rank alike from the same topology, so every rank builds the same
             # stack before any collective.
             self.partner_of = self.topology.partner_of()
+            self.placement_warnings += self.topology.partner_placement_warnings(self.partner_of)
             stack.append(PartnerLevel(self.local_dir, self.rank, self.partner_of, self.comm, **node_local, **transfers))
         if self.redundancy.group_size:
             self.groups = self.topology.erasure_groups(self.redundancy.group_size, self.redundancy.parity)
+            self.placement_warnings += self.topology.group_placement_warnings(self.groups, self.redundancy.parity)
             group_index = self.topology.group_of(self.groups, self.rank)
             members = self.groups[group_index]
             group_comm = self.comm.Split(color=group_index, key=members.index(self.rank))
@@ -288,7 +293,7 @@ class JobStorage:
         if self.log is None:
             return
         if self.rank == 0:
-            for warning in self.redundancy.warnings:
+            for warning in self.redundancy.warnings + self.placement_warnings:
                 self.log.warning(warning)
         if others:
             self.log.info(f"{self.local_base} also holds {', '.join(others)}: other runs' versions, left alone")
@@ -310,6 +315,23 @@ class JobStorage:
         self.log.info("placement: " + "; ".join(parts))
         self.log.info(summary, console=True)
 
+    def _domains_summary(self) -> str:
+        """The failure domains and how the redundancy spans them, for the placement line."""
+        topology = self.topology
+        if not topology.has_domains:
+            return "; failure domains: the nodes"
+        domain_of = topology.domain_of_rank
+        nodes = Counter(topology.domain_of(node) for node in set(topology.node_of_rank))
+        named = ", ".join(f"{topology.domain_name(d)} ({count} node(s))" for d, count in sorted(nodes.items())[:8])
+        text = f"; failure domains: {len(nodes)} ({named}{', ...' if len(nodes) > 8 else ''})"
+        if self.partner_of:
+            apart = sum(domain_of[r] != domain_of[p] for r, p in enumerate(self.partner_of))
+            text += f", L2 partner copies in another domain for {apart} of {self.world_size} rank(s)"
+        if self.groups:
+            most = max(max(Counter(domain_of[m] for m in g).values()) for g in self.groups)
+            text += f", at most {most} member(s) of an L3 group in one domain (parity {self.redundancy.parity})"
+        return text
+
     def _placement_summary(self, gathered: list) -> tuple:
         """(rank 0) From every rank's (host, other runs seen) and the ranks it asks about: the
         other runs anywhere and the job's placement line, shared; each rank's answer, the
@@ -329,5 +351,6 @@ class JobStorage:
         if self.groups:
             spread = min(len({domain[m] for m in g}) for g in self.groups)
             summary += f"; L3 {len(self.groups)} erasure group(s), each across {spread}+ node(s)"
+        summary += self._domains_summary()
         answers = [{peer: hosts[peer] for peer in (rank, *asked)} for rank, (_, asked) in enumerate(gathered)]
         return (others_anywhere, summary), answers

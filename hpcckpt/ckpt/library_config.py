@@ -21,6 +21,8 @@ class LibraryConfig:
     storage: StorageConfig
     resilience: ResilienceConfig
     simulated_nodes: int = 0  # >0: ranks spread over that many simulated nodes on one host
+    failure_domains: str = "auto"  # cluster.failure_domains (cluster/domains.py)
+    simulated_domains: int = 0  # cluster.simulated_domains
     # The allocation's end (seconds since the epoch, 0 unknown) and how long before it a run
     # stops cleanly (run.end_time, run.halt_seconds; the job scripts set both).
     end_time: float = 0.0
@@ -40,5 +42,7 @@ class LibraryConfig:
             config = load_config(config)
         return cls(run_dir=str(config.run.dir), checkpoint=config.checkpoint, storage=config.storage,
                    resilience=config.resilience, simulated_nodes=config.cluster.simulated_nodes,
+                   failure_domains=config.cluster.failure_domains,
+                   simulated_domains=config.cluster.simulated_domains,
                    end_time=config.run.end_time, halt_seconds=config.run.halt_seconds,
                    recorded=recorded_settings(config))

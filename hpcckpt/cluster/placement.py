@@ -7,6 +7,7 @@ import pwd
 import socket
 
 from hpcckpt.cluster.collectives import fold_at_root
+from hpcckpt.cluster.domains import domain_of_host, number_domains, parse_domain_rules, simulated_domain_of_node
 from hpcckpt.cluster.topology import (
     Topology,
     expand_dir_template,
@@ -17,24 +18,52 @@ from hpcckpt.cluster.topology import (
 from hpcckpt.format.compact import pack_ints, unpack_ints
 
 
-def discover_topology(comm, simulated_nodes: int = 0) -> Topology:
-    """(all ranks) Node of every rank: simulated blocks, or real shared-memory domains.
+def discover_topology(comm, simulated_nodes: int = 0, failure_domains: str = "auto",
+                      simulated_domains: int = 0) -> Topology:
+    """(all ranks) Node of every rank, simulated blocks or real shared-memory domains, and the
+    failure domain of every node (cluster/domains.py).
 
     On a cluster a node is what MPI calls a shared-memory domain; its name is the host name of
-    its first rank, gathered at rank 0, which numbers the nodes and hands every rank the node
-    of each as a rule (format/compact.py: O(1) where a node's ranks are consecutive).
+    its first rank, gathered at rank 0 with that rank's failure domain, which numbers the
+    nodes and the domains and hands every rank the node of each and the domain of each node
+    as rules (format/compact.py: O(1) where a node's ranks are consecutive).
     """
+    rules = parse_domain_rules(failure_domains)
     if simulated_nodes:
-        return Topology(simulated_node_of_rank(comm.Get_size(), simulated_nodes))
+        node_of_rank = simulated_node_of_rank(comm.Get_size(), simulated_nodes)
+        if not simulated_domains:
+            return Topology(node_of_rank)
+        names = tuple(f"domain {d}" for d in range(simulated_domains))
+        return Topology(node_of_rank, simulated_domain_of_node(simulated_nodes, simulated_domains), names)
     from mpi4py import MPI
 
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        leader_name = node_comm.bcast(socket.gethostname() if node_comm.Get_rank() == 0 else None, root=0)
+        leader = None
+        if node_comm.Get_rank() == 0:
+            host = socket.gethostname()
+            leader = (host, domain_of_host(host, rules, os.environ))
+        leader = node_comm.bcast(leader, root=0)
     finally:
         node_comm.Free()
-    packed = fold_at_root(comm, leader_name, lambda names: pack_ints(node_ids_from_hostnames(names)))
-    return Topology(tuple(unpack_ints(packed)))
+    packed = fold_at_root(comm, leader, _number_nodes_and_domains)
+    node_of_rank = tuple(unpack_ints(packed["nodes"]))
+    if "domains" not in packed:
+        return Topology(node_of_rank)
+    return Topology(node_of_rank, tuple(unpack_ints(packed["domains"])), tuple(packed["names"]))
+
+
+def _number_nodes_and_domains(leaders: list) -> dict:
+    """(rank 0) From every rank's (host, domain) of its node's first rank: the node of each
+    rank, and where some nodes share a domain, the domain of each node and the domains' names."""
+    node_of_rank = node_ids_from_hostnames([host for host, _ in leaders])
+    domain_of_host = {host: domain for host, domain in leaders}
+    hosts_in_order = list(dict.fromkeys(host for host, _ in leaders))
+    domain_of_node, names = number_domains([domain_of_host[host] for host in hosts_in_order])
+    packed = {"nodes": pack_ints(node_of_rank)}
+    if len(names) < len(hosts_in_order):
+        packed.update(domains=pack_ints(domain_of_node), names=list(names))
+    return packed
 
 
 def user_name() -> str:

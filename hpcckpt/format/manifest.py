@@ -130,6 +130,10 @@ class Manifest:
     groups: tuple[tuple[int, ...], ...] = ()
     parity: int = 0
     version_id: str = ""  # the identity of the whole table, kept where a copy lists part of it
+    # The failure domains its redundancy was placed across (cluster/domains.py): rank -> its
+    # domain's number and the domains' names; empty where every node was a domain of its own.
+    domain_of_rank: tuple[int, ...] = ()
+    domain_names: tuple[str, ...] = ()
 
     @property
     def identity(self) -> str:
@@ -211,6 +215,8 @@ class Manifest:
             "groups": pack_groups(self.groups, self.world_size),
             "parity": self.parity,
         }
+        if self.domain_of_rank:
+            body["domains"] = {"of_rank": pack_ints(self.domain_of_rank), "names": list(self.domain_names)}
         text = _canonical(body)
         return b'{"body":' + text + b',"checksum":"' + xxhash.xxh3_64_hexdigest(text).encode() + b'"}'
 
@@ -253,6 +259,8 @@ class Manifest:
             groups=unpack_groups(body.get("groups", [])),
             parity=int(body.get("parity", 0)),
             version_id=str(body.get("version_id", "")),
+            domain_of_rank=tuple(unpack_ints(body["domains"]["of_rank"])) if "domains" in body else (),
+            domain_names=tuple(body["domains"]["names"]) if "domains" in body else (),
         )
 
     def check_shard_table(self, table, rank: int, origin) -> None:

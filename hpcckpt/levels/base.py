@@ -20,6 +20,10 @@ Every level answers the same questions, and one conformance suite holds all four
                        from the group's survivors (L3); collective where `collective`
     protect_again(...) (collective levels) after a loss, the pieces the lost ranks held, made
                        again from the restored shards
+    placed_as(manifest) (collective levels) whether that version's pieces sit where this
+                       level would put them now (the same partners, groups and parity): a
+                       version placed otherwise (other failure domains) is restored through
+                       its own record's maps (restore/repartitioned.py)
     remove(step)       delete this rank's files of a version; a level owns its files only
     supplies(lost)     (node-local levels) of the ranks whose node-local files of a version
                        are gone, those it still supplies from the others' (L2, L3)
@@ -133,6 +137,7 @@ class Level(Protocol):
     def protect_again(self, step: int, shard: Callable[[], np.ndarray], shard_sizes: Sequence[int],
                       world_size: int) -> None: ...
     def remove(self, step: int) -> None: ...
+    def placed_as(self, manifest: Manifest) -> bool: ...
 
 
 class LevelStack(tuple):

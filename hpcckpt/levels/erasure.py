@@ -89,6 +89,9 @@ class ErasureLevel(NodeLocalFiles):
         members = frozenset(m for m in self.members if ranks is None or m in ranks)
         return {step: members for step in self.committed_steps() if self.has_parity(step)}
 
+    def placed_as(self, manifest) -> bool:
+        return tuple(map(tuple, manifest.groups)) == self.groups and manifest.parity == self.p
+
     def serves(self, held, lacking: frozenset[int]) -> frozenset[int]:
         """Every member of a group that lacks at most `parity` members' pieces (shard or
         parity) while some member holds parity of the version: the others' pieces rebuild any

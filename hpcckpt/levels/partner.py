@@ -65,6 +65,9 @@ class PartnerLevel(NodeLocalFiles):
         """(all ranks) The replicas that lost holders held, sent again from the shards."""
         self.protect(step, shard, only_missing=True)
 
+    def placed_as(self, manifest) -> bool:
+        return tuple(manifest.partner_of) == tuple(self.partner_of)
+
     def supplies(self, lost: frozenset[int]) -> frozenset[int]:
         """Of the ranks whose node-local files of a version are gone (their shard and the
         replicas they hold), those whose partner still holds their replica."""

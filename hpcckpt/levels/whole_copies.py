@@ -36,29 +36,38 @@ def levels_holding_whole(directories: list[Path], manifest: Manifest | None, nod
 
 
 def node_losses_covered(manifest: Manifest, levels: tuple[str, ...], directories: list[Path],
-                        configured_geometry: tuple[int, int]) -> int | None:
+                        configured_geometry: tuple[int, int], by_domain: bool = False) -> int | None:
     """How many simultaneous node losses a version held whole on `levels` survives (None:
-    any number, L4 holds it); its parity geometry is the one its parity files record, else
-    `configured_geometry` (group size, parity)."""
+    any number, L4 holds it), or with `by_domain` how many failure-domain losses (its record's
+    domains); the partner map and groups are those its record lists, else those its parity
+    files or `configured_geometry` (group size, parity) make."""
     group_size, parity = 0, 0
     if ERASURE in levels:
         group_size, parity = parity_geometry(directories) or configured_geometry
+    recorded = bool(manifest.partner_of or manifest.groups)
     try:
-        return node_losses_survived(manifest.node_of_rank, partner=PARTNER in levels, pfs=PFS in levels,
-                                    group_size=group_size, parity=parity)
+        return node_losses_survived(
+            manifest.node_of_rank, partner=PARTNER in levels, pfs=PFS in levels, group_size=group_size,
+            parity=manifest.parity if recorded and manifest.groups and ERASURE in levels else parity,
+            partner_of=(manifest.partner_of if PARTNER in levels else ()) if recorded else None,
+            groups=(manifest.groups if ERASURE in levels else ()) if recorded else None,
+            domain_of_rank=manifest.domain_of_rank if by_domain else None)
     except TopologyError:
         return 0
 
 
-def further_losses_covered(manifest: Manifest, committed: set[int]) -> int:
+def further_losses_covered(manifest: Manifest, committed: set[int], by_domain: bool = False) -> int:
     """For a node-local version that only the ranks `committed` hold (a node lost, or one that
-    could not take it): the further node losses its L2 and L3 pieces still cover."""
+    could not take it): the further node (or failure-domain) losses its L2 and L3 pieces
+    still cover."""
     erasure = ERASURE in manifest.levels and bool(manifest.groups)
     try:
         return node_losses_survived(
             manifest.node_of_rank, partner=PARTNER in manifest.levels,
-            group_size=min(map(len, manifest.groups)) if erasure else 0, parity=manifest.parity if erasure else 0,
-            missing=set(range(manifest.world_size)) - committed) or 0
+            partner_of=manifest.partner_of if PARTNER in manifest.levels else (),
+            groups=manifest.groups if erasure else (), parity=manifest.parity if erasure else 0,
+            missing=set(range(manifest.world_size)) - committed,
+            domain_of_rank=manifest.domain_of_rank if by_domain else None) or 0
     except TopologyError:
         return 0
 

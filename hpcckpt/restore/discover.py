@@ -76,7 +76,8 @@ def _usable(ctx, level, manifest: Manifest) -> bool:
     if manifest.world_size != ctx.job.world_size:
         return False
     if level.collective:
-        return level.name in manifest.levels and manifest.node_of_rank == ctx.job.topology.node_of_rank
+        return (level.name in manifest.levels and manifest.node_of_rank == ctx.job.topology.node_of_rank
+                and level.placed_as(manifest))
     return True
 
 

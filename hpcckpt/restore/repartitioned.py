@@ -9,6 +9,7 @@ import numpy as np
 from hpcckpt.cluster.collectives import fold_at_root
 from hpcckpt.format.layout import Layout, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest
+from hpcckpt.levels.naming import LOCAL
 from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan
 from hpcckpt.restore.context import RestoreResult, warn
@@ -55,7 +56,22 @@ def _log_moved(ctx, manifest: Manifest, outcome) -> None:
         if ctx.job.rank == 0:
             ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.job.world_size} "
                          f"rank(s): old shards {plan.summary()}; at most {most_read / 1e6:.1f} MB read and "
-                         f"{most_received / 1e6:.1f} MB received by one rank", console=True)
+                         f"{most_received / 1e6:.1f} MB received by one rank{_domains_lost(manifest, plan)}",
+                         console=True)
+
+
+def _domains_lost(manifest: Manifest, plan: RepartitionPlan) -> str:
+    """The failure domains (as the version's record names them) none of whose old ranks' L1
+    shards survived: whole switches or racks lost, recovered from the other levels."""
+    if not manifest.domain_of_rank:
+        return ""
+    gone = {rank for rank, source in enumerate(plan.sources) if source is None or source.level != LOCAL}
+    ranks_of: dict[int, set[int]] = {}
+    for rank, domain in enumerate(manifest.domain_of_rank):
+        ranks_of.setdefault(domain, set()).add(rank)
+    lost = [manifest.domain_names[d] if d < len(manifest.domain_names) else str(d)
+            for d, ranks in sorted(ranks_of.items()) if ranks <= gone]
+    return f"; failure domain(s) lost whole: {', '.join(lost)}" if lost else ""
 
 
 def read_repartitioned(ctx, shard_path_of, manifest: Manifest, layout: Layout) -> dict[str, np.ndarray]:

@@ -36,7 +36,8 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
     `init_optimizer`) when given. When to checkpoint and when to stop are the library's
     (Checkpointer.planned/due/stopping, as for any application)."""
     rank, world_size = comm.Get_rank(), comm.Get_size()
-    topology = discover_topology(comm, config.cluster.simulated_nodes)
+    topology = discover_topology(comm, config.cluster.simulated_nodes, config.cluster.failure_domains,
+                                  config.cluster.simulated_domains)
     log = RunLog(config.run.dir, rank, world_size)
     checkpointer = stops = None
     try:
