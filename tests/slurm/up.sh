@@ -8,6 +8,10 @@
 #
 #   bash tests/slurm/up.sh [NODES]           # then: sinfo; sbatch --ntasks-per-node=1 jobs/slurm.sbatch
 #
+# Failure domains: SWITCH_SIZE=K groups the nodes under leaf switches of K nodes (s1, s2, ...)
+# below one top switch (topology/tree), so each task gets SLURM_TOPOLOGY_ADDR (top.s2.n3):
+#   SWITCH_SIZE=2 bash tests/slurm/up.sh 8
+#
 # Node failure, as a real one looks to the job (its step is killed, the node leaves a --no-kill
 # allocation, and it stays down until brought back):
 #   bash tests/slurm/fail-node.sh n3      # kill slurmd n3 and its job processes, mark it down
@@ -29,6 +33,9 @@ cat > /etc/slurm/slurm.conf <<CONF
 ClusterName=hpcckpt-test
 SlurmctldHost=$host
 AuthType=auth/munge
+# How long a job step's credential lives; also how long a requeued job waits before it starts
+# again (CRED_EXPIRE: Slurm's default 120 s unless a test needs a quicker requeue).
+AuthInfo=cred_expire=${CRED_EXPIRE:-120}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=pmi2
@@ -57,6 +64,16 @@ FirstJobId=$(( ($(date +%s) % 6000000) * 10 + 1 ))
 NodeName=n[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=2 RealMemory=2000 State=UNKNOWN
 PartitionName=batch Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 CONF
+rm -f /etc/slurm/topology.conf
+if [ -n "${SWITCH_SIZE:-}" ]; then
+    echo "TopologyPlugin=topology/tree" >> /etc/slurm/slurm.conf
+    leaves=$(( (NODES + SWITCH_SIZE - 1) / SWITCH_SIZE ))
+    for s in $(seq 1 "$leaves"); do
+        first=$(( (s - 1) * SWITCH_SIZE + 1 )); last=$(( s * SWITCH_SIZE < NODES ? s * SWITCH_SIZE : NODES ))
+        echo "SwitchName=s$s Nodes=n[$first-$last]"
+    done > /etc/slurm/topology.conf
+    echo "SwitchName=top Switches=s[1-$leaves]" >> /etc/slurm/topology.conf
+fi
 [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom of=/etc/munge/munge.key bs=128 count=1 2>/dev/null; }
 chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
 chmod 600 /etc/munge/munge.key

@@ -1,0 +1,140 @@
+"""Failure domains under a real Slurm: 8 nodes under 2 leaf switches of 4 (tests/slurm/up.sh with
+SWITCH_SIZE=4 and topology/tree, so every task gets SLURM_TOPOLOGY_ADDR), jobs/slurm.sbatch
+running examples/heat2d.py (its grid is bit-identical whatever the rank count, so a run that
+ends on the uninterrupted grid restored exactly what was saved).
+
+- A whole switch fails (its 4 nodes, with their disks): with L2 partners placed in the other
+  switch the job goes on on the 4 nodes left from L1/L2 alone (placement by node only loses
+  those copies with the switch: tests/test_failure_domains_mpi.py shows it on simulated nodes).
+- The node running the batch script fails: a guard job on another node requeues the job,
+  which restarts under the same job id from what the surviving nodes and L4 hold.
+
+Needs root and Debian's slurm packages, as tests/test_slurm_jobs.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, mpi_env, mpiexec_prefix
+from test_slurm_jobs import SLURM, SLURM_RUN, _run, fail_node, job_info, submit, wait_for, wait_for_step
+
+NODES, SWITCH_SIZE = 8, 4
+HEAT2D = REPO / "examples" / "heat2d.py"
+HEAT2D_ARGS = ("--run-dir run --shape 160 160 --iterations 3000 --tol 0 --every 100 --dump grids "
+               "--set resilience.group_size=4 --set resilience.parity=1")
+
+
+def _up():
+    env = dict(os.environ, SWITCH_SIZE=str(SWITCH_SIZE), CRED_EXPIRE="10")
+    return _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def switches():
+    """The test cluster with its two leaf switches, up for this module; down at its end."""
+    if os.geteuid() != 0:
+        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
+    up = _up()
+    if up.returncode != 0:
+        if shutil.which("slurmctld") is None:
+            pytest.skip(f"Slurm could not be installed here (apt-get): {up.stderr.strip()[-300:]}")
+        pytest.fail(f"tests/slurm/up.sh failed:\n{up.stdout}\n{up.stderr}")
+    yield
+    _run(["bash", str(SLURM / "down.sh")], timeout=120)
+
+
+@pytest.fixture
+def cluster(switches):
+    yield
+    states = dict(line.split()[:2] for line in _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.splitlines()
+                  if len(line.split()) >= 2)
+    healthy = all(re.fullmatch(r"(idle|mix|alloc|comp)", states.get(f"n{i}", "missing")) and
+                  (SLURM_RUN / f"slurmd-n{i}.pid").exists() for i in range(1, NODES + 1))
+    if not healthy:
+        up = _up()
+        assert up.returncode == 0, up.stdout + up.stderr
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """heat2d's final grid run straight through (mpiexec here, 2 ranks)."""
+    directory = tmp_path_factory.mktemp("heat2d-straight")
+    command = [*mpiexec_prefix(), "-n", "2", sys.executable, str(HEAT2D), *HEAT2D_ARGS.split(), "--nodes", "2"]
+    proc = _run(command, cwd=directory, env=mpi_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return directory / "grids" / "final.npy"
+
+
+def workdir(tmp_path: Path) -> Path:
+    directory = tmp_path / "submit"
+    directory.mkdir()
+    shutil.copytree(REPO / "jobs", directory / "jobs", symlinks=False)
+    return directory
+
+
+def heat2d_job(directory: Path, *sbatch_args: str, **settings) -> int:
+    return submit(directory, *sbatch_args, "--ntasks-per-node=1",
+                  APP=f"{sys.executable} {HEAT2D} {HEAT2D_ARGS} --nodes 0", **settings)
+
+
+def lose_switch(job: int, directory: Path, nodes) -> None:
+    """All the switch's nodes at once, as its failure takes them, with their disks."""
+    import subprocess
+
+    failing = [subprocess.Popen(["bash", str(SLURM / "fail-node.sh"), node], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for node in nodes]
+    for proc in failing:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+    for node in nodes:
+        shutil.rmtree(directory / "scratch" / "hpcckpt-root" / str(job) / node, ignore_errors=True)
+
+
+def same_grid(directory: Path, straight: Path) -> bool:
+    import numpy as np
+
+    return np.load(directory / "grids" / "final.npy").tobytes() == np.load(straight).tobytes()
+
+
+def test_a_lost_switch_is_restored_from_partners_in_the_other_switch(cluster, tmp_path, straight):
+    directory = workdir(tmp_path)
+    job = heat2d_job(directory, "--nodes=8")
+    wait_for_step(directory, job, 600)
+    lose_switch(job, directory, ["n5", "n6", "n7", "n8"])
+    code, out = wait_for(job, directory, timeout=300)
+    assert code == 0, out
+    assert "failure domains: 2 (top.s1 (4 node(s)), top.s2 (4 node(s))), L2 partner copies in another domain for " \
+           "8 of 8 rank(s)" in out, out
+    # Groups of 4 from two switches of 4 cannot keep a switch to parity 1: said, naming them.
+    assert "L3 erasure groups of 4+ ranks with parity 1 cannot keep each failure domain to 1 member(s)" in out
+    assert "next attempt on 4 node(s): n1 n2 n3 n4" in out
+    restored = re.search(r"restored version \d+ \(written by 8 ranks\) onto 4 rank\(s\): old shards ([^\n]*)", out)
+    assert restored and "L4" not in restored.group(1) and "4 from L2 partner" in restored.group(1), out
+    assert "failure domain(s) lost whole: top.s2" in restored.group(1), out
+    assert re.search(r"finished after [23] attempt\(s\)", out), out
+    assert same_grid(directory, straight)
+
+
+def test_a_failed_batch_node_requeues_the_job_which_restarts_from_what_survived(cluster, tmp_path, straight):
+    directory = workdir(tmp_path)
+    job = heat2d_job(directory, "--nodes=4", GUARD_INTERVAL=1)
+    wait_for_step(directory, job, 600)
+    assert job_info(job)["BatchHost"] == "n1"
+    fail_node("n1", job, directory)
+    code, out = wait_for(job, directory, timeout=300)
+    assert code == 0, out
+    assert re.search(r"guard job \d+ watches the batch node n1 from another node: if it fails, this job is requeued",
+                     out), out
+    assert f"the node running the batch script (n1) failed: requeueing job {job}" in out
+    assert "requeued (1 time(s)): restarting from the surviving checkpoint levels" in out
+    # Where the requeued job runs is Slurm's choice (topology/tree prefers one whole switch):
+    # the surviving nodes' files, or L4 where it got other nodes.
+    assert re.search(r"restored version \d+", out), out
+    assert job_info(job)["BatchHost"] != "n1"
+    assert same_grid(directory, straight)
