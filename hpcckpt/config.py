@@ -148,6 +148,15 @@ class ResilienceConfig:
     # Checkpoints in a row that no level could hold before training stops (a level that fails
     # is otherwise only warned about and tried again at its next version due).
     max_unprotected_checkpoints: int = 3
+    # A step whose gradients are not finite (agreed by every rank: the allreduced gradients are
+    # the same on all) is never checkpointed; with rewind_on_divergence the run goes back in
+    # process to the newest version before it and skips the skip_batches_on_rewind batches
+    # that led to it; more than max_rewinds rewinds within rewind_window_steps steps stop the
+    # run (exit 2).
+    rewind_on_divergence: bool = False
+    skip_batches_on_rewind: int = 1
+    max_rewinds: int = 3
+    rewind_window_steps: int = 1000
 
 
 @dataclass(frozen=True)
@@ -224,14 +233,15 @@ _POSITIVE = {
     ("run", "steps"), ("run", "log_every"), ("data", "samples"), ("data", "features"),
     ("data", "batch_size"), ("optimizer", "bucket_kb"), ("model", "kernel_size"), ("model", "pool"),
     ("storage", "pfs_every"), ("resilience", "group_size"), ("resilience", "parity"),
-    ("resilience", "partner_every"), ("resilience", "erasure_every"), ("resilience", "max_unprotected_checkpoints"),
+    ("resilience", "partner_every"), ("resilience", "erasure_every"), ("resilience", "max_unprotected_checkpoints"), ("resilience", "max_rewinds"),
+    ("resilience", "rewind_window_steps"),
     ("checkpoint", "keep_local"),
     ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"), ("checkpoint", "confirm_after_steps"),
     ("checkpoint", "chunk_mib"),
 }
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
-    ("run", "seed"), ("eval", "every_steps"), ("cluster", "simulated_nodes"), ("cluster", "simulated_domains"),
+    ("run", "seed"), ("eval", "every_steps"), ("resilience", "skip_batches_on_rewind"), ("cluster", "simulated_nodes"), ("cluster", "simulated_domains"),
     ("storage", "pfs_bandwidth_mb"), ("storage", "pfs_read_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
     ("resilience", "mtbf_two_nodes_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),

@@ -78,3 +78,10 @@ class IncompatibleCheckpointError(CheckpointError):
 
 class UnrecoverableError(CheckpointError):
     """No version can be rebuilt from the pieces that survive."""
+
+
+class DivergenceError(DataError):
+    """The run kept diverging (non-finite gradients) after the rewinds allowed: every rank
+    raises it after the same step."""
+
+    collective = True

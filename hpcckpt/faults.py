@@ -4,7 +4,10 @@
     --inject node-loss:node=N:step=S[:phase=P][:attempt=A]
     --inject storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A]
     --inject slow-level:level=L:seconds=X[:step=S][:until=T][:rank=R][:attempt=A]
+    --inject nan:step=S[:rank=R][:attempt=A]
 
+A nan makes rank R's (default 0) gradients of step S not finite, once, as a bad batch or a
+silent data error does; nothing dies (resilience.rewind_on_divergence rewinds the run).
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
 phase = restore while version S is being loaded at restart. A level's phase strikes where that
@@ -108,7 +111,7 @@ NODE_LOCAL_WRITES = ("local", "partner", "erasure", "node-local commit")
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "rank-kill", "node-loss", "storage-error" or "slow-level"
+    kind: str  # "rank-kill", "node-loss", "storage-error", "slow-level" or "nan"
     target: int  # rank or node (-1: every rank, for a storage fault)
     step: int
     phase: str | None = None  # the level, for a storage fault
@@ -122,9 +125,10 @@ def parse_fault(text: str) -> Fault:
     usage = ("use rank-kill:rank=R:step=S[:phase=P][:attempt=A] or node-loss:node=N:step=S[:phase=P][:attempt=A], "
              f"P one of {', '.join(PHASES)}, or storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A], "
              f"or slow-level:level=L:seconds=X[:step=S][:until=T][:rank=R][:attempt=A], "
+             f"or nan:step=S[:rank=R][:attempt=A], "
              f"L one of {', '.join(STORAGE_LEVELS)}, E one of {', '.join(STORAGE_ERRNOS)}")
     kind, *fields = text.split(":")
-    if kind not in ("rank-kill", "node-loss", "storage-error", "slow-level"):
+    if kind not in ("rank-kill", "node-loss", "storage-error", "slow-level", "nan"):
         raise ConfigError(f"--inject {text!r}: unknown fault {kind!r}; {usage}")
     values = {}
     for item in fields:
@@ -136,6 +140,8 @@ def parse_fault(text: str) -> Fault:
         return _parse_storage_error(text, values, usage)
     if kind == "slow-level":
         return _parse_slow_level(text, values, usage)
+    if kind == "nan":
+        return _parse_nan(text, values, usage)
     target_key = "rank" if kind == "rank-kill" else "node"
     allowed = {target_key, "step", "phase", "attempt"}
     if set(values) - allowed or not {target_key, "step"} <= set(values):
@@ -189,6 +195,17 @@ def _parse_slow_level(text: str, values: dict, usage: str) -> Fault:
     return Fault("slow-level", rank, step, values["level"], attempt, until, seconds=seconds)
 
 
+def _parse_nan(text: str, values: dict, usage: str) -> Fault:
+    if set(values) - {"step", "rank", "attempt"} or "step" not in values:
+        raise ConfigError(f"--inject {text!r}: needs step=; {usage}")
+    try:
+        step, rank = int(values["step"]), int(values.get("rank", 0))
+        attempt = int(values["attempt"]) if "attempt" in values else None
+    except ValueError:
+        raise ConfigError(f"--inject {text!r}: step, rank and attempt must be integers; {usage}") from None
+    return Fault("nan", rank, step, None, attempt)
+
+
 def current_attempt(environ=None) -> int:
     value = (os.environ if environ is None else environ).get(ATTEMPT_VARIABLE, "")
     return int(value) if value.isdigit() else 1
@@ -215,6 +232,7 @@ class FaultInjector:
         attempt = current_attempt()
         self.all_faults = tuple(f for f in faults if f.attempt in (None, attempt))
         self.faults = tuple(f for f in self.all_faults if self._hits_me(f))
+        self._poisoned: set = set()
         me = _Peer(socket.gethostname(), os.getpid(), node, str(self.local_dir) if self.local_dir else None)
         self.peers: tuple[_Peer, ...] = (me,)
         if comm is not None and any(f.kind == "node-loss" for f in self.all_faults):
@@ -223,7 +241,16 @@ class FaultInjector:
     def _hits_me(self, fault: Fault) -> bool:
         if fault.kind in ("storage-error", "slow-level"):
             return fault.target in (-1, self.rank)
-        return fault.target == (self.rank if fault.kind == "rank-kill" else self.node)
+        return fault.target == (self.rank if fault.kind in ("rank-kill", "nan") else self.node)
+
+    def poisons(self, step: int) -> bool:
+        """Whether a NaN enters this rank's gradients at `step` (once: a rewound run that
+        comes to the step again meets a healthy batch)."""
+        for fault in self.faults:
+            if fault.kind == "nan" and fault.step == step and fault not in self._poisoned:
+                self._poisoned.add(fault)
+                return True
+        return False
 
     def storage_fault(self, step: int, level: str) -> None:
         """Take a slow level's extra time, then raise the OSError a storage error injected for
@@ -256,7 +283,7 @@ class FaultInjector:
         else:
             lost_nodes = {self.node}
         for fault in self.faults:
-            if fault.kind != "storage-error" and fault.step == step and fault.phase == phase:
+            if fault.kind in ("rank-kill", "node-loss") and fault.step == step and fault.phase == phase:
                 self._die(fault, lost_nodes)
 
     def _die(self, fault: Fault, lost_nodes: set[int]) -> None:

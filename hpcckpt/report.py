@@ -80,4 +80,9 @@ def summarise(records: list[dict]) -> list[str]:
                      "estimated overhead " + ", ".join(f"{r.get('overhead_pct', 0.0):.2f} %" for r in summaries)
                      + " of the time of each attempt that ended normally")
     lines.append(f"work lost to failures: {lost_total} step(s)")
+    diverged = [r for r in records if r.get("event") == "diverged"]
+    if diverged:
+        lines.append(f"rewinds after divergence: {len(diverged)}: " + ", ".join(
+            f"step {r['step']} back to version {r['rewound_to']} ({r['skipping']} batch(es) skipped)"
+            for r in diverged))
     return lines

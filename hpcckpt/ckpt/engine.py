@@ -48,6 +48,7 @@ from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.pipeline import SavePipeline
 from hpcckpt.ckpt.resume import protect_again
+from hpcckpt.ckpt.rewind import mark_versions_bad, versions_held
 from hpcckpt.ckpt.save_types import PersistReport, PipelineSettings, SaveJob, Snapshot
 from hpcckpt.ckpt.schedule import CheckpointSchedule
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
@@ -488,6 +489,29 @@ class Checkpointer:
                 self.log.info(said, console=True)
             self.tally.restart_clock()
             self.schedule.restart_clock(self.pipeline.persisting)
+        return restored
+
+    def mark_bad(self, step: int, reason: str) -> None:
+        """(all ranks) Version `step` is bad (a diverged state, a wrong result): no restart or
+        rewind loads it again; `reason` is kept in the restart ledger (<run.dir>/restarts.json)."""
+        mark_versions_bad(self.comm, self.config.run_dir, [step], reason)
+        self.log.warning(f"version {step} marked bad: {reason}")
+
+    def rewind(self, before: int, reason: str) -> int:
+        """(all ranks) Go back in process, without a relaunch: the snapshot open for the step
+        that went wrong is dropped (never taken), every version from step `before` on is
+        marked bad, and the newest older version is restored by the restart's own path (any
+        level that holds it, checked). Returns its step; raises UnrecoverableError (exit 4)
+        when no older version is left."""
+        self.capture_state.abandon()
+        self._finish_in_flight()
+        bad = [step for step in versions_held(self.comm, self.levels) if step >= before]
+        mark_versions_bad(self.comm, self.config.run_dir, bad, f"the run was rewound past it: {reason}")
+        restored = self.restart("require")
+        self.log.warning(f"rewound from step {before} to version {restored}: {reason}"
+                         + (f"; version(s) {bad} marked bad" if bad else ""))
+        self.log.metrics({"event": "rewind", "from_step": before, "step": restored, "reason": reason,
+                          "marked_bad": bad})
         return restored
 
     def _report_restart(self, restored: int | None, reached_before) -> None:

@@ -16,6 +16,7 @@ from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
+from hpcckpt.train.divergence import Rewinds
 from hpcckpt.train.trainer import Trainer
 
 
@@ -136,13 +137,19 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer: Checkpointer
     window_time, window_samples, window_steps = 0.0, 0, 0
     last_eval: dict = {}
     halted = None
+    rewinds = Rewinds(config.resilience, log)
     while trainer.step < total_steps:
+        rewinds.before_step(trainer)
         next_step = trainer.step + 1
         report = next_step % log_every == 0 or next_step == total_steps
         if checkpointer is not None and checkpointer.planned(next_step, last=next_step == total_steps):
             # Opened before the step, so each parameter's shard is captured right after its update.
             checkpointer.begin_checkpoint(next_step, copy_in_background=True)
-        result = trainer.train_step(reduce_loss=report)
+        result = trainer.train_step(reduce_loss=report, check_finite=True, poison=injector.poisons(next_step))
+        if not result.finite:
+            rewinds.diverged(result.step, checkpointer)
+            window_time, window_samples, window_steps = 0.0, 0, 0
+            continue
         window_time += result.seconds
         window_samples += result.samples
         window_steps += 1

@@ -9,6 +9,7 @@ checkpoint, restart), the same one outside code uses.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ class StepResult:
     loss: float | None  # global mean loss, only on steps where it was reduced
     seconds: float
     samples: int
+    finite: bool = True  # the allreduced gradients (and the loss, where reduced) were finite
 
 
 class Trainer:
@@ -75,7 +77,10 @@ class Trainer:
         self.optimizer.load_scalar_state(state["optimizer"])
 
     # -- one step --------------------------------------------------------------------------
-    def train_step(self, reduce_loss: bool) -> StepResult:
+    def train_step(self, reduce_loss: bool, check_finite: bool = False, poison: bool = False) -> StepResult:
+        """One step. `check_finite`: sum each allreduced gradient and say whether all were
+        finite (the same answer on every rank, with no collective of its own); `poison`: an
+        injected NaN in this rank's gradients (faults.py)."""
         started = time.perf_counter()
         global_batch = self.batches.next_global_batch()
         local = global_batch[rank_slice(len(global_batch), self.world_size, self.rank)]
@@ -91,9 +96,14 @@ class Trainer:
         # the smaller last batch of an epoch split unevenly across ranks.
         share = len(local) / len(global_batch)
         grad_logits *= share
+        if poison:
+            grad_logits *= float("nan")
         for name, grad in self.model.backward(grad_logits):
             self.allreduce.add(name, grad)
+        checked = 0.0
         for name, reduced_grad in self.allreduce.reduced():
+            if check_finite:
+                checked = checked + self.xp.sum(reduced_grad)
             for hook in self.step_hooks:
                 hook.before_update(name)
             self.optimizer.update(name, self.parameters[name], reduced_grad)
@@ -104,7 +114,13 @@ class Trainer:
         if reduce_loss:
             loss = self.comm.allreduce(float(local_loss) * share)
         self.backend.synchronize()
-        return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch))
+        finite = math.isfinite(float(checked)) and (loss is None or math.isfinite(loss))
+        return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch), finite)
+
+    def skip_batches(self, count: int) -> None:
+        """Advance the data past `count` global batches without training on them."""
+        for _ in range(count):
+            self.batches.next_global_batch()
 
     # -- evaluation ------------------------------------------------------------------------
     def evaluate(self) -> dict:

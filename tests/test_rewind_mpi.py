@@ -1,0 +1,43 @@
+"""Rewinding in process (Checkpointer.rewind, ckpt/rewind.py) on real ranks."""
+
+import json
+
+from conftest import REPO, assert_ok, run_script, script_results
+
+SCRIPT = REPO / "tests" / "scripts" / "rewind_solver.py"
+
+
+def test_a_solver_that_meets_a_nan_rewinds_in_process_and_ends_on_the_undisturbed_grid(tmp_path):
+    straight = run_script(2, SCRIPT, [str(tmp_path / "straight"), "40", "0"], cwd=tmp_path)
+    assert_ok(straight)
+    disturbed = run_script(2, SCRIPT, [str(tmp_path / "run"), "40", "23"], cwd=tmp_path)
+    assert_ok(disturbed)
+    (result,) = script_results(disturbed)
+    (reference,) = script_results(straight)
+    # The NaN entered at 23 and was seen there: back to version 20, nothing written after it.
+    assert result["rewinds"] == [[23, 20, 20]]
+    assert result["grid"] == reference["grid"]
+    assert "rewound from step 23 to version 20: non-finite grid at iteration 23" in disturbed.stdout + disturbed.stderr
+    ledger = json.loads((tmp_path / "run" / "restarts.json").read_text()) \
+        if (tmp_path / "run" / "restarts.json").exists() else {}
+    # Nothing at or after 23 had been written, so nothing was marked bad.
+    assert not ledger.get("failed")
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m.get("event") == "rewind"] == [20]
+
+
+def test_a_version_marked_bad_is_never_restarted_from(tmp_path):
+    assert_ok(run_script(2, SCRIPT, [str(tmp_path / "run"), "20", "0"], cwd=tmp_path))
+    marker = tmp_path / "mark.py"
+    marker.write_text(
+        "import sys\nfrom mpi4py import MPI\nimport numpy as np\nfrom hpcckpt import Checkpointer, load_config\n"
+        "config = load_config(None, [f'run.dir={sys.argv[1]}', 'cluster.simulated_nodes=2', "
+        "'resilience.levels=[\"local\",\"partner\",\"pfs\"]'], environ={})\n"
+        "ckpt = Checkpointer(MPI.COMM_WORLD, config)\n"
+        "ckpt.protect('grid', np.zeros(1000), replicated=False)\n"
+        "ckpt.register_state('solver', lambda: {}, lambda s: None)\n"
+        "ckpt.mark_bad(20, 'a wrong result found by hand')\n"
+        "print('RESULT', ckpt.restart('require'), flush=True)\nckpt.close()\n")
+    proc = run_script(2, marker, [str(tmp_path / "run")], cwd=tmp_path)
+    assert_ok(proc)
+    assert "RESULT 15" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
