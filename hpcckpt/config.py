@@ -102,6 +102,11 @@ class CheckpointConfig:
     # A restart counts as good after this many steps (or its next checkpoint); a crash before
     # marks the version it loaded failed, and the next restart falls back to an older one.
     confirm_after_steps: int = 1
+    # A version whose metrics record a finite loss vouches for finite floating-point arrays: a
+    # copy that restores NaN or inf there fails like a checksum mismatch (the restore falls
+    # through to another level, then an older version). false: for applications whose arrays
+    # hold NaN or inf on purpose.
+    verify_finite: bool = True
 
     @property
     def chunk_bytes(self) -> int:
@@ -148,12 +153,15 @@ class ResilienceConfig:
     # Checkpoints in a row that no level could hold before training stops (a level that fails
     # is otherwise only warned about and tried again at its next version due).
     max_unprotected_checkpoints: int = 3
-    # A step whose gradients are not finite (agreed by every rank: the allreduced gradients are
-    # the same on all) is never checkpointed; with rewind_on_divergence the run goes back in
-    # process to the newest version before it and skips the skip_batches_on_rewind batches
-    # that led to it; more than max_rewinds rewinds within rewind_window_steps steps stop the
-    # run (exit 2).
+    # A step that diverged is never checkpointed: its gradients or loss not finite, or (with
+    # divergence_factor F > 0) its loss above F times the median of the recent steps' (the
+    # allreduced values, the same on every rank). With rewind_on_divergence the run goes back
+    # in process to the newest version before it and skips the skip_batches_on_rewind batches
+    # that led to it, and retention keeps the newest version known good (the one before the
+    # newest) on every level; more than max_rewinds rewinds within rewind_window_steps steps
+    # stop the run (exit 2). Without it, a divergence stops the run (exit 2).
     rewind_on_divergence: bool = False
+    divergence_factor: float = 0.0
     skip_batches_on_rewind: int = 1
     max_rewinds: int = 3
     rewind_window_steps: int = 1000
@@ -506,6 +514,11 @@ def _check_consistency(config: JobConfig) -> None:
     if "local" not in levels and ("partner" in levels or "erasure" in levels):
         raise ConfigError(f"{where('resilience.levels')}: resilience.levels: 'partner' and 'erasure' build on "
                           "'local'; add it")
+    factor = config.resilience.divergence_factor
+    if factor != 0 and not factor > 1:
+        raise ConfigError(f"{where('resilience.divergence_factor')}: resilience.divergence_factor must be 0 (no "
+                          f"spike check) or above 1 (a loss above that many times the recent median is a spike), "
+                          f"got {factor}")
     if config.resilience.parity >= config.resilience.group_size:
         raise ConfigError(
             f"{where('resilience.parity', 'resilience.group_size')}: resilience.parity "

@@ -81,7 +81,8 @@ class UnrecoverableError(CheckpointError):
 
 
 class DivergenceError(DataError):
-    """The run kept diverging (non-finite gradients) after the rewinds allowed: every rank
-    raises it after the same step."""
+    """The run diverged (non-finite gradients or loss, a loss spike) and may not rewind, kept
+    diverging after the rewinds allowed, or has no older version left: every rank raises it
+    after the same step."""
 
     collective = True

@@ -5,9 +5,12 @@
     --inject storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A]
     --inject slow-level:level=L:seconds=X[:step=S][:until=T][:rank=R][:attempt=A]
     --inject nan:step=S[:rank=R][:attempt=A]
+    --inject spike:step=S[:rank=R][:factor=F][:attempt=A]
 
-A nan makes rank R's (default 0) gradients of step S not finite, once, as a bad batch or a
-silent data error does; nothing dies (resilience.rewind_on_divergence rewinds the run).
+A nan makes rank R's (default 0) gradients of step S not finite, once, as a silent data error
+does; a spike scales rank R's inputs of step S by F (default 30), once, as a bad batch does:
+its loss spikes and its update throws the weights off. Nothing dies (the trainer's divergence
+check, resilience.rewind_on_divergence and resilience.divergence_factor, rewinds the run).
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
 phase = restore while version S is being loaded at restart. A level's phase strikes where that
@@ -51,6 +54,7 @@ from hpcckpt.errors import ConfigError
 PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit", "restore")
 ATTEMPT_VARIABLE = "HPCCKPT_ATTEMPT"
 CRASH_EXIT_CODE = 137
+DEFAULT_SPIKE_FACTOR = 30.0
 REAPER_GRACE_S = 30.0  # a dying rank exits by itself if its reaper has not killed it by then
 
 # Runs as `python -I -c _REAPER victim freeze_pids dir...`: standard library only, so it starts
@@ -111,7 +115,7 @@ NODE_LOCAL_WRITES = ("local", "partner", "erasure", "node-local commit")
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "rank-kill", "node-loss", "storage-error", "slow-level" or "nan"
+    kind: str  # "rank-kill", "node-loss", "storage-error", "slow-level", "nan" or "spike"
     target: int  # rank or node (-1: every rank, for a storage fault)
     step: int
     phase: str | None = None  # the level, for a storage fault
@@ -119,16 +123,17 @@ class Fault:
     until: int | None = None  # a storage fault's last step
     errno_name: str = "ENOSPC"
     seconds: float = 0.0  # a slow level's extra time per store
+    factor: float = 0.0  # a spike's scale of the inputs
 
 
 def parse_fault(text: str) -> Fault:
     usage = ("use rank-kill:rank=R:step=S[:phase=P][:attempt=A] or node-loss:node=N:step=S[:phase=P][:attempt=A], "
              f"P one of {', '.join(PHASES)}, or storage-error:level=L:step=S[:until=T][:rank=R][:errno=E][:attempt=A], "
              f"or slow-level:level=L:seconds=X[:step=S][:until=T][:rank=R][:attempt=A], "
-             f"or nan:step=S[:rank=R][:attempt=A], "
+             f"or nan:step=S[:rank=R][:attempt=A], or spike:step=S[:rank=R][:factor=F][:attempt=A], "
              f"L one of {', '.join(STORAGE_LEVELS)}, E one of {', '.join(STORAGE_ERRNOS)}")
     kind, *fields = text.split(":")
-    if kind not in ("rank-kill", "node-loss", "storage-error", "slow-level", "nan"):
+    if kind not in ("rank-kill", "node-loss", "storage-error", "slow-level", "nan", "spike"):
         raise ConfigError(f"--inject {text!r}: unknown fault {kind!r}; {usage}")
     values = {}
     for item in fields:
@@ -140,8 +145,8 @@ def parse_fault(text: str) -> Fault:
         return _parse_storage_error(text, values, usage)
     if kind == "slow-level":
         return _parse_slow_level(text, values, usage)
-    if kind == "nan":
-        return _parse_nan(text, values, usage)
+    if kind in ("nan", "spike"):
+        return _parse_corruption(kind, text, values, usage)
     target_key = "rank" if kind == "rank-kill" else "node"
     allowed = {target_key, "step", "phase", "attempt"}
     if set(values) - allowed or not {target_key, "step"} <= set(values):
@@ -195,15 +200,20 @@ def _parse_slow_level(text: str, values: dict, usage: str) -> Fault:
     return Fault("slow-level", rank, step, values["level"], attempt, until, seconds=seconds)
 
 
-def _parse_nan(text: str, values: dict, usage: str) -> Fault:
-    if set(values) - {"step", "rank", "attempt"} or "step" not in values:
-        raise ConfigError(f"--inject {text!r}: needs step=; {usage}")
+def _parse_corruption(kind: str, text: str, values: dict, usage: str) -> Fault:
+    allowed = {"step", "rank", "attempt"} | ({"factor"} if kind == "spike" else set())
+    if set(values) - allowed or "step" not in values:
+        raise ConfigError(f"--inject {text!r}: needs step= (and only {', '.join(sorted(allowed))}); {usage}")
     try:
         step, rank = int(values["step"]), int(values.get("rank", 0))
         attempt = int(values["attempt"]) if "attempt" in values else None
+        factor = float(values.get("factor", DEFAULT_SPIKE_FACTOR))
     except ValueError:
-        raise ConfigError(f"--inject {text!r}: step, rank and attempt must be integers; {usage}") from None
-    return Fault("nan", rank, step, None, attempt)
+        raise ConfigError(f"--inject {text!r}: step, rank and attempt must be integers and factor a number; "
+                          f"{usage}") from None
+    if kind == "spike" and not factor > 1:
+        raise ConfigError(f"--inject {text!r}: factor must be above 1; {usage}")
+    return Fault(kind, rank, step, None, attempt, factor=factor if kind == "spike" else 0.0)
 
 
 def current_attempt(environ=None) -> int:
@@ -241,16 +251,16 @@ class FaultInjector:
     def _hits_me(self, fault: Fault) -> bool:
         if fault.kind in ("storage-error", "slow-level"):
             return fault.target in (-1, self.rank)
-        return fault.target == (self.rank if fault.kind in ("rank-kill", "nan") else self.node)
+        return fault.target == (self.rank if fault.kind in ("rank-kill", "nan", "spike") else self.node)
 
-    def poisons(self, step: int) -> bool:
-        """Whether a NaN enters this rank's gradients at `step` (once: a rewound run that
-        comes to the step again meets a healthy batch)."""
+    def corruption(self, step: int) -> Fault | None:
+        """The nan or spike fault that corrupts this rank's step `step`, if any (each once: a
+        rewound run that comes to the step again meets a healthy batch)."""
         for fault in self.faults:
-            if fault.kind == "nan" and fault.step == step and fault not in self._poisoned:
+            if fault.kind in ("nan", "spike") and fault.step == step and fault not in self._poisoned:
                 self._poisoned.add(fault)
-                return True
-        return False
+                return fault
+        return None
 
     def storage_fault(self, step: int, level: str) -> None:
         """Take a slow level's extra time, then raise the OSError a storage error injected for

@@ -83,6 +83,7 @@ def summarise(records: list[dict]) -> list[str]:
     diverged = [r for r in records if r.get("event") == "diverged"]
     if diverged:
         lines.append(f"rewinds after divergence: {len(diverged)}: " + ", ".join(
-            f"step {r['step']} back to version {r['rewound_to']} ({r['skipping']} batch(es) skipped)"
-            for r in diverged))
+            f"step {r['step']} back to version {r['rewound_to']} ("
+            + (f"{r['reason'].split(' at step')[0]}, " if r.get("reason") else "")
+            + f"{r['skipping']} batch(es) skipped)" for r in diverged))
     return lines

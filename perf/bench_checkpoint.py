@@ -3,7 +3,7 @@ figures 5 and 6 on this code, with the same model, the same ranks and the same r
 
 One command runs everything: this script (the parent) launches itself as
 `mpiexec -n N python perf/bench_checkpoint.py --worker ...` once per (model size, rank count);
-each worker job builds one `Trainer`, drives `train_step(reduce_loss=False)` itself and runs
+each worker job builds one `Trainer`, drives `train_step()` itself and runs
 every approach on that same trainer, one after the other, in rounds; rank 0 writes a JSON file
 that the parent collects, prints, checks against the issue's targets and plots.
 
@@ -537,7 +537,7 @@ def _run_segment(ctx, approach, steps, every, nckpt):
         started = time.perf_counter()
         if due:
             approach.before_step(trainer.step + 1)
-        trainer.train_step(reduce_loss=False)
+        trainer.train_step()
         if due:
             approach.after_step(trainer.step)
         times.append(time.perf_counter() - started)
@@ -668,7 +668,7 @@ def worker(args):
         return [sum(col) for col in zip(*rows)] if rank == 0 and rows and rows[0] else None
 
     for _ in range(3):  # warm-up steps
-        trainer.train_step(reduce_loss=False)
+        trainer.train_step()
     out["disk"] = _disk_rate(comm, str(root / "disk"), state_bytes, args.disk_repeats)
     _progress(rank, f"state {state_bytes / 1e6:.1f} MB; disk {out['disk']}")
 
@@ -688,7 +688,7 @@ def worker(args):
             approach = None if name == "none" else factories[name](ctx)
             if approach is not None:  # untimed warm-up checkpoint, waited for
                 approach.before_step(trainer.step + 1)
-                trainer.train_step(reduce_loss=False)
+                trainer.train_step()
                 approach.after_step(trainer.step)
                 approach.finish()
                 approach.records.clear()
@@ -828,7 +828,7 @@ def _frequency(ctx, args, root, gather_max, gather_sum):
         if every:
             approach = Hpcckpt(ctx)
             approach.before_step(trainer.step + 1)  # untimed warm-up checkpoint
-            trainer.train_step(reduce_loss=False)
+            trainer.train_step()
             approach.after_step(trainer.step)
             approach.finish()
             approach.records.clear()

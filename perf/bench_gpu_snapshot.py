@@ -117,7 +117,7 @@ def worker(args):
     state_bytes = sum(int(a.nbytes) for _, a in trainer.protected_arrays())
     levels = ["local", "partner", "erasure", "pfs"] if size >= 4 else ["local", "pfs"]
     for _ in range(3):
-        trainer.train_step(reduce_loss=False)
+        trainer.train_step()
 
     def gather_max(values):
         rows = comm.gather(values, root=0)
@@ -148,7 +148,7 @@ def worker(args):
                 if bare is None:
                     bare = _bare_copies(ckpt, rank)
                 ckpt.begin_checkpoint(trainer.step + 1, copy_in_background=True)  # untimed warm-up
-                trainer.train_step(reduce_loss=False)
+                trainer.train_step()
                 ckpt.end_checkpoint({})
                 ckpt.wait()
             comm.Barrier()
@@ -161,7 +161,7 @@ def worker(args):
                     t = time.perf_counter()
                     ckpt.begin_checkpoint(trainer.step + 1, copy_in_background=True)
                     begin_s = time.perf_counter() - t
-                trainer.train_step(reduce_loss=False)
+                trainer.train_step()
                 if due:
                     t = time.perf_counter()
                     report = ckpt.end_checkpoint({})

@@ -10,7 +10,7 @@ worker job benchmarks both models and rank 0 writes one JSON file that the paren
 
 What is measured, per (device, model, ranks):
 
-- Throughput: the unmodified `Trainer.train_step(reduce_loss=False)`. A step's time is the
+- Throughput: the unmodified `Trainer.train_step()`. A step's time is the
   slowest rank's `StepResult.seconds` for that step; ms/step is the median over the timed steps
   of one repeat (after warm-up steps), and the reported value is the median over repeats.
   samples/s (global) = global batch / that ms/step.
@@ -224,7 +224,7 @@ def _time_matmuls(recorded, backend, passes):
 def _step_times(trainer, comm, steps):
     """Per-step time of the slowest rank (on rank 0; None elsewhere) and this rank's own times."""
     comm.Barrier()
-    mine = [trainer.train_step(reduce_loss=False).seconds for _ in range(steps)]
+    mine = [trainer.train_step().seconds for _ in range(steps)]
     everyone = comm.gather(mine, root=0)
     if comm.Get_rank() != 0:
         return None, mine
@@ -247,7 +247,7 @@ def _bench_model(model_name, args, comm, run_dir):
     try:
         trainer = Trainer(config, comm, backend, log)
         for _ in range(args.warmup):
-            trainer.train_step(reduce_loss=False)
+            trainer.train_step()
 
         # 1. throughput, unmodified train_step
         repeat_ms = []
@@ -259,7 +259,7 @@ def _bench_model(model_name, args, comm, run_dir):
         # 2. breakdown with probes
         probes = _Probes(trainer, backend.synchronize)
         for _ in range(max(2, args.warmup // 4)):
-            trainer.train_step(reduce_loss=False)
+            trainer.train_step()
         shares = {phase: [] for phase in PHASES}
         instrumented_ms = []
         for _ in range(args.repeats):

@@ -267,7 +267,7 @@ def main(argv=None) -> int:
         persisting = approach.in_flight()
         # The loss reduced and printed every step, as `hpcckpt train` does with run.log_every = 1:
         # bench_goodput.py counts the steps each attempt reached from these lines.
-        result = trainer.train_step(reduce_loss=True)
+        result = trainer.train_step()
         policy.observe_step(result.seconds, persisting)
         say(f"step {trainer.step:6d}  loss {result.loss:.4f}")
         if rank == 0:

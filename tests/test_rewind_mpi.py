@@ -41,3 +41,32 @@ def test_a_version_marked_bad_is_never_restarted_from(tmp_path):
     proc = run_script(2, marker, [str(tmp_path / "run")], cwd=tmp_path)
     assert_ok(proc)
     assert "RESULT 15" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+VOUCHED = REPO / "tests" / "scripts" / "vouched_state.py"
+
+
+def test_a_version_whose_finite_loss_vouches_for_arrays_holding_nan_falls_back_on_every_route(tmp_path):
+    for name in ("same", "fewer", "unchecked"):
+        assert_ok(run_script(4, VOUCHED, [str(tmp_path / name), "write"], cwd=tmp_path))
+    written = (tmp_path / "same" / "log" / "rank0.log").read_text()
+    assert "step 15 is not checkpointed: its metrics loss are not finite" in written
+    assert not list((tmp_path / "same" / "pfs").glob("v*15"))
+    # As written: version 10's copy on every level (L1, the partner's replica, L4) holds NaN
+    # under a finite loss, so each fails like a checksum mismatch and version 5 is loaded.
+    same = run_script(4, VOUCHED, [str(tmp_path / "same"), "restore"], cwd=tmp_path)
+    assert_ok(same)
+    assert script_results(same) == [{"restored": 5, "finite": True}]
+    logs = "".join(p.read_text() for p in (tmp_path / "same" / "log").glob("rank*.log"))
+    assert "'weights' holds NaN or inf, but version 10 recorded a finite loss (0.1)" in logs
+    for level in ("L1 local", "L2 partner", "L4 pfs"):
+        assert f"version 10 from {level}" in logs, level
+    # Onto another rank count, assembled from the old shards: the same.
+    fewer = run_script(3, VOUCHED, [str(tmp_path / "fewer"), "restore"], cwd=tmp_path)
+    assert_ok(fewer)
+    assert script_results(fewer) == [{"restored": 5, "finite": True}]
+    # An application whose arrays hold NaN on purpose turns the check off.
+    unchecked = run_script(4, VOUCHED, [str(tmp_path / "unchecked"), "restore", "checkpoint.verify_finite=false"],
+                           cwd=tmp_path)
+    assert_ok(unchecked)
+    assert script_results(unchecked) == [{"restored": 10, "finite": False}]

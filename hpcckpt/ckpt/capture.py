@@ -97,7 +97,10 @@ class SnapshotCapture:
         return snapshot, report, started
 
     def abandon(self) -> None:
-        """A snapshot left open (an exception in the step) is dropped."""
+        """A snapshot left open (an exception in the step, a step that diverged) is dropped,
+        with the copies queued for it: no copier takes them, so none is waited for."""
+        if self._open is not None:
+            self.copies = None
         self._open = None
 
     def copies_done(self) -> None:

@@ -55,13 +55,14 @@ from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.ckpt.stopping import EXIT_HALTED, HALT_FILE_NAME
 from hpcckpt.ckpt.tally import CheckpointTally
 from hpcckpt.cluster.placement import discover_topology
-from hpcckpt.errors import CheckpointError, ConfigError, StorageError
+from hpcckpt.errors import CheckpointError, ConfigError, DivergenceError, StorageError
 from hpcckpt.exit_record import record_started
 from hpcckpt.faults import NO_FAULTS, current_attempt
 from hpcckpt.format import pytree
 from hpcckpt.format.layout import Layout
 from hpcckpt.format.manifest import record_peers
 from hpcckpt.restore.context import JobGeometry, RestoreTargets, RunPlace
+from hpcckpt.run.health import non_finite_metrics
 from hpcckpt.runlog import RunLog, read_heartbeat
 
 __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXIT_HALTED"]
@@ -135,6 +136,7 @@ class Checkpointer:
             self._begin_blocked = (0.0, 0.0)  # begin_checkpoint(): (seconds blocked, of them waiting for a persist)
             self._last_checkpoint: int | None = None
             self._previous_durable: float | None = None  # seconds until the previous checkpoint was durable
+            self._rewound_to: int | None = None  # the version the last rewind restored
         except BaseException:
             if self.schedule is not None:
                 self.schedule.close()
@@ -251,6 +253,9 @@ class Checkpointer:
         Returns the report of the previous checkpoint (its durability times), if any.
         A snapshot of `step` opened with begin_checkpoint() is closed here. `final`: the
         run's last version, written to every level; by default, when due() said so.
+        `metrics` are kept with the version (keep_best, inspect); one that is a number but not
+        finite (a loss that turned NaN) makes the step not checkpointed (said in the log), and
+        a finite "loss" vouches for finite floating-point arrays at restore (run/health.py).
         """
         previous = None if self.capture_state.is_open_at(step) else self.begin_checkpoint(step)
         self.end_checkpoint(metrics, final)
@@ -303,6 +308,13 @@ class Checkpointer:
         With an adaptive interval its costs are agreed across ranks here (and the first
         checkpoint, which measures them, is waited for until durable)."""
         step = self.capture_state.open_step
+        refused = non_finite_metrics(metrics)
+        if refused and step is not None:
+            self.capture_state.abandon()
+            self.log.warning(f"step {step} is not checkpointed: its metrics {', '.join(refused)} are not finite (a "
+                             "diverged state is never saved); the newest version stays the one before it")
+            self.log.metrics({"event": "checkpoint_refused", "step": step, "metrics": refused})
+            return PersistReport(step)
         final = (step == self._final_step) if final is None else final
         in_background = self.capture_state.copies is not None
         self._ordinal += 1
@@ -470,9 +482,15 @@ class Checkpointer:
         fresh; refuses to if versions exist, so nothing is overwritten). `step` restores that
         version instead of the newest.
         """
+        return self._load(mode, step, rewinding=False)
+
+    def _load(self, mode: str, step: int | None, rewinding: bool) -> int | None:
+        """(all ranks) restart()'s work; a rewind (in process) reports no restart: nothing
+        crashed, and the work it costs is counted as a rewind."""
         self._finish_in_flight()
         resuming = step is None and not self.read_only  # evaluating a chosen version confirms nothing
-        reached_before = read_heartbeat(self.config.run_dir) if resuming and self.rank == 0 else None
+        reached_before = read_heartbeat(self.config.run_dir) if resuming and self.rank == 0 and not rewinding \
+            else None
         result = recovery.restore(self._restore_context(), mode, step)
         if result is not None:
             self.restored_sources = result.sources
@@ -483,7 +501,8 @@ class Checkpointer:
                     self._protect_again(result)
         restored = result.step if result is not None else None
         if resuming:
-            self._report_restart(restored, reached_before)
+            if not rewinding:
+                self._report_restart(restored, reached_before)
             said = self.schedule.begin(restored)
             if said:
                 self.log.info(said, console=True)
@@ -501,17 +520,32 @@ class Checkpointer:
         """(all ranks) Go back in process, without a relaunch: the snapshot open for the step
         that went wrong is dropped (never taken), every version from step `before` on is
         marked bad, and the newest older version is restored by the restart's own path (any
-        level that holds it, checked). Returns its step; raises UnrecoverableError (exit 4)
-        when no older version is left."""
+        level that holds it, checked). When the run diverges again from the version the last
+        rewind restored, before any newer one was taken, that version is to blame too: it is
+        marked bad and the rewind goes further back. Returns the step restored; raises
+        DivergenceError (exit 2) when no older version is left."""
         self.capture_state.abandon()
         self._finish_in_flight()
-        bad = [step for step in versions_held(self.comm, self.levels) if step >= before]
-        mark_versions_bad(self.comm, self.config.run_dir, bad, f"the run was rewound past it: {reason}")
-        restored = self.restart("require")
+        held = versions_held(self.comm, self.levels)
+        bad = [step for step in held if step >= before]
+        older = [step for step in held if step < before]
+        again = bool(older) and older[-1] == self._rewound_to
+        if again:
+            bad.append(older.pop())
+        if bad:
+            mark_versions_bad(self.comm, self.config.run_dir, sorted(bad), f"the run was rewound past it: {reason}")
+        if not older:
+            raise DivergenceError(f"the run diverged ({reason}) and no version before step {before} is left to "
+                                  f"rewind to{' (the run diverged again from version ' + str(bad[-1]) + ')' if again else ''}"
+                                  "; look at the data and learning rate, and start again from an earlier run's "
+                                  "version (--init-from) or from scratch", collective=True)
+        restored = self._load("require", None, rewinding=True)
+        self._rewound_to = restored
         self.log.warning(f"rewound from step {before} to version {restored}: {reason}"
-                         + (f"; version(s) {bad} marked bad" if bad else ""))
+                         + (f"; version(s) {sorted(bad)} marked bad" if bad else "")
+                         + (f" (the run diverged again from version {bad[-1]} since the last rewind)" if again else ""))
         self.log.metrics({"event": "rewind", "from_step": before, "step": restored, "reason": reason,
-                          "marked_bad": bad})
+                          "marked_bad": sorted(bad)})
         return restored
 
     def _report_restart(self, restored: int | None, reached_before) -> None:
@@ -566,7 +600,8 @@ class Checkpointer:
             targets=RestoreTargets(dict(self.arrays.buffers), {name: p.array for name, p in self.arrays.arrays.items()},
                                    self._apply_restored_state),
             run=RunPlace(self.run.run_id, self.config.recorded, self.config.run_dir, self.pfs_dir, self.local_dir),
-            log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes)
+            log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
+            verify_finite=self.config.checkpoint.verify_finite)
 
     def _finish_in_flight(self) -> PersistReport | None:
         """The checkpoint in flight and the copy to L4 running at its own pace, both over."""

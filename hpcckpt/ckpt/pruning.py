@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from hpcckpt.ckpt.retention import newest_redundant_versions, versions_to_delete
+from hpcckpt.ckpt.retention import newest_known_good, newest_redundant_versions, versions_to_delete
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.manifest import Manifest
 
@@ -22,6 +22,7 @@ class Pruner:
         self.global_levels = levels.global_levels
         self.keep = settings.keep
         self.keep_best = settings.keep_best
+        self.keep_known_good = settings.keep_known_good
         self.records = records
         self.log = log
         self.pinned = pinned
@@ -88,6 +89,8 @@ class Pruner:
         if self.keep_best:
             metrics = {s: manifest(s).metrics for s in committed if manifest(s) is not None}
         pinned = {step for step in pinned if step is not None}
+        if self.keep_known_good:
+            pinned |= newest_known_good(committed)
         if pin_redundant:
             pinned |= self._newest_redundant(committed, manifest)
         if leftovers is None:

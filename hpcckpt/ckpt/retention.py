@@ -1,4 +1,5 @@
-"""Which versions a level keeps: the newest `keep`, plus the best evaluated one (pure)."""
+"""Which versions a level keeps: the newest `keep`, plus the best evaluated one, plus (where
+the run may rewind after a divergence) the newest one known good (pure)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def steps_to_delete(committed: list[int], keep: int, metrics_by_step: Mapping[in
         if best is not None:
             kept.add(best)
     return [s for s in committed if s not in kept]
+
+
+def newest_known_good(committed: list[int]) -> set[int]:
+    """The newest version known good: the one before the newest. The newest is not known good
+    yet (the steps after it may diverge, and a run that diverges again from the version it was
+    rewound to blames that version too); the run went on from the one before it to a later
+    version without diverging (a step that diverges is never checkpointed, and the versions
+    after it are marked bad and removed by the rewind)."""
+    committed = sorted(committed)
+    return {committed[-2]} if len(committed) >= 2 else set()
 
 
 def newest_redundant_versions(levels_by_step: Mapping[int, tuple[str, ...]], redundant: set[str]) -> set[int]:

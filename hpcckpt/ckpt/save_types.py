@@ -67,6 +67,7 @@ class PipelineSettings:
     direct_io: bool = False
     max_unprotected: int = 3  # resilience.max_unprotected_checkpoints
     pfs_async: bool = True  # storage.pfs_async: L4 copies from L1 at its own pace (ckpt/flush.py)
+    keep_known_good: bool = False  # resilience.rewind_on_divergence: a rewind may need an older version
 
     @classmethod
     def from_config(cls, config) -> "PipelineSettings":
@@ -77,7 +78,7 @@ class PipelineSettings:
             keep_best=checkpoint.keep_best, one_write_at_a_time=bool(storage.local_bandwidth_mb),
             background_policy=checkpoint.background_policy, persist_nice=checkpoint.persist_nice,
             direct_io=storage.direct_io, max_unprotected=resilience.max_unprotected_checkpoints,
-            pfs_async=storage.pfs_async)
+            pfs_async=storage.pfs_async, keep_known_good=resilience.rewind_on_divergence)
 
 
 class BackgroundCopies:

@@ -58,6 +58,7 @@ class RestoreContext:
     log: object
     faults: object
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # what a rebuild moves and decodes at a time (checkpoint.chunk_mib)
+    verify_finite: bool = True  # checkpoint.verify_finite (run/health.py)
 
 
 @dataclass(frozen=True)

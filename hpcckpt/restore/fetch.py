@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.cluster.collectives import failing_ranks, fold_at_root, quiet_any, quiet_bcast, quiet_gather, quiet_scatter
-from hpcckpt.errors import CheckpointError, HpcckptError
+from hpcckpt.errors import CheckpointError, ChecksumError, HpcckptError
 from hpcckpt.format.manifest import Manifest, records_listed
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.io.mapped import map_readonly
@@ -25,6 +25,7 @@ from hpcckpt.levels.base import DeliveryRequest
 from hpcckpt.levels.naming import commit_file_name
 from hpcckpt.restore.context import warn
 from hpcckpt.restore.discover import Holdings
+from hpcckpt.run.health import VOUCHING_METRIC, first_non_finite, vouches_finite
 
 
 def fetch_as_written(ctx, manifest: Manifest, lacking: dict, my_sources: tuple, repair: bool):
@@ -98,8 +99,22 @@ def read_pieces(ctx, path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
             pieces[tl.name] = read_tensor(f, table, tl.name, out=ctx.targets.buffers[tl.name])
         for name in ctx.job.local_array_names:
             pieces[name] = read_tensor(f, table, name, out=ctx.targets.buffers[name])
+    refuse_non_finite(ctx, manifest, pieces)
     log_reads(ctx, [path], sum(p.nbytes for p in pieces.values()))
     return pieces
+
+
+def refuse_non_finite(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) -> None:
+    """A version whose recorded loss was finite restored with NaN or inf in a floating-point
+    array: this copy was damaged before its checksum was taken, so it counts as a bad copy
+    (run/health.py)."""
+    if not (ctx.verify_finite and vouches_finite(manifest.metrics)):
+        return
+    name = first_non_finite(pieces.items())
+    if name is not None:
+        raise ChecksumError(f"{name!r} holds NaN or inf, but version {manifest.step} recorded a finite loss "
+                            f"({manifest.metrics[VOUCHING_METRIC]:.6g}): this copy was damaged before it was "
+                            "checksummed (checkpoint.verify_finite = false accepts it)")
 
 
 def log_reads(ctx, paths, payload_bytes: int) -> None:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import fold_at_root
+from hpcckpt.cluster.collectives import failing_ranks, fold_at_root
+from hpcckpt.errors import ChecksumError
 from hpcckpt.format.layout import Layout, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.levels.naming import LOCAL
 from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan
 from hpcckpt.restore.context import RestoreResult, warn
-from hpcckpt.restore.fetch import log_reads
+from hpcckpt.restore.fetch import log_reads, refuse_non_finite
 from hpcckpt.restore.load import keep_what_gaps_leave, load
 
 
@@ -34,6 +35,13 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
             warn(ctx, f"version {step} cannot be assembled: old rank(s) {list(outcome.missing)} have no usable "
                       "copy left; trying an older one")
         return None
+    damaged = failing_ranks(ctx.job.comm, not _non_finite(ctx, manifest, outcome.pieces))
+    if damaged:
+        if ctx.job.rank == 0:
+            warn(ctx, f"version {step} cannot be assembled: rank(s) {sorted(damaged)} got NaN or inf from old shards "
+                      "though the version recorded a finite loss (damaged before they were checksummed); trying an "
+                      "older one")
+        return None
     load(ctx, manifest, outcome.pieces)
     _log_moved(ctx, manifest, outcome)
     again = tuple(level for level in ctx.levels if level.node_local or whole is None) if repair else ()
@@ -43,6 +51,16 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
                            protect_globally=tuple(level.name for level in again if not level.node_local),
                            metrics=manifest.metrics, geometry_changed=changed,
                            traffic=(outcome.bytes_read, outcome.bytes_received))
+
+
+def _non_finite(ctx, manifest: Manifest, pieces: dict) -> bool:
+    """This rank's new pieces hold NaN or inf though the version vouched for them (said)."""
+    try:
+        refuse_non_finite(ctx, manifest, pieces)
+    except ChecksumError as exc:
+        warn(ctx, f"version {manifest.step} on rank {ctx.job.rank}: {exc}")
+        return True
+    return False
 
 
 def _log_moved(ctx, manifest: Manifest, outcome) -> None:

@@ -4,6 +4,11 @@ Gradients arrive from the backward pass output layer first. Small tensors are fu
 buckets (one message each) and a bucket's Iallreduce starts as soon as its last gradient is in,
 so the reduction of upper layers overlaps the backward pass of the layers below. On a GPU the
 buckets live in pinned host memory (the MPI need not be CUDA-aware).
+
+One scalar rides in the first bucket (`add_scalar` before backward, `scalar` after
+`reduced()`): the step's loss reaches every rank, summed, with no message of its own, so a
+check on it (divergence) is decided alike everywhere without a collective. It is summed in
+the bucket's dtype.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class _Bucket:
     request: object = None
 
 
+_SCALAR = "\0scalar"  # no parameter has this name
+
+
 def _host_buffer(count: int, dtype, pinned: bool) -> np.ndarray:
     return pinned_empty(count, dtype) if pinned else np.empty(count, dtype)
 
@@ -48,6 +56,8 @@ class GradientAllreduce:
         self.comm = comm
         self.backend = backend
         self._alone: list[tuple[str, object]] = []
+        self._scalar_added = False
+        self.scalar: float | None = None  # the summed scalar of the last step, once reduced()
         self._bucket_of: dict[str, tuple[_Bucket, _Slot]] = {}
         self.buckets: list[_Bucket] = []
         current: _Bucket | None = None
@@ -65,15 +75,30 @@ class GradientAllreduce:
             current.slots.append(slot)
             self._bucket_of[name] = (current, slot)
             current_bytes += nbytes
+        if self.buckets:  # the scalar's slot: the last element of the first bucket to complete
+            first = self.buckets[0]
+            scalar = _Slot(_SCALAR, sum(s.size for s in first.slots), ())
+            first.slots.append(scalar)
+            self._bucket_of[_SCALAR] = (first, scalar)
         for bucket in self.buckets:
             count = sum(s.size for s in bucket.slots)
             bucket.send = _host_buffer(count, bucket.dtype, backend.is_gpu)
             bucket.recv = _host_buffer(count, bucket.dtype, backend.is_gpu)
 
+    def add_scalar(self, value: float) -> None:
+        """Stage this rank's share of the step's scalar, before the first gradient is added;
+        `scalar` holds the sum over ranks once reduced() has run. Optional: a step that adds
+        none sends 0."""
+        self._scalar_added = True
+        if self.comm.Get_size() == 1 or not self.buckets:
+            self.scalar = float(value)
+            return
+        bucket, slot = self._bucket_of[_SCALAR]
+        bucket.send[slot.offset] = value
+        self._fill(bucket)
+
     def add(self, name: str, grad) -> None:
         """Stage one gradient; starts its bucket's allreduce once the bucket is complete."""
-        from mpi4py import MPI
-
         if self.comm.Get_size() == 1:
             # Nothing to exchange: the gradient is already the global one.
             self._alone.append((name, grad))
@@ -84,6 +109,13 @@ class GradientAllreduce:
             grad.get(out=view)
         else:
             np.copyto(view, grad)
+        if bucket is self.buckets[0] and not self._scalar_added:
+            self.add_scalar(0.0)
+        self._fill(bucket)
+
+    def _fill(self, bucket: _Bucket) -> None:
+        from mpi4py import MPI
+
         bucket.filled += 1
         if bucket.filled == len(bucket.slots):
             bucket.request = self.comm.Iallreduce(bucket.send, bucket.recv, op=MPI.SUM)
@@ -99,7 +131,10 @@ class GradientAllreduce:
 
     def reduced(self) -> Iterator[tuple[str, object]]:
         """Yield (name, summed gradient) bucket by bucket as each completes, output layer first."""
+        added, self._scalar_added = self._scalar_added, False
         if self.comm.Get_size() == 1:
+            if not added:
+                self.scalar = 0.0
             alone, self._alone = self._alone, []
             yield from alone
             return
@@ -111,5 +146,8 @@ class GradientAllreduce:
             bucket.request = None
             bucket.filled = 0
             for slot in bucket.slots:
+                if slot.name == _SCALAR:
+                    self.scalar = float(bucket.recv[slot.offset])
+                    continue
                 view = bucket.recv[slot.offset: slot.offset + slot.size].reshape(slot.shape)
                 yield slot.name, (self.backend.from_host(view) if self.backend.is_gpu else view)

@@ -16,7 +16,7 @@ from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
-from hpcckpt.train.divergence import Rewinds
+from hpcckpt.train.divergence import DivergenceCheck, Rewinds
 from hpcckpt.train.trainer import Trainer
 
 
@@ -40,6 +40,7 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
     topology = discover_topology(comm, config.cluster.simulated_nodes, config.cluster.failure_domains,
                                   config.cluster.simulated_domains)
     log = RunLog(config.run.dir, rank, world_size)
+    divergence = DivergenceCheck(config.resilience.divergence_factor)
     checkpointer = stops = None
     try:
         node = topology.node_of_rank[rank]
@@ -67,7 +68,7 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
             stops.post()  # a stop asked for during set-up is agreed after the first step
         else:
             checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)
-            _protect(checkpointer, trainer)
+            _protect(checkpointer, trainer, divergence)
             restored = checkpointer.restart(restart)
             if restored is None and init_from:
                 select = (lambda name: name.startswith(("model/", "optim/"))) if init_optimizer \
@@ -81,9 +82,9 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
             elif init_from:
                 log.info(f"--init-from {init_from} is not used: this run resumes from its own version {restored}",
                          console=True)
-            if restored is not None and rank == 0:  # what was loaded, bit for bit: a run's history can be checked
-                log.metrics({"event": "restored_weights", "step": restored, "weights_digest": trainer.weights_digest()})
-        summary = _step_loop(config, trainer, log, checkpointer, injector, stops)
+            if restored is not None:
+                _record_restored(trainer, log, restored)
+        summary = _step_loop(config, trainer, log, checkpointer, injector, stops, divergence)
         if checkpointer is not None:
             # Node-local storage may go with the allocation: close() leaves the newest versions
             # on L4 (those its retention keeps), and says what checkpoints cost the run.
@@ -97,10 +98,11 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
         log.close()
 
 
-def _protect(checkpointer: Checkpointer, trainer: Trainer) -> None:
+def _protect(checkpointer: Checkpointer, trainer: Trainer, divergence: DivergenceCheck) -> None:
     for name, array in trainer.protected_arrays():
         checkpointer.protect(name, array)
     checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
+    checkpointer.register_state("divergence", divergence.state, divergence.load_state)
     trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
 
 
@@ -128,8 +130,16 @@ class CaptureAfterUpdate:
             self.checkpointer.capture(name)
 
 
+def _record_restored(trainer: Trainer, log: RunLog, step: int, rewound: bool = False) -> None:
+    """What was loaded, bit for bit (rank 0): a run's history can be checked against the
+    versions' exports."""
+    if trainer.rank == 0:
+        log.metrics({"event": "restored_weights", "step": step, "weights_digest": trainer.weights_digest(),
+                     **({"rewound": True} if rewound else {})})
+
+
 def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer: Checkpointer | None, injector,
-               stops: StopRequests | None) -> TrainSummary:
+               stops: StopRequests | None, divergence: DivergenceCheck) -> TrainSummary:
     total_steps = config.run.steps
     log_every = config.run.log_every
     eval_every = config.eval.every_steps
@@ -145,9 +155,10 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer: Checkpointer
         if checkpointer is not None and checkpointer.planned(next_step, last=next_step == total_steps):
             # Opened before the step, so each parameter's shard is captured right after its update.
             checkpointer.begin_checkpoint(next_step, copy_in_background=True)
-        result = trainer.train_step(reduce_loss=report, check_finite=True, poison=injector.poisons(next_step))
-        if not result.finite:
-            rewinds.diverged(result.step, checkpointer)
+        result = trainer.train_step(injector.corruption(next_step))
+        diverged = divergence.verdict(result.step, result.loss, result.finite)
+        if diverged:  # never checkpointed: rewound (the open snapshot dropped), or the run stops
+            _record_restored(trainer, log, rewinds.diverged(result.step, checkpointer, diverged), rewound=True)
             window_time, window_samples, window_steps = 0.0, 0, 0
             continue
         window_time += result.seconds
@@ -176,12 +187,15 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer: Checkpointer
         injector.strike(result.step)
         if checkpointer is not None:
             if checkpointer.due(result.step, last=result.step == total_steps, step_seconds=result.seconds):
-                checkpointer.checkpoint(result.step, last_eval if last_eval.get("step") == result.step else {})
+                # The step's loss goes with the version: a restore checks the arrays of a version
+                # whose loss was finite for NaN and inf (checkpoint.verify_finite).
+                checkpointer.checkpoint(result.step, {"loss": result.loss,
+                                                      **(last_eval if last_eval.get("step") == result.step else {})})
             halted = checkpointer.stopping
         else:
             log.heartbeat(result.step)  # (the checkpointer's due() writes it otherwise)
             halted = stops.step_over()
-        log.progress(result.step, total_steps, f"loss {result.loss:.4f}" if result.loss is not None else "")
+        log.progress(result.step, total_steps, f"loss {result.loss:.4f}")
         if halted:
             break
     return TrainSummary(trainer.step, last_eval.get("val_loss"), last_eval.get("val_accuracy"),

@@ -27,10 +27,10 @@ EVAL_BATCH = 1024
 @dataclass(frozen=True)
 class StepResult:
     step: int
-    loss: float | None  # global mean loss, only on steps where it was reduced
+    loss: float  # global mean loss (summed in the gradients' dtype)
     seconds: float
     samples: int
-    finite: bool = True  # the allreduced gradients (and the loss, where reduced) were finite
+    finite: bool = True  # the allreduced gradients and the loss were finite
 
 
 class Trainer:
@@ -77,14 +77,17 @@ class Trainer:
         self.optimizer.load_scalar_state(state["optimizer"])
 
     # -- one step --------------------------------------------------------------------------
-    def train_step(self, reduce_loss: bool, check_finite: bool = False, poison: bool = False) -> StepResult:
-        """One step. `check_finite`: sum each allreduced gradient and say whether all were
-        finite (the same answer on every rank, with no collective of its own); `poison`: an
-        injected NaN in this rank's gradients (faults.py)."""
+    def train_step(self, corrupt=None) -> StepResult:
+        """One step. The step's global mean loss rides in the gradient allreduce (every rank
+        gets the same value, every step, with no message of its own), and each reduced
+        gradient is summed as it is applied: `finite` says whether both were finite, alike on
+        every rank. `corrupt`: an injected nan or spike fault for this rank's step (faults.py)."""
         started = time.perf_counter()
         global_batch = self.batches.next_global_batch()
         local = global_batch[rank_slice(len(global_batch), self.world_size, self.rank)]
         inputs, labels = self.dataset.train.rows(local)
+        if corrupt is not None and corrupt.kind == "spike":
+            inputs = inputs * np.asarray(corrupt.factor, dtype=inputs.dtype)  # a bad batch
         x = self.backend.from_host(inputs)
         y = self.backend.from_host(labels)
         logits = self.model.forward(x, train=True)
@@ -96,25 +99,23 @@ class Trainer:
         # the smaller last batch of an epoch split unevenly across ranks.
         share = len(local) / len(global_batch)
         grad_logits *= share
-        if poison:
+        if corrupt is not None and corrupt.kind == "nan":
             grad_logits *= float("nan")
+        self.allreduce.add_scalar(float(local_loss) * share)
         for name, grad in self.model.backward(grad_logits):
             self.allreduce.add(name, grad)
         checked = 0.0
         for name, reduced_grad in self.allreduce.reduced():
-            if check_finite:
-                checked = checked + self.xp.sum(reduced_grad)
+            checked = checked + self.xp.sum(reduced_grad)
             for hook in self.step_hooks:
                 hook.before_update(name)
             self.optimizer.update(name, self.parameters[name], reduced_grad)
             for hook in self.step_hooks:
                 hook.after_update(name)
         self.step += 1
-        loss = None
-        if reduce_loss:
-            loss = self.comm.allreduce(float(local_loss) * share)
+        loss = self.allreduce.scalar
         self.backend.synchronize()
-        finite = math.isfinite(float(checked)) and (loss is None or math.isfinite(loss))
+        finite = math.isfinite(float(checked)) and math.isfinite(loss)
         return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch), finite)
 
     def skip_batches(self, count: int) -> None:
