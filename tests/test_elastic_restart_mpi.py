@@ -130,6 +130,22 @@ def test_eight_ranks_on_four_nodes_shrink_to_six_on_three(tmp_path):
                          "6 from L1 local, 2 from L2 partner", saved_40)
 
 
+def test_fewer_ranks_per_node_than_the_writer_read_every_record_left_on_a_node(tmp_path):
+    # 8 ranks on 4 nodes wrote version 40 (L1 + L2, nothing on L4); node 3 is lost; 3 ranks go
+    # on on the 3 nodes left. Each node's directory holds two old ranks' commit records, but
+    # one new rank reads it: that rank reads both, or old ranks' shards go unlisted.
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    levels = ["local", "partner"]
+    assert_ok(train(reference, job(reference, levels), 8, 4, "--set", "checkpoint.keep_local=10", "--set",
+                    "run.steps=40"))
+    saved_40 = exported(reference, job(reference, levels), 40)
+    config = job(tmp_path, levels)
+    lose_node_3_before_l4_has_40(tmp_path, config, ranks=8)
+    restart_assembles_40(tmp_path, config, 3, 3, "restored version 40 (written by 8 ranks) onto 3 rank(s): old shards "
+                         "6 from L1 local, 2 from L2 partner", saved_40)
+
+
 def test_two_ranks_grow_to_four_from_node_local_levels(tmp_path):
     config = job(tmp_path, nodes=2)
     assert_ok(train(tmp_path, config, 2, 2, "--set", "run.steps=40", "--set", "storage.pfs_every=100"))

@@ -190,10 +190,28 @@ def shared_manifest(ctx, step: int, mine: Holdings, whole: bool) -> Manifest | N
         return None
     data = quiet_bcast(ctx.job.comm, manifest.to_bytes() if ctx.job.rank == root else None, root=root)
     shared = manifest or Manifest.from_bytes(data, f"commit record of step {step} from rank {root}")
-    return _table_for_this_rank(ctx, shared, manifest, whole)
+    return _table_for_this_rank(ctx, shared, manifest, whole, view)
 
 
-def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bool) -> Manifest:
+def _node_records(ctx, shared: Manifest, view) -> tuple:
+    """(the first rank of each node) The shard records of the other commit records of the
+    same writing in its node-local version directory: a job on fewer ranks per node than the
+    one that wrote the version has no rank of its own to read them."""
+    topology = ctx.job.topology
+    if view is None or topology.local_index(ctx.job.rank) != 0:
+        return ()
+    found = []
+    for old_rank in sorted(view.commits):
+        try:
+            record = Manifest.read(Path(view.directory) / commit_file_name(old_rank))
+        except (HpcckptError, OSError):
+            continue
+        if record.identity == shared.identity:
+            found.extend(record.shards)
+    return tuple(found)
+
+
+def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bool, view=None) -> Manifest:
     """(all ranks) The version's record with the shards listed that this rank's restore
     reads: node-local copies list their node's part (Manifest.for_rank), so rank 0 gathers
     what each rank read (O(group) records each) and hands each rank back what its own
@@ -204,6 +222,8 @@ def _table_for_this_rank(ctx, shared: Manifest, mine: Manifest | None, whole: bo
     if not quiet_any(ctx.job.comm, not shared.lists_every_shard):
         return shared
     records = mine.shards if mine is not None and mine.identity == shared.identity else ()
+    if whole:
+        records = tuple(records) + _node_records(ctx, shared, view)
     gathered = quiet_gather(ctx.job.comm, records, root=0)
     table = None
     if gathered is not None:
