@@ -5,7 +5,7 @@ Library use: ``from hpcckpt import Checkpointer, load_config`` (see README).
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "load_config", "run_main", "EXIT_HALTED", "__version__"]
+__all__ = ["Checkpointer", "KeyedTable", "load_config", "run_main", "EXIT_HALTED", "__version__"]
 
 
 def __getattr__(name):
@@ -14,6 +14,10 @@ def __getattr__(name):
         from hpcckpt.ckpt.engine import Checkpointer
 
         return Checkpointer
+    if name == "KeyedTable":
+        from hpcckpt.ckpt.keyed_table import KeyedTable
+
+        return KeyedTable
     if name == "load_config":
         from hpcckpt.config import load_config
 

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     make_data.add_argument("--features", type=int, default=64)
     make_data.add_argument("--classes", type=int, default=10)
     make_data.add_argument("--seed", type=int, default=0)
+    make_data.add_argument("--clicks", action="store_true",
+                           help="a click data set for the embedding model: --features dense features, --fields "
+                                "categorical ids per sample (dataset 'ids'), 0/1 labels")
+    make_data.add_argument("--fields", type=int, default=8)
+    make_data.add_argument("--vocabulary", type=int, default=20000)
     return parser
 
 
@@ -190,11 +195,19 @@ def _write_via_temporary(command: str, path, write) -> None:
 
 def _command_make_data(args) -> int:
     from hpcckpt.errors import ConfigError
-    from hpcckpt.train.data import write_hdf5_dataset
+    from hpcckpt.train.data import write_hdf5_clicks, write_hdf5_dataset
 
     if args.samples < 2 or args.features < 1 or args.classes < 2:
         raise ConfigError("make-data: need --samples >= 2, --features >= 1, --classes >= 2")
     output = _output_path("make-data", args.output)
+    if args.clicks:
+        if args.fields < 1 or args.vocabulary < 1:
+            raise ConfigError("make-data --clicks: need --fields >= 1 and --vocabulary >= 1")
+        _write_via_temporary("make-data", output, lambda temporary: write_hdf5_clicks(
+            str(temporary), args.samples, args.features, args.fields, args.vocabulary, args.seed))
+        print(f"wrote {args.samples} clicks: {args.features} dense features and {args.fields} categorical field(s) "
+              f"of {args.vocabulary} ids to {args.output}")
+        return 0
     _write_via_temporary("make-data", output, lambda temporary: write_hdf5_dataset(
         str(temporary), args.samples, args.features, args.classes, args.seed))
     print(f"wrote {args.samples} samples x {args.features} features, {args.classes} classes to {args.output}")
@@ -238,14 +251,17 @@ def _command_inspect(args) -> int:
 def _command_export(args) -> int:
     import h5py
 
-    from hpcckpt.ckpt.catalog import manifest_of, read_full_tensors, resolve_version
+    from hpcckpt.ckpt.catalog import manifest_of, read_full_tables, read_full_tensors, resolve_version
     from hpcckpt.config import load_config
+    from hpcckpt.format.keyed_rows import piece_names
 
     config = load_config(args.config, args.overrides)
     output = _output_path("export", args.output)
     step = resolve_version(config, args.version)
     manifest = manifest_of(config, step)
     tensors = read_full_tensors(config, manifest)
+    for name, (ids, rows) in read_full_tables(config, manifest).items():  # whole, by id, chain applied
+        tensors.update(zip(piece_names(name), (ids, rows)))
 
     def write(temporary):
         with h5py.File(temporary, "w") as f:

@@ -45,6 +45,8 @@ class ModelConfig:
     kernel_size: int = 5
     pool: int = 2
     dtype: str = "float32"
+    # The embedding model: values per embedding row (one keyed table, rows placed by id hash).
+    embedding_dim: int = 8
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class DataConfig:
     samples: int = 4096
     features: int = 64
     classes: int = 10
+    # The clicks source (train/clicks.py): categorical fields per sample, ids per field.
+    fields: int = 8
+    vocabulary: int = 20000
     val_fraction: float = 0.2
     batch_size: int = 64
 
@@ -107,6 +112,9 @@ class CheckpointConfig:
     # through to another level, then an older version). false: for applications whose arrays
     # hold NaN or inf on purpose.
     verify_finite: bool = True
+    # Keyed tables (Checkpointer.protect_table) go whole every this many versions and as the
+    # rows changed since the version before in between; 1: every version whole.
+    table_full_every: int = 8
 
     @property
     def chunk_bytes(self) -> int:
@@ -229,23 +237,24 @@ ENV_NOT_CONFIG = (ATTEMPT_VARIABLE, EXIT_FILE_VARIABLE)
 # Allowed values, checked after types; each entry: (predicate, description of what is allowed).
 _CHOICES = {
     ("run", "device"): ("auto", "gpu", "cpu"),
-    ("model", "kind"): ("mlp", "conv1d"),
+    ("model", "kind"): ("mlp", "conv1d", "embedding"),
     ("model", "activation"): ("relu", "tanh"),
     ("model", "dtype"): ("float32", "float64"),
-    ("data", "source"): ("digits", "synthetic", "hdf5"),
+    ("data", "source"): ("digits", "synthetic", "clicks", "hdf5"),
     ("optimizer", "kind"): ("sgd", "adam"),
     ("checkpoint", "background_policy"): ("batch", "normal"),
     ("checkpoint", "gpu_snapshot"): ("auto", "device", "pinned"),
 }
 _POSITIVE = {
     ("run", "steps"), ("run", "log_every"), ("data", "samples"), ("data", "features"),
-    ("data", "batch_size"), ("optimizer", "bucket_kb"), ("model", "kernel_size"), ("model", "pool"),
+    ("data", "batch_size"), ("data", "fields"), ("data", "vocabulary"), ("model", "embedding_dim"),
+    ("optimizer", "bucket_kb"), ("model", "kernel_size"), ("model", "pool"),
     ("storage", "pfs_every"), ("resilience", "group_size"), ("resilience", "parity"),
     ("resilience", "partner_every"), ("resilience", "erasure_every"), ("resilience", "max_unprotected_checkpoints"), ("resilience", "max_rewinds"),
     ("resilience", "rewind_window_steps"),
     ("checkpoint", "keep_local"),
     ("checkpoint", "keep_pfs"), ("checkpoint", "split_threshold_kb"), ("checkpoint", "confirm_after_steps"),
-    ("checkpoint", "chunk_mib"),
+    ("checkpoint", "chunk_mib"), ("checkpoint", "table_full_every"),
 }
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {

@@ -41,6 +41,7 @@ from hpcckpt.restore.init_from import init_from
 from hpcckpt.restore.load import load
 from hpcckpt.restore.plan import Candidate, plan_restore
 from hpcckpt.restore.repartitioned import try_repartition
+from hpcckpt.restore.tables import load_tables
 from hpcckpt.restore.tidy import clear_newer, clear_old_geometry, clear_unfinished
 
 __all__ = ["RESTART_MODES", "RestoreContext", "RestoreResult", "clear_old_geometry", "init_from", "restore"]
@@ -100,8 +101,14 @@ def _try_restore(ctx, candidate: Candidate, mine: Holdings, my_sources: tuple, r
         return None
     agree(ctx.job.comm, f"checking version {step} against this job", lambda: _check_compatible(ctx, manifest),
           error_type=IncompatibleCheckpointError)
+    def tables_loaded() -> bool:
+        return load_tables(ctx, manifest, candidate.tables,
+                           lambda member: shared_manifest(ctx, member, mine, whole=True))
+
     if candidate.route == "repartition":
         result = try_repartition(ctx, manifest, candidate, repair)
+        if result is not None and not tables_loaded():
+            return None
         if result is not None:
             if manifest.world_size == ctx.job.world_size:  # rank r's shard is old rank r's: said as any restore says it
                 _log_restored(ctx, step, result.sources[ctx.job.rank], result.sources)
@@ -113,6 +120,8 @@ def _try_restore(ctx, candidate: Candidate, mine: Holdings, my_sources: tuple, r
     if failed:
         if ctx.job.rank == 0:
             warn(ctx, f"version {step} cannot be loaded on rank(s) {failed}; trying an older one")
+        return None
+    if not tables_loaded():
         return None
     landing = ctx.levels.landing
     if repair and landing is not None and any(s != landing.name for s in outcomes):
@@ -154,6 +163,10 @@ def _check_compatible(ctx, manifest: Manifest) -> None:
     local_now = set(ctx.job.local_array_names)
     if set(manifest.local_arrays) != local_now:
         problems.append(f"per-rank arrays differ: checkpoint {sorted(manifest.local_arrays)}, now {sorted(local_now)}")
+    tables_now = {name: (table.dim, str(table.dtype)) for name, table in ctx.targets.tables.items()}
+    tables_then = {name: (int(spec["dim"]), str(spec["dtype"])) for name, spec in manifest.tables.items()}
+    if tables_then != tables_now:
+        problems.append(f"keyed tables differ: checkpoint {_described(tables_then)}, now {_described(tables_now)}")
     if manifest.local_arrays and manifest.world_size != ctx.job.world_size:
         problems.append(f"per-rank arrays {list(manifest.local_arrays)} were saved by {manifest.world_size} ranks "
                         f"and cannot be re-partitioned onto {ctx.job.world_size}")
@@ -161,6 +174,10 @@ def _check_compatible(ctx, manifest: Manifest) -> None:
         raise IncompatibleCheckpointError(
             f"checkpoint version {manifest.step} is incompatible with this job (it does not match): "
             + "; ".join(problems))
+
+
+def _described(tables: dict) -> str:
+    return "{" + ", ".join(f"{name}: {dim} x {dtype}" for name, (dim, dtype) in sorted(tables.items())) + "}"
 
 
 def _log_restored(ctx, step: int, source: str, outcomes) -> None:

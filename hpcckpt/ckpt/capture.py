@@ -78,7 +78,8 @@ class SnapshotCapture:
             event.wait()
         copies.report.copy_wait_s += time.perf_counter() - started
 
-    def close(self, ordinal: int, metrics: dict, final: bool, engine_state: dict) -> tuple[Snapshot, PersistReport, float]:
+    def close(self, ordinal: int, metrics: dict, final: bool, engine_state: dict,
+              table_chain: tuple = ()) -> tuple[Snapshot, PersistReport, float]:
         """Capture whatever is left and freeze the small state (the application's and the
         engine's own): (the snapshot, its report (still filling), when the rest of the
         capture began)."""
@@ -89,7 +90,7 @@ class SnapshotCapture:
         for name in self.arrays.arrays:
             if name not in pending.captured:
                 self.arrays.take_or_queue(name, self.copies)
-        snapshot = self.arrays.freeze(pending.step, ordinal, metrics, final, engine_state)
+        snapshot = self.arrays.freeze(pending.step, ordinal, metrics, final, engine_state, table_chain)
         self._open = None
         report = self.copies.report if self.copies is not None else PersistReport(pending.step)
         report.snapshot_s = time.perf_counter() - started

@@ -322,6 +322,38 @@ def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
     return tensors
 
 
+def read_full_tables(config, manifest: Manifest) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every keyed table of a version as (ids, rows), sorted by id: the rows of every rank's
+    shard of each version of its chain (format/keyed_rows.py), applied oldest first."""
+    from hpcckpt.format.keyed_rows import TableSpec, check_pieces, merge_rows, piece_names
+
+    specs = {name: TableSpec.from_dict(name, spec) for name, spec in manifest.tables.items()}
+    tables = {name: (np.empty(0, np.int64), np.empty((0, spec.dim), spec.dtype)) for name, spec in specs.items()}
+    for step in manifest.table_chain:
+        record = manifest if step == manifest.step else manifest_of(config, step)
+        if record.table_chain != manifest.table_chain[:manifest.table_chain.index(step) + 1]:
+            raise UnrecoverableError(f"version {manifest.step}: the version {step} found here is not the one its "
+                                     "tables were written on")
+        for rank in range(record.world_size):
+            problems = []
+            for path in shard_candidates(config, record, rank):
+                try:
+                    table = read_shard_table(path)
+                    record.check_shard_table(table, rank, path)
+                    with open(path, "rb") as f:
+                        read = {name: [read_tensor(f, table, piece) for piece in piece_names(name)] for name in specs}
+                    for name, (ids, rows) in read.items():
+                        check_pieces(name, specs[name], ids, rows, str(path))
+                        tables[name] = merge_rows(*tables[name], ids, rows)
+                    break
+                except (HpcckptError, OSError) as exc:
+                    problems.append(str(exc))
+            else:
+                raise UnrecoverableError(f"version {step} (of version {manifest.step}'s table chain): no good copy of "
+                                         f"rank {rank}'s shard is reachable from here: {'; '.join(problems)}")
+    return tables
+
+
 def verify_all(config) -> tuple[int, list[str], list[str]]:
     """Check every stored file of every version: shards, replicas and parity against their own
     checksums, shards and replicas against the commit record too; that every rank's shard is

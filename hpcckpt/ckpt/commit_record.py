@@ -48,4 +48,6 @@ class CommitRecords:
             version_id=shard_infos.version_id,
             domain_of_rank=self.domain_of_rank,
             domain_names=self.domain_names,
+            tables=dict(snapshot.tables),
+            table_chain=tuple(snapshot.table_chain),
         )

@@ -37,16 +37,19 @@ def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log
     if keep_best:
         metrics.update(on_target_metrics)
     dropped = set(steps_to_delete(sorted(set(manifests) | on_target), keep, metrics, keep_best))
-    copied = [step for step in sorted(manifests) if step not in dropped]
+    kept = [step for step in sorted(manifests) if step not in dropped]
+    # A version's keyed tables need their chain on the target too (format/keyed_rows.py).
+    needed = {member for step in kept for member in manifests[step].table_chain[:-1]} - on_target
+    copied = sorted(set(kept) | (needed & set(manifests)))
     for step in copied:
-        _copy_one(comm, source, target, manifests[step], stage, log)
+        copy_version(comm, source, target, manifests[step], stage, log)
     if copied and target.prunes_here:
         for step in pruner.deletable(target, keep, max(copied)):
             target.remove(step)
     return copied
 
 
-def _copy_one(comm, source, target, manifest, stage: Callable, log) -> None:
+def copy_version(comm, source, target, manifest, stage: Callable, log) -> None:
     """(all ranks) One version: every rank's shard copied and verified, then the commit."""
     step = manifest.step
     # The target's one record lists every shard; each rank's node-local copy lists its node's part.

@@ -3,6 +3,7 @@
     ckpt = Checkpointer(comm, config)        # (all ranks) also catches the scheduler's stop signals
     ckpt.protect("w", w)                     # NumPy/CuPy array (or a PyTorch tensor), filled in place on restart
     ckpt.register_state("loop", get, set)    # small state: nested dicts/lists/tuples, scalars, small arrays
+    ckpt.protect_table("emb", table)         # a KeyedTable: rows placed by id hash, saved whole or as deltas
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
     for step in range(start + 1, last + 1):
         work(step)
@@ -53,6 +54,7 @@ from hpcckpt.ckpt.save_types import PersistReport, PipelineSettings, SaveJob, Sn
 from hpcckpt.ckpt.schedule import CheckpointSchedule
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
 from hpcckpt.ckpt.stopping import EXIT_HALTED, HALT_FILE_NAME
+from hpcckpt.ckpt.table_chain import TableChain
 from hpcckpt.ckpt.tally import CheckpointTally
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, ConfigError, DivergenceError, StorageError
@@ -137,6 +139,7 @@ class Checkpointer:
             self._last_checkpoint: int | None = None
             self._previous_durable: float | None = None  # seconds until the previous checkpoint was durable
             self._rewound_to: int | None = None  # the version the last rewind restored
+            self.table_chain = TableChain(config.checkpoint.table_full_every)
         except BaseException:
             if self.schedule is not None:
                 self.schedule.close()
@@ -191,6 +194,14 @@ class Checkpointer:
         Block arrays are checked across ranks at the first checkpoint or restart: one
         error on every rank names what does not fit."""
         self.arrays.protect(name, protectable_array(name, array), replicated, global_shape, offset, allow_gaps)
+
+    def protect_table(self, name: str, table) -> None:
+        """Protect a keyed table (ckpt/keyed_table.py): this rank's rows of a table whose rows
+        live on the rank their id hashes to, and which grows as new ids appear. A version
+        stores every rank's rows (whole, or those changed since the version before it, with a
+        whole version every checkpoint.table_full_every); a restart onto any rank count hands
+        each rank the rows whose id hashes to it, from whatever levels survived."""
+        self.arrays.protect_table(name, table)
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
         """Small state (step, iterator position, RNG states) saved with every version: what
@@ -277,7 +288,7 @@ class Checkpointer:
         """
         self.capture_state.refuse_if_open(step)
         opened = time.perf_counter()
-        previous = self.pipeline.finish_in_flight()
+        previous = self._persist_over()
         waited = time.perf_counter() - opened
         self.tally.durable(previous, self._l4_copying)
         if previous is not None and previous.durable_s:
@@ -318,8 +329,9 @@ class Checkpointer:
         final = (step == self._final_step) if final is None else final
         in_background = self.capture_state.copies is not None
         self._ordinal += 1
+        chain = self.table_chain.next(step) if self.arrays.tables else ()
         snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final,
-                                                            {"schedule": self.schedule.state()})
+                                                            {"schedule": self.schedule.state()}, chain)
         due = self.schedule.levels_due(self._ordinal, final)
         if due is not None:
             snapshot = dataclasses.replace(snapshot, levels=due)
@@ -500,6 +512,8 @@ class Checkpointer:
                 if result.protect_again:
                     self._protect_again(result)
         restored = result.step if result is not None else None
+        if result is not None:
+            self.table_chain.reset()  # a chain never spans a restore: the next version's tables go whole
         if resuming:
             if not rewinding:
                 self._report_restart(restored, reached_before)
@@ -598,14 +612,28 @@ class Checkpointer:
                             self.local_array_names),
             levels=self.levels,
             targets=RestoreTargets(dict(self.arrays.buffers), {name: p.array for name, p in self.arrays.arrays.items()},
-                                   self._apply_restored_state),
+                                   self._apply_restored_state, dict(self.arrays.tables)),
             run=RunPlace(self.run.run_id, self.config.recorded, self.config.run_dir, self.pfs_dir, self.local_dir),
             log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
             verify_finite=self.config.checkpoint.verify_finite)
 
+    def _persist_over(self) -> PersistReport | None:
+        """The checkpoint in flight over; its tables' rows are safe where some level holds it,
+        and count as changed again where none could (or it failed)."""
+        try:
+            report = self.pipeline.finish_in_flight()
+        except BaseException:
+            self.table_chain.settle(False)
+            self.arrays.settle_tables(False)
+            raise
+        if report is not None:
+            self.table_chain.settle(report.held)
+            self.arrays.settle_tables(report.held)
+        return report
+
     def _finish_in_flight(self) -> PersistReport | None:
         """The checkpoint in flight and the copy to L4 running at its own pace, both over."""
         self.capture_state.copies_done()
-        report = self.pipeline.finish_in_flight()
+        report = self._persist_over()
         self.pipeline.wait_for_global_levels()
         return report

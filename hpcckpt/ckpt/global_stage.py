@@ -2,7 +2,10 @@
 agreed; from the snapshot, or from the landing level's files (a version committed on the
 node-local levels, copied at its own pace or at the end). A level out of space first drops
 versions another level holds and tries once more (ckpt/room.py); a storage failure then
-degrades (the version stays on the levels that took it) and is told to the level's health."""
+degrades (the version stays on the levels that took it) and is told to the level's health.
+A global level holds a version's keyed tables only with their chain (format/keyed_rows.py):
+the versions before it in the chain that the level lacks are copied there first, from the
+landing level's files, which retention keeps while a kept version names them."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import time
 
 from hpcckpt.ckpt.room import bytes_to_write
 from hpcckpt.ckpt.stages import StageRunner, once_more_after_making_room
-from hpcckpt.cluster.collectives import is_storage_failure, raise_if_any_failed
-from hpcckpt.errors import CheckpointError
+from hpcckpt.ckpt.drain import copy_version
+from hpcckpt.cluster.collectives import describe_failure, is_storage_failure, raise_if_any_failed
+from hpcckpt.errors import CheckpointError, StorageError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import VersionImage
@@ -43,6 +47,7 @@ class GlobalStage:
 
         def store_and_commit() -> int:
             try:
+                self._chain_first(level, manifest, comm)
                 stored = self.runner.run(step, level.stage_label, lambda: level.store(version), comm=comm)
                 self.runner.run(step, f"{level.number} commit", lambda: level.commit(manifest), comm=comm)
                 return stored
@@ -60,6 +65,28 @@ class GlobalStage:
         self.runner.mark(report, step, level.name, started, stored)
         self.health.succeeded(level.label, step)
         return True
+
+    def _chain_first(self, level, manifest: Manifest, comm) -> None:
+        """(all ranks of comm) The versions before `manifest`'s in its tables' chain that
+        `level` lacks, each copied there whole from the landing level's files and committed."""
+        chain = manifest.table_chain[:-1]
+        if not chain:
+            return
+        missing = comm.bcast(sorted(set(chain) - set(level.committed_steps())) if comm.Get_rank() == 0 else None,
+                             root=0)
+        for step in missing:
+            record = self.pruner.records.manifest(self.landing, step) if self.landing is not None else None
+            failure = None
+            if record is None or not self.landing.shard_path(step).is_file():
+                failure = describe_failure(StorageError(
+                    f"{level.number} cannot take version {manifest.step}: its tables need version {step}, which "
+                    "this rank's node-local storage no longer holds"))
+            raise_if_any_failed(comm, f"{level.number} chain of version {manifest.step}", failure, step=step)
+            copy_version(comm, self.landing, level, record,
+                         lambda at, label, action: self.runner.run(at, label, action, comm=comm), None)
+            if self.pruner.log:
+                self.pruner.log.info(f"version {step} copied to {level.number} before version {manifest.step}, "
+                                     "whose tables build on it")
 
     def copy_from_files(self, step: int, manifest: Manifest, report, started: float, comm) -> bool:
         """(all ranks; L4's thread, or the persist thread for the final version) Copy a

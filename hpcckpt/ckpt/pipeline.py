@@ -107,7 +107,8 @@ class SavePipeline:
         # otherwise each version due waits for L4 in the persist.
         self.flush: AsyncFlush | None = None
         self.pruner = Pruner(levels, settings, self.records, self.log,
-                             pinned=lambda: {self.flush.flushing} if self.flush else set())
+                             pinned=lambda: {self.flush.flushing} if self.flush else set(),
+                             chains_matter=lambda: bool(self.arrays.tables))
         self.room = RoomMaker(self.rank, levels.node_local, levels.global_levels, settings.keep_best, self.log,
                               remove_node_local=self.pruner.remove_node_local, prune=self.pruner.prune)
         self.health = LevelHealth(settings.max_unprotected, self.log)
@@ -227,6 +228,7 @@ class SavePipeline:
         step = snapshot.step
         plan = plan_save(self.levels_due(snapshot))
         if plan.empty:
+            report.held = False  # no level was due: a table's rows changed since are not stored yet
             return
         version, shard_infos = self._version(snapshot, (plan.node_local or plan.global_levels)[0])
         v = VersionInFlight(snapshot, version, shard_infos, report, started)
@@ -247,6 +249,7 @@ class SavePipeline:
         else:
             self.flush.offer(self.comm, step, manifest, report, started, due=bool(route.levels))
         self._tell_node_local_health(step, failure, lacking, stored_on, held_by, report)
+        report.held = bool(held_by)
         self.health.version_held(step, bool(held_by))
         self.pruner.apply(step, global_too=self.flush is None)  # else L4's thread prunes after each copy
 
@@ -258,7 +261,7 @@ class SavePipeline:
             str(first.shard_path(step))))
         shard_infos = self._share_shard_infos(image.size, image.checksums, step)
         version = VersionImage(step, self.world_size, shard_infos.sizes,
-                               functools.cache(lambda: image.copy_into(self.arrays.shard_bytes)), image,
+                               functools.cache(lambda: image.copy_into(self.arrays.file_buffer(image.size))), image,
                                version_bytes=shard_infos.version_bytes)
         return version, shard_infos
 

@@ -17,7 +17,8 @@ class Pruner:
     records); each deletes its own files. `pinned()`: versions not to delete now (the one L4
     is copying at its own pace)."""
 
-    def __init__(self, levels, settings, records, log, pinned: Callable[[], set] = set):
+    def __init__(self, levels, settings, records, log, pinned: Callable[[], set] = set,
+                 chains_matter: Callable[[], bool] = lambda: False):
         self.node_local = levels.node_local
         self.global_levels = levels.global_levels
         self.keep = settings.keep
@@ -26,6 +27,7 @@ class Pruner:
         self.records = records
         self.log = log
         self.pinned = pinned
+        self.chains_matter = chains_matter  # the job protects keyed tables: kept versions keep their chains
         # Versions the node-local levels committed while this rank's node could not take its
         # part: they count toward its node-local retention as on the other ranks, or it would
         # keep an older version there that no other rank keeps.
@@ -88,6 +90,9 @@ class Pruner:
         metrics = {}
         if self.keep_best:
             metrics = {s: manifest(s).metrics for s in committed if manifest(s) is not None}
+        chains = {}
+        if self.chains_matter():
+            chains = {s: manifest(s).table_chain for s in committed if manifest(s) is not None}
         pinned = {step for step in pinned if step is not None}
         if self.keep_known_good:
             pinned |= newest_known_good(committed)
@@ -95,7 +100,7 @@ class Pruner:
             pinned |= self._newest_redundant(committed, manifest)
         if leftovers is None:
             leftovers = set(level.uncommitted_steps())
-        return versions_to_delete(committed, sorted(leftovers), newest, keep, metrics, self.keep_best, pinned)
+        return versions_to_delete(committed, sorted(leftovers), newest, keep, metrics, self.keep_best, pinned, chains)
 
     def _newest_redundant(self, committed: list[int], manifest) -> set[int]:
         """The newest version each redundancy level holds stays, whatever the count says."""

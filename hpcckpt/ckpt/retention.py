@@ -1,5 +1,6 @@
 """Which versions a level keeps: the newest `keep`, plus the best evaluated one, plus (where
-the run may rewind after a divergence) the newest one known good (pure)."""
+the run may rewind after a divergence) the newest one known good, plus every version a kept
+version's keyed tables need (its chain, format/keyed_rows.py) (pure)."""
 
 from __future__ import annotations
 
@@ -60,9 +61,14 @@ def newest_redundant_versions(levels_by_step: Mapping[int, tuple[str, ...]], red
 
 
 def versions_to_delete(committed: list[int], uncommitted: list[int], newest: int, keep: int,
-                       metrics_by_step: Mapping[int, Mapping], keep_best: str, pinned: set[int]) -> list[int]:
+                       metrics_by_step: Mapping[int, Mapping], keep_best: str, pinned: set[int],
+                       chains: Mapping[int, tuple] | None = None) -> list[int]:
     """What retention deletes from one level after version `newest` committed: committed
-    versions beyond `keep` (never the newest, the best or a pinned one), and uncommitted
-    leftovers older than `newest` (a version being written now is never one of them)."""
+    versions beyond `keep` (never the newest, the best, a pinned one or one a kept version's
+    chain names: `chains[step]`), and uncommitted leftovers older than `newest` (a version
+    being written now is never one of them)."""
     dropped = [s for s in steps_to_delete(committed, keep, metrics_by_step, keep_best) if s not in pinned]
+    if chains:
+        needed = {member for step in committed if step not in dropped for member in chains.get(step, ())}
+        dropped = [s for s in dropped if s not in needed]
     return dropped + [s for s in uncommitted if s < newest]

@@ -21,6 +21,8 @@ class Snapshot:
     metrics: dict
     final: bool
     levels: tuple | None = None  # the levels to write it to; None: those due (policy.levels_due)
+    tables: dict = field(default_factory=dict)  # name -> TableSpec.to_dict() of each keyed table
+    table_chain: tuple = ()  # the versions its tables need, oldest first (format/keyed_rows.py)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class PersistReport:
     started_s: dict = field(default_factory=dict)
     cpu_s: dict = field(default_factory=dict)
     failed: dict = field(default_factory=dict)  # level -> why it could not take this version (others hold it)
+    held: bool = True  # some level holds the version (False: none could take it)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ Each rank copies its slice of every replicated array (format/layout.py says whic
 block of every block array and its per-rank arrays whole into reused host buffers laid out as its shard file, so the file's
 bytes need no second copy; CuPy arrays go device to device on a side stream and then to
 pinned host memory (ckpt/device_snapshot.py). Copies may be taken now (capture) or queued
-for the copier thread (ckpt/pipeline.py), which before_update() waits for.
+for the copier thread (ckpt/pipeline.py), which before_update() waits for. Keyed tables
+(ckpt/keyed_table.py) grow between versions, so their rows are copied when the snapshot is
+frozen into pieces of their own, placed after the fixed ones in the shard file
+(format/keyed_rows.py): every row in a full version, the rows changed since in a delta.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from hpcckpt.format.layout import (
     piece_view_slices,
     plan_layout,
 )
+from hpcckpt.format.keyed_rows import TableSpec, piece_names
 from hpcckpt.format.shardfile import payload_layout
 from hpcckpt.io import direct_io
 
@@ -73,6 +77,8 @@ class ProtectedArrays:
         self.shard_extra = shard_extra
         self.log = log
         self.arrays: dict[str, Protected] = {}
+        self.tables: dict = {}  # name -> KeyedTable, in protect order
+        self._file_buffer: np.ndarray | None = None  # a shard with tables outgrows shard_bytes
         self.states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
         self.layout: Layout | None = None
         self.buffers: dict[str, np.ndarray] | None = None
@@ -89,6 +95,35 @@ class ProtectedArrays:
             raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
         self.arrays[name] = Protected(name, array, replicated,
                                       _block_of(name, array, replicated, global_shape, offset, allow_gaps))
+
+    def protect_table(self, name: str, table) -> None:
+        from hpcckpt.ckpt.keyed_table import KeyedTable
+
+        if self.layout is not None:
+            raise CheckpointError(f"protect_table({name!r}) after the first checkpoint or restart; protect everything "
+                                  "first")
+        if not isinstance(table, KeyedTable):
+            raise CheckpointError(f"protect_table({name!r}): expected an hpcckpt KeyedTable, got {type(table).__name__}")
+        if name in self.tables or any(n in self.arrays for n in piece_names(name)):
+            raise CheckpointError(f"a table named {name!r} is already protected")
+        if not name or "/" in name:
+            raise CheckpointError(f"protect_table({name!r}): a table's name must be non-empty and hold no '/'")
+        table.bind(self.rank, self.world_size)
+        self.tables[name] = table
+
+    @property
+    def table_specs(self) -> dict[str, dict]:
+        return {name: TableSpec(t.dim, str(t.dtype)).to_dict() for name, t in self.tables.items()}
+
+    def file_buffer(self, size: int) -> np.ndarray:
+        """A buffer for this rank's shard file as one contiguous run of bytes (L2 and L3 send
+        it): the snapshot's own while the file fits it; a shard whose tables make it larger
+        takes a second buffer, kept for the next checkpoints and grown by half when needed."""
+        if self.shard_bytes is not None and self.shard_bytes.size >= size:
+            return self.shard_bytes
+        if self._file_buffer is None or self._file_buffer.size < size:
+            self._file_buffer = direct_io.aligned_empty(max(size, size + size // 2))
+        return self._file_buffer
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
         if name in self.states or name == ENGINE_STATE_KEY:
@@ -183,19 +218,38 @@ class ProtectedArrays:
         pieces = [(tl.name, self.buffers[tl.name]) for tl in self.layout.rank_pieces(self.rank)]
         return pieces + [(name, self.buffers[name]) for name in self.local_array_names]
 
+    def _table_pieces(self, full: bool) -> list:
+        pieces = []
+        for name, table in self.tables.items():
+            ids, rows = table.take(full)
+            pieces += list(zip(piece_names(name), (ids, rows)))
+        return pieces
+
+    def settle_tables(self, held: bool) -> None:
+        """The version taken last is held by some level, or lost (its rows count as changed again)."""
+        for table in self.tables.values():
+            table.settle(held)
+
     def restored_snapshot(self, step: int, ordinal: int, state: dict, metrics: dict, levels: tuple) -> Snapshot:
         """A version just loaded, as a snapshot to write to `levels` again: a restore leaves
-        this rank's pieces in the buffers, and the state is the version's own."""
-        return Snapshot(step, ordinal, tuple(self._pieces()), state, copy.deepcopy(metrics), False, tuple(levels))
+        this rank's pieces in the buffers, and the state is the version's own; its tables go
+        whole, as a version of its own chain."""
+        pieces = self._pieces() + self._table_pieces(full=True)
+        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), False, tuple(levels),
+                        self.table_specs, (step,) if self.tables else ())
 
-    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool, engine_state: dict | None = None) -> Snapshot:
-        pieces = self._pieces()
+    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool, engine_state: dict | None = None,
+               table_chain: tuple = ()) -> Snapshot:
+        """The snapshot of `step`; `table_chain` (ckpt/table_chain.py) says whether the tables
+        go whole (a chain of this step alone) or as the rows changed since the version before."""
+        pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1)
         # Encoded (format/pytree.py: nested containers, scalars, small arrays, types kept) and
         # through JSON once: the state is frozen as it is now, whatever get() returned.
         state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in self.states.items()}
         state[ENGINE_STATE_KEY] = {"ordinal": ordinal, **(engine_state or {})}
         state = json.loads(json.dumps(state))
-        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final)
+        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final, None,
+                        self.table_specs, tuple(table_chain) if self.tables else ())
 
 
 def _block_of(name: str, array, replicated: bool, global_shape, offset, allow_gaps: bool) -> BlockOf | None:

@@ -53,6 +53,10 @@ point-to-point exchanges with the O(G) peers that need a rank's data.
     group's hosts (O(G))
   at the end (train/loop.py): the weights digest by allgather_compact (one distinct value
     where the ranks agree), bytes stored folded at rank 0
+  keyed tables (route_rows): one all-to-all of counts (O(W) per rank) and of the rows, each
+    row sent once to the rank its id hashes to: per training step of the embedding model
+    (train/embedding.py: ids out, rows back; gradients out), and per version of a table's
+    chain at a restart (restore/tables.py)
   only under fault injection (faults.py): an allgather of each rank's host and pid, once
 """
 
@@ -461,3 +465,39 @@ def quiet_barrier(comm) -> None:
     """A barrier that sleeps while it waits: MPICH's blocking barrier spins, and on shared cores
     a spinning background thread steals time from training and from the ranks doing I/O."""
     wait_all([comm.Ibarrier()])
+
+
+def route_rows(comm, rows, destinations, sizes_known=None):
+    """(all ranks) Send each row of `rows` (a NumPy array, rows along axis 0) to the rank
+    `destinations` names; returns (the rows this rank received, in source-rank order and
+    each source's order, and how many came from each rank). `sizes_known`: the counts this
+    rank receives from each rank when the caller knows them (the answer to an earlier
+    route_rows), sparing the all-to-all of counts. One MPI datatype of a whole row, so a
+    count is rows, not bytes."""
+    import numpy as np
+    from mpi4py import MPI
+
+    size = comm.Get_size()
+    destinations = np.asarray(destinations, dtype=np.int64)
+    order = np.argsort(destinations, kind="stable")
+    rows = np.ascontiguousarray(rows[order])
+    counts = np.bincount(destinations, minlength=size).astype(np.int32) if destinations.size else \
+        np.zeros(size, np.int32)
+    if sizes_known is None:
+        incoming = np.empty(size, np.int32)
+        comm.Alltoall(counts, incoming)
+    else:
+        incoming = np.asarray(sizes_known, np.int32)
+    row_bytes = int(np.prod(rows.shape[1:], dtype=np.int64)) * rows.dtype.itemsize
+    received = np.empty((int(incoming.sum()),) + rows.shape[1:], rows.dtype)
+    if row_bytes:
+        row_type = MPI.BYTE.Create_contiguous(row_bytes).Commit()
+        try:
+            send_at = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+            receive_at = np.concatenate([[0], np.cumsum(incoming)[:-1]]).astype(np.int32)
+            comm.Alltoallv([rows.reshape(-1).view(np.uint8), (counts, send_at), row_type],
+                           [received.reshape(-1).view(np.uint8), (incoming, receive_at), row_type])
+        finally:
+            row_type.Free()
+    return received, incoming
+

@@ -134,6 +134,10 @@ class Manifest:
     # domain's number and the domains' names; empty where every node was a domain of its own.
     domain_of_rank: tuple[int, ...] = ()
     domain_names: tuple[str, ...] = ()
+    # Keyed tables (format/keyed_rows.py): name -> {"dim", "dtype", "hash"}, and the versions
+    # its tables need, oldest first (a full version and the deltas after it, ending here).
+    tables: dict = field(default_factory=dict)
+    table_chain: tuple[int, ...] = ()
 
     @property
     def identity(self) -> str:
@@ -217,6 +221,8 @@ class Manifest:
         }
         if self.domain_of_rank:
             body["domains"] = {"of_rank": pack_ints(self.domain_of_rank), "names": list(self.domain_names)}
+        if self.tables:
+            body["tables"] = {"specs": self.tables, "chain": list(self.table_chain)}
         text = _canonical(body)
         return b'{"body":' + text + b',"checksum":"' + xxhash.xxh3_64_hexdigest(text).encode() + b'"}'
 
@@ -261,6 +267,8 @@ class Manifest:
             version_id=str(body.get("version_id", "")),
             domain_of_rank=tuple(unpack_ints(body["domains"]["of_rank"])) if "domains" in body else (),
             domain_names=tuple(body["domains"]["names"]) if "domains" in body else (),
+            tables=dict(body["tables"]["specs"]) if "tables" in body else {},
+            table_chain=tuple(int(s) for s in body["tables"]["chain"]) if "tables" in body else (),
         )
 
     def check_shard_table(self, table, rank: int, origin) -> None:

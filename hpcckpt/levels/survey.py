@@ -43,21 +43,23 @@ class Writing:
     groups: tuple[tuple[int, ...], ...]  # its L3 groups (old ranks) and their parity
     parity: int
     layout_digest: str = ""  # Layout.digest: a job with another layout re-partitions, even on as many ranks
+    table_chain: tuple[int, ...] = ()  # the versions its keyed tables need (format/keyed_rows.py)
 
     @classmethod
     def of(cls, manifest: Manifest) -> "Writing":
         return cls(manifest.identity, manifest.created, manifest.world_size, manifest.run_id, manifest.groups,
-                   manifest.parity, manifest.layout.digest)
+                   manifest.parity, manifest.layout.digest, manifest.table_chain)
 
     def __reduce__(self):
         # Pickled with its groups as their rule (format/compact.py), O(1) for the usual
         # placements: a writing travels from rank 0 to every rank at a restart.
         return (_unpack_writing, (self.identity, self.created, self.world_size, self.run_id,
-                                  pack_groups(self.groups, self.world_size), self.parity, self.layout_digest))
+                                  pack_groups(self.groups, self.world_size), self.parity, self.layout_digest,
+                                  self.table_chain))
 
 
-def _unpack_writing(identity, created, world_size, run_id, groups, parity, layout_digest) -> Writing:
-    return Writing(identity, created, world_size, run_id, unpack_groups(groups), parity, layout_digest)
+def _unpack_writing(identity, created, world_size, run_id, groups, parity, layout_digest, table_chain=()) -> Writing:
+    return Writing(identity, created, world_size, run_id, unpack_groups(groups), parity, layout_digest, table_chain)
 
 
 @dataclass(frozen=True)

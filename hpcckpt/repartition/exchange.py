@@ -84,7 +84,9 @@ class RepartitionJob:
 
     def __init__(self, comm, manifest: Manifest, layout: Layout, buffers: dict, local_array_names: tuple,
                  views: list, pfs_shard_path, warn, scratch_dir: str | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, verify=None):
+        """`verify(name)`: which pieces of an old shard are checked (and so read) when it is
+        loaded whole; all by default. A shard rebuilt from parity is checked whole."""
         self.comm = comm
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
@@ -97,12 +99,18 @@ class RepartitionJob:
         self.warn = warn
         self.scratch_dir = scratch_dir  # where a decoder keeps the shards it rebuilds (node-local)
         self.chunk_bytes = chunk_bytes
+        self.verify = verify or (lambda name: True)
+        self._verify_all = verify is None
         self._rebuild_buffers = ReusedBuffers()
         self.bytes_read = 0
         self.bytes_received = 0
 
-    def run(self, writing, pfs_holds: bool) -> Repartitioned | RepartitionPlan:
-        """The pieces, or the last plan (incomplete: its `missing` old ranks have no good source)."""
+    def run(self, writing, pfs_holds: bool, move=None) -> Repartitioned | RepartitionPlan:
+        """The pieces, or the last plan (incomplete: its `missing` old ranks have no good source).
+        `move(plan, held) -> (result, bad sources)` replaces the move stage (a keyed table's
+        rows, restore/tables.py): `held` maps the old ranks this rank provides to their
+        verified shards; its result is returned as the pieces."""
+        move = move or self._move
         excluded: set = set()
         for _ in range(MAX_ROUNDS):
             plan = plan_repartition(self.manifest.step, writing, self.views, pfs_holds, frozenset(excluded))
@@ -114,7 +122,7 @@ class RepartitionJob:
             _, bad = self._stage("rebuilding", plan, lambda: (None, self._rebuild(plan, held, parity)))
             if self._agree_bad(bad, excluded):
                 continue
-            pieces, bad = self._stage("moving", plan, lambda: self._move(plan, held))
+            pieces, bad = self._stage("moving", plan, lambda: move(plan, held))
             if self._agree_bad(bad, excluded):
                 continue
             return Repartitioned(pieces, plan, self.bytes_read, self.bytes_received)
@@ -161,14 +169,17 @@ class RepartitionJob:
 
     def _load_shard(self, path: Path, old_rank: int) -> _Held:
         data = map_readonly(path)
-        self.bytes_read += int(data.size)
-        return self._verified(data, old_rank, str(path))
+        held = self._verified(data, old_rank, str(path), self.verify)
+        self.bytes_read += int(data.size) if self._verify_all else \
+            sum(e.nbytes for e in held.table.entries if self.verify(e.name))
+        return held
 
-    def _verified(self, data: np.ndarray, old_rank: int, origin: str) -> _Held:
+    def _verified(self, data: np.ndarray, old_rank: int, origin: str, verify=lambda name: True) -> _Held:
         table = shard_table_of_bytes(data, origin)
         self.manifest.check_shard_table(table, old_rank, origin)
         for name in table.names:
-            verified_piece(data, table, name)
+            if verify(name):
+                verified_piece(data, table, name)
         return _Held(table, data)
 
     def _parity_piece(self, rebuild, block) -> np.ndarray:

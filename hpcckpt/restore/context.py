@@ -31,6 +31,7 @@ class RestoreTargets:
     buffers: dict  # name -> this rank's snapshot buffer of the array
     arrays: dict  # name -> the protected array, filled in place
     apply_state: object = None
+    tables: dict = field(default_factory=dict)  # name -> KeyedTable, loaded with this job's rows
 
 
 @dataclass(frozen=True)

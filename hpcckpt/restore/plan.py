@@ -264,6 +264,18 @@ class Candidate:
     # repartition: what each rank's node-local directory holds of it (one object per node: a
     # node's ranks share it, and the broadcast sends it once).
     views: tuple = ()
+    tables: tuple = ()  # TableMember of each version its keyed tables need, oldest first
+
+
+@dataclass(frozen=True)
+class TableMember:
+    """One version of a candidate's table chain (format/keyed_rows.py), as a repartitioning
+    read of its old shards needs it (restore/tables.py)."""
+
+    step: int
+    writing: Writing
+    views: tuple  # what each rank's node-local directory holds of it
+    whole_on: str | None  # the global level every rank reads it from, if any
 
 
 @dataclass(frozen=True)
@@ -311,9 +323,35 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
         else:
             views = tuple(shared_views.setdefault(v, v) if v is not None else None
                           for v in (h.views.get(step) for h in everyone))
+        tables = _table_members(ctx, everyone, step, shared_views, failed)
+        if tables is None:
+            continue
         candidates.append(Candidate(step, route, everyone.lacking_by_level(step), _writing(everyone, step),
-                                    whole_on(ctx, everyone, step), views))
+                                    whole_on(ctx, everyone, step), views, tables))
+    if not candidates:
+        raise UnrecoverableError(f"no checkpoint version can be loaded: the keyed tables of every one ({steps}) need a "
+                                 "version of their chain that no level holds whole; see the warnings above")
     return Outlook(unfinished, failed, tuple(candidates), nodes_with_files), sources
+
+
+def _table_members(ctx, everyone: list[Holdings], step: int, shared_views: dict, failed) -> tuple | None:
+    """Each version `step`'s keyed tables need (its chain), with what reading it takes; None
+    (said) when one of them cannot be assembled from what survives."""
+    writing = _writing(everyone, step)
+    chain = writing.table_chain if writing is not None else ()
+    members = []
+    for member in chain:
+        member_writing = writing if member == step else _writing(everyone, member)
+        plan = _repartition_plan(ctx, everyone, member) if member_writing is not None else None
+        if member in failed or plan is None or not plan.complete or member_writing.table_chain != \
+                chain[:chain.index(member) + 1]:
+            warn(ctx, f"version {step} is skipped: its tables need version {member} (their chain is {list(chain)}), "
+                      "which cannot be assembled from what survives")
+            return None
+        views = tuple(shared_views.setdefault(v, v) if v is not None else None
+                      for v in (h.views.get(member) for h in everyone))
+        members.append(TableMember(member, member_writing, views, whole_on(ctx, everyone, member)))
+    return tuple(members)
 
 
 def _failed_versions(ctx, ledger, nodes_with_files: int) -> dict[int, str]:

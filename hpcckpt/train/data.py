@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcckpt.errors import DataError
+from hpcckpt.train.clicks import synthetic_clicks
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,19 @@ class Split:
     hdf5_path: str | None = None
     row_offset: int = 0  # first row of this split in the HDF5 file
     size: int = 0
+    ids: np.ndarray | None = None  # categorical ids (samples, fields), in memory
+    fields: int = 0  # categorical fields per sample (0: none)
 
     def rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.inputs is not None:
             return self.inputs[indices], self.labels[indices]
         return _read_hdf5_rows(self.hdf5_path, self.row_offset, indices)
+
+    def categorical(self, indices: np.ndarray) -> np.ndarray:
+        """The categorical ids (len(indices), fields) of these samples."""
+        if self.ids is not None:
+            return self.ids[indices]
+        return _read_hdf5_rows(self.hdf5_path, self.row_offset, indices, dataset="ids")
 
 
 @dataclass(frozen=True)
@@ -40,11 +49,23 @@ class Dataset:
     val: Split
     input_shape: tuple[int, ...]
     n_classes: int
+    fields: int = 0  # categorical fields per sample (train/clicks.py); 0: none
 
 
-def _read_hdf5_rows(path: str, row_offset: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _read_hdf5_rows(path: str, row_offset: int, indices: np.ndarray, dataset: str | None = None):
+    """(x, y) of these rows, or the rows of `dataset` alone."""
     import h5py
 
+    if dataset is not None:
+        with h5py.File(path, "r") as f:
+            data = f[dataset]
+            if len(indices) == 0:
+                return np.empty((0,) + data.shape[1:], data.dtype)
+            order = np.argsort(indices, kind="stable")
+            rows = data[np.asarray(indices[order] + row_offset)]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return np.asarray(rows)[inverse]
     if len(indices) == 0:
         with h5py.File(path, "r") as f:
             return (np.empty((0,) + f["x"].shape[1:], np.float32), np.empty(0, np.int64))
@@ -87,13 +108,16 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return (table[:, :-1] / 16.0).astype(np.float32), table[:, -1].astype(np.int64)
 
 
-def _split_in_memory(inputs, labels, val_fraction: float, seed: int) -> tuple[Split, Split]:
+def _split_in_memory(inputs, labels, val_fraction: float, seed: int, ids=None) -> tuple[Split, Split]:
     order = np.random.default_rng([seed, 0xDA7A]).permutation(len(labels))
     n_val = max(1, int(round(len(labels) * val_fraction)))
     val_idx, train_idx = order[:n_val], order[n_val:]
+    fields = ids.shape[1] if ids is not None else 0
     return (
-        Split(inputs[train_idx], labels[train_idx], size=len(train_idx)),
-        Split(inputs[val_idx], labels[val_idx], size=len(val_idx)),
+        Split(inputs[train_idx], labels[train_idx], size=len(train_idx),
+              ids=ids[train_idx] if ids is not None else None, fields=fields),
+        Split(inputs[val_idx], labels[val_idx], size=len(val_idx),
+              ids=ids[val_idx] if ids is not None else None, fields=fields),
     )
 
 
@@ -106,9 +130,14 @@ def load_dataset(data_cfg, seed: int) -> Dataset:
         inputs, labels = synthetic_classification(data_cfg.samples, data_cfg.features, data_cfg.classes, seed)
         train, val = _split_in_memory(inputs, labels, data_cfg.val_fraction, seed)
         return Dataset(train, val, inputs.shape[1:], data_cfg.classes)
+    if data_cfg.source == "clicks":
+        inputs, ids, labels = synthetic_clicks(data_cfg.samples, data_cfg.features, data_cfg.fields,
+                                               data_cfg.vocabulary, seed)
+        train, val = _split_in_memory(inputs, labels, data_cfg.val_fraction, seed, ids)
+        return Dataset(train, val, inputs.shape[1:], 2, ids.shape[1])
     if data_cfg.source == "hdf5":
         return _hdf5_dataset(data_cfg.path, data_cfg.val_fraction)
-    raise DataError(f"data.source = {data_cfg.source!r}: allowed are digits, synthetic, hdf5")
+    raise DataError(f"data.source = {data_cfg.source!r}: allowed are digits, synthetic, clicks, hdf5")
 
 
 def _hdf5_dataset(path: str, val_fraction: float) -> Dataset:
@@ -127,13 +156,20 @@ def _hdf5_dataset(path: str, val_fraction: float) -> Dataset:
         if f["y"].shape != (n,):
             raise DataError(f"data.path {path!r}: 'y' has shape {f['y'].shape}, expected ({n},) to match 'x'")
         n_classes = int(f.attrs.get("classes", 0)) or int(np.max(f["y"][:])) + 1
+        fields = 0
+        if "ids" in f:  # a click data set (train/clicks.py): categorical ids beside x
+            if len(f["ids"].shape) != 2 or f["ids"].shape[0] != n or f["ids"].dtype != np.int64:
+                raise DataError(f"data.path {path!r}: 'ids' has shape {f['ids'].shape} and dtype {f['ids'].dtype}, "
+                                f"expected int64 ({n}, fields) to match 'x'")
+            fields = int(f["ids"].shape[1])
     n_val = max(1, int(round(n * val_fraction)))
     n_train = n - n_val
     return Dataset(
-        Split(None, None, hdf5_path=path, row_offset=0, size=n_train),
-        Split(None, None, hdf5_path=path, row_offset=n_train, size=n_val),
+        Split(None, None, hdf5_path=path, row_offset=0, size=n_train, fields=fields),
+        Split(None, None, hdf5_path=path, row_offset=n_train, size=n_val, fields=fields),
         tuple(input_shape),
         n_classes,
+        fields,
     )
 
 
@@ -146,6 +182,20 @@ def write_hdf5_dataset(path: str, samples: int, features: int, classes: int, see
         f.create_dataset("x", data=inputs, chunks=(min(samples, 1024), features))
         f.create_dataset("y", data=labels)
         f.attrs["classes"] = classes
+        f.attrs["seed"] = seed
+
+
+def write_hdf5_clicks(path: str, samples: int, dense_features: int, fields: int, vocabulary: int, seed: int) -> None:
+    """`hpcckpt make-data --clicks`: a click data set (train/clicks.py): 'x' dense features,
+    'ids' the categorical ids, 'y' the clicks."""
+    import h5py
+
+    inputs, ids, labels = synthetic_clicks(samples, dense_features, fields, vocabulary, seed)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=inputs, chunks=(min(samples, 1024), dense_features))
+        f.create_dataset("ids", data=ids, chunks=(min(samples, 1024), fields))
+        f.create_dataset("y", data=labels)
+        f.attrs["classes"] = 2
         f.attrs["seed"] = seed
 
 

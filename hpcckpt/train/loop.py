@@ -17,6 +17,7 @@ from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
 from hpcckpt.train.divergence import DivergenceCheck, Rewinds
+from hpcckpt.train.embedding import TABLE_NAME
 from hpcckpt.train.trainer import Trainer
 
 
@@ -103,6 +104,8 @@ def _protect(checkpointer: Checkpointer, trainer: Trainer, divergence: Divergenc
         checkpointer.protect(name, array)
     checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
     checkpointer.register_state("divergence", divergence.state, divergence.load_state)
+    if trainer.embedding is not None:
+        checkpointer.protect_table(TABLE_NAME, trainer.embedding.table)
     trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
 
 
@@ -218,10 +221,15 @@ def _report_end(trainer: Trainer, log: RunLog, summary: TrainSummary, checkpoint
     summary = dataclasses.replace(summary, weights_digest=digest)
     seconds = summary.seconds
     accuracy = f"{100 * summary.val_accuracy:.2f} %" if summary.val_accuracy is not None else "n/a"
+    table = {}
+    if trainer.embedding is not None:  # every rank's rows, by id, in rank order: compared on as many ranks
+        rows = trainer.comm.allreduce(len(trainer.embedding.table))
+        table = {"table_digest": trainer.embedding.digest(), "table_rows": rows}
     log.info(f"done: {summary.steps} steps in {seconds:.1f} s, final val_accuracy {accuracy}, "
-             f"weights {digest[:16]} ({'identical on all ranks' if identical else 'DIFFER across ranks'})",
+             f"weights {digest[:16]} ({'identical on all ranks' if identical else 'DIFFER across ranks'})"
+             + (f", embedding table {table['table_digest']} ({table['table_rows']} rows)" if table else ""),
              console=True)
     log.metrics({"step": trainer.step, "final": not summary.halted, "halted": summary.halted, "weights_digest": digest,
                  "weights_identical_on_ranks": identical, "train_seconds": seconds,
-                 "val_accuracy": summary.val_accuracy, "val_loss": summary.val_loss})
+                 "val_accuracy": summary.val_accuracy, "val_loss": summary.val_loss, **table})
     return summary

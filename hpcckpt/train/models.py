@@ -1,4 +1,6 @@
-"""The two models the trainer runs: an MLP and a CANDLE-NT3-like 1-D convolutional net.
+"""The models the trainer runs: an MLP, a CANDLE-NT3-like 1-D convolutional net, and the MLP of
+an embedding model (its input: the dense features and each field's embedding, looked up in a
+keyed table by train/embedding.py, which takes the MLP's input gradient back).
 
 Both are plain array code (NumPy or CuPy, whichever holds the parameters) plus the fused
 kernels of `hpcckpt.train.kernels`. They are built for data-parallel training with
@@ -26,7 +28,7 @@ import numpy as np
 from hpcckpt.errors import ConfigError
 from hpcckpt.train.kernels import bias_activation, bias_activation_backward
 
-MODEL_KINDS = ("mlp", "conv1d")
+MODEL_KINDS = ("mlp", "conv1d", "embedding")
 HIDDEN_ACTIVATIONS = ("relu", "tanh")
 DTYPES = ("float32", "float64")
 PADDINGS = ("same", "valid")
@@ -243,6 +245,7 @@ class Model:
         self._input_layout = input_layout  # "flat" (MLP) or "channels_first" (conv)
         self._parameters = [p for layer in layers if hasattr(layer, "parameters") for p in layer.parameters()]
         self._has_cached_forward = False
+        self.input_grad = None  # after a backward() run to its end: the gradient of the input (embedding model)
 
     def parameters(self) -> list[tuple[str, object]]:
         """(name, array) from input to output; the same array objects on every call."""
@@ -275,24 +278,29 @@ class Model:
             raise RuntimeError("Model.backward() needs a forward(x, train=True) since the last backward()")
         self._has_cached_forward = False
         grad = grad_logits
+        self.input_grad = None
         for layer in reversed(self.layers):
             grad, grads = layer.backward(grad)
             yield from grads
             if grad is None:  # the first parameterised layer needs no input gradient
                 break
+        self.input_grad = grad
 
 
 def _config_error(key, value, allowed):
     return ConfigError(f"model.{key} = {value!r}: allowed are {', '.join(map(repr, allowed))}")
 
 
-def build_model(model_cfg, input_shape: tuple[int, ...], n_classes: int, xp, rng: np.random.Generator) -> Model:
+def build_model(model_cfg, input_shape: tuple[int, ...], n_classes: int, xp, rng: np.random.Generator,
+                embedded: int = 0) -> Model:
     """Build the model `model_cfg.kind` for samples of `input_shape` (batch excluded).
 
     Weights are drawn from `rng` on the host in the model dtype and then moved to `xp`, so
     CPU and GPU runs with the same seed start from identical parameters.
     `model_cfg` is duck-typed (kind, hidden, activation, conv_channels, kernel_size, pool,
-    dtype; optional padding, "same" by default).
+    dtype; optional padding, "same" by default). `embedded`: for the embedding model, the
+    embedding values appended to each sample's dense features (fields x embedding_dim); its
+    first layer then gives the input gradient they need.
     """
     kind = model_cfg.kind
     if kind not in MODEL_KINDS:
@@ -311,10 +319,13 @@ def build_model(model_cfg, input_shape: tuple[int, ...], n_classes: int, xp, rng
     input_shape = tuple(int(d) for d in input_shape)
 
     layers: list = []
-    if kind == "mlp":
+    if kind == "embedding" and embedded <= 0:
+        raise ConfigError("model.kind = 'embedding' needs categorical fields in the data: data.source = 'clicks', or "
+                          "an HDF5 file written by `hpcckpt make-data --clicks`")
+    if kind in ("mlp", "embedding"):
         if not input_shape:
             raise ConfigError("input_shape is empty: the MLP needs at least one feature")
-        features = int(np.prod(input_shape))
+        features = int(np.prod(input_shape)) + (int(embedded) if kind == "embedding" else 0)
         layout = "flat"
     else:
         layers, features = _conv_stack(model_cfg, input_shape, activation, dtype, rng, xp)
@@ -333,7 +344,7 @@ def build_model(model_cfg, input_shape: tuple[int, ...], n_classes: int, xp, rng
                 dtype,
                 rng,
                 xp,
-                needs_input_grad=index > 0 or kind == "conv1d",
+                needs_input_grad=index > 0 or kind in ("conv1d", "embedding"),
             )
         )
     return Model(kind, layers, layout, dtype, xp)

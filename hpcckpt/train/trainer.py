@@ -17,6 +17,7 @@ import numpy as np
 
 from hpcckpt.train.allreduce import GradientAllreduce
 from hpcckpt.train.data import ResumableBatches, load_dataset, rank_slice
+from hpcckpt.train.embedding import ShardedEmbedding
 from hpcckpt.train.kernels import softmax_cross_entropy
 from hpcckpt.train.models import build_model
 from hpcckpt.train.optim import build_optimizer
@@ -45,7 +46,12 @@ class Trainer:
         self.step_hooks = tuple(step_hooks)
         self.dataset = load_dataset(config.data, config.run.seed)
         init_rng = np.random.default_rng([config.run.seed, 0x1417])
-        self.model = build_model(config.model, self.dataset.input_shape, self.dataset.n_classes, self.xp, init_rng)
+        # The embedding model's rows live on the rank their id hashes to (train/embedding.py).
+        self.embedding = ShardedEmbedding(comm, config.model.embedding_dim, config.model.dtype, config.run.seed) \
+            if config.model.kind == "embedding" else None
+        embedded = self.dataset.fields * config.model.embedding_dim if self.embedding is not None else 0
+        self.model = build_model(config.model, self.dataset.input_shape, self.dataset.n_classes, self.xp, init_rng,
+                                 embedded=embedded)
         self.parameters = dict(self.model.parameters())
         self.optimizer = build_optimizer(config.optimizer, self.model.parameters(), self.xp)
         self.batches = ResumableBatches(self.dataset.train.size, config.data.batch_size, config.run.seed)
@@ -88,6 +94,7 @@ class Trainer:
         inputs, labels = self.dataset.train.rows(local)
         if corrupt is not None and corrupt.kind == "spike":
             inputs = inputs * np.asarray(corrupt.factor, dtype=inputs.dtype)  # a bad batch
+        inputs = self._with_embeddings(self.dataset.train, local, inputs, train=True)
         x = self.backend.from_host(inputs)
         y = self.backend.from_host(labels)
         logits = self.model.forward(x, train=True)
@@ -104,6 +111,9 @@ class Trainer:
         self.allreduce.add_scalar(float(local_loss) * share)
         for name, grad in self.model.backward(grad_logits):
             self.allreduce.add(name, grad)
+        if self.embedding is not None:  # its rows' gradients go to their owners while the buckets reduce
+            dense = inputs.shape[1] - self.embedding.dim * self.dataset.fields
+            self.embedding.backward(self.backend.to_host(self.model.input_grad[:, dense:]), self.config.optimizer.lr)
         checked = 0.0
         for name, reduced_grad in self.allreduce.reduced():
             checked = checked + self.xp.sum(reduced_grad)
@@ -118,6 +128,14 @@ class Trainer:
         finite = math.isfinite(float(checked)) and math.isfinite(loss)
         return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch), finite)
 
+    def _with_embeddings(self, split, indices, inputs, train: bool):
+        """The dense features, each sample's fields' embedding rows appended (embedding model)."""
+        if self.embedding is None:
+            return inputs
+        rows = self.embedding.lookup(split.categorical(indices), train)
+        return np.concatenate([np.asarray(inputs, self.model.dtype).reshape(len(inputs), -1),
+                               rows.astype(self.model.dtype, copy=False)], axis=1)
+
     def skip_batches(self, count: int) -> None:
         """Advance the data past `count` global batches without training on them."""
         for _ in range(count):
@@ -129,9 +147,16 @@ class Trainer:
         val = self.dataset.val
         mine = np.arange(val.size)[rank_slice(val.size, self.world_size, self.rank)]
         totals = np.zeros(3)  # loss sum, correct, count
-        for start in range(0, len(mine), EVAL_BATCH):
+        # As many batches on every rank (the embedding lookups are collective), some empty.
+        largest = -(-val.size // self.world_size)
+        for start in range(0, max(largest, 1), EVAL_BATCH):
             indices = mine[start: start + EVAL_BATCH]
+            if not len(indices) and self.embedding is None:
+                continue
             inputs, labels = val.rows(indices)
+            inputs = self._with_embeddings(val, indices, inputs, train=False)
+            if not len(indices):
+                continue
             logits = self.model.forward(self.backend.from_host(inputs), train=False)
             loss, _ = softmax_cross_entropy(logits, self.backend.from_host(labels))
             predicted = self.backend.to_host(logits.argmax(axis=1))
