@@ -60,3 +60,13 @@ def test_the_embedding_model_restarts_bit_identical_and_onto_another_rank_count(
     assert abs(final["val_accuracy"] - reference["val_accuracy"]) < 0.05
     restarts = [r for r in read_metrics(tmp_path / "run") if r.get("event") == "restart" and r.get("step")]
     assert restarts[-1]["ranks"] == 3
+
+
+def test_ranks_with_no_validation_sample_still_take_part_in_the_lookups(tmp_path):
+    # 3 validation samples on 4 ranks: rank 3 evaluates nothing, yet every lookup is collective.
+    config = small_job(tmp_path, run={"steps": 4, "log_every": 2},
+                       model={"kind": "embedding", "hidden": [8], "embedding_dim": 4},
+                       data={"source": "clicks", "samples": 300, "features": 2, "fields": 3, "vocabulary": 50,
+                             "val_fraction": 0.01, "batch_size": 6},
+                       eval={"every_steps": 2}, checkpoint={"every_steps": 2})
+    assert_ok(train(tmp_path, config))

@@ -4,6 +4,7 @@ changed rows, which versions go whole, and retention keeping each kept version's
 import numpy as np
 import pytest
 
+from hpcckpt.ckpt.drain import with_chains
 from hpcckpt.ckpt.keyed_table import KeyedTable
 from hpcckpt.ckpt.retention import versions_to_delete
 from hpcckpt.ckpt.table_chain import TableChain
@@ -86,6 +87,23 @@ def test_a_table_grows_tracks_changed_rows_and_gives_them_back_when_a_version_is
         table.get([2])
 
 
+def test_a_table_holds_only_the_ids_that_hash_to_its_rank():
+    table = KeyedTable(2)
+    table.bind(1, 4)
+    ids = np.arange(100)
+    mine = ids[owner_of(ids, 4) == 1]
+    table.slots(mine, create=True)
+    stranger = int(ids[owner_of(ids, 4) == 2][0])
+    with pytest.raises(CheckpointError, match=f"id {stranger} belongs on rank 2 of 4, not on rank 1"):
+        table.slots([stranger], create=True)
+    early = KeyedTable(2)
+    early.set([stranger], np.ones((1, 2)))  # added before the table was protected on 4 ranks
+    with pytest.raises(CheckpointError, match="belongs on rank 2 of 4, not on rank 1"):
+        early.bind(1, 4)
+    with pytest.raises(CheckpointError, match="slot.*outside this rank's"):
+        table.mark_changed(table.slots([stranger]))
+
+
 def test_bad_tables_are_refused_clearly():
     with pytest.raises(ConfigError, match="dim must be >= 1"):
         KeyedTable(0)
@@ -100,16 +118,36 @@ def test_versions_go_whole_every_k_after_a_restore_and_a_lost_version_leaves_the
     chain = TableChain(3)
     taken = []
     for step in (5, 10, 15, 20, 25):
-        taken.append(chain.next(step))
+        taken.append(chain.next(step, {"local"}))
         chain.settle(held=True)
     assert taken == [(5,), (5, 10), (5, 10, 15), (20,), (20, 25)]
-    assert chain.next(30) == (20, 25, 30)
+    assert chain.next(30, {"local"}) == (20, 25, 30)
     chain.settle(held=False)  # 30 is held nowhere: 35 builds on 25
-    assert chain.next(35) == (20, 25, 35)
+    assert chain.next(35, {"local"}) == (20, 25, 35)
     chain.settle(held=True)
     chain.reset()
-    assert chain.next(40) == (40,)
-    assert TableChain(1).next(5) == (5,)
+    assert chain.next(40, {"local"}) == (40,)
+    assert TableChain(1).next(5, {"local"}) == (5,)
+    chain.settle(held=True)
+    assert chain.next(45, {"local"}, final=True) == (45,)  # the run's last version stands alone
+
+
+def test_a_delta_is_no_more_redundant_than_its_chain():
+    # resilience.partner_every = 2: odd versions go to L1 and L2, even ones to L1 only. A
+    # version with partner copies never builds on one without: it goes whole.
+    chain, taken = TableChain(8), []
+    for step, levels in ((1, {"local", "partner"}), (2, {"local"}), (3, {"local", "partner"}), (4, {"local"}),
+                         (5, {"local"}), (6, {"local", "partner"})):
+        taken.append(chain.next(step, levels))
+        chain.settle(held=True)
+    assert taken == [(1,), (1, 2), (3,), (3, 4), (3, 4, 5), (6,)]
+
+
+def test_the_drain_copies_a_kept_version_with_the_chain_the_target_lacks_or_not_at_all():
+    chains = {20: (10, 20), 30: (30,), 40: (30, 35, 40)}
+    assert with_chains([20, 30], chains, on_target={10}, available={20, 30}) == ([20, 30], [])
+    assert with_chains([20, 40], chains, on_target=set(), available={10, 20, 30, 40}) == ([10, 20], [40])
+    assert with_chains([40], chains, on_target={35}, available={30, 40}) == ([30, 40], [])
 
 
 def test_retention_keeps_the_chain_of_every_version_it_keeps():

@@ -38,15 +38,32 @@ def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log
         metrics.update(on_target_metrics)
     dropped = set(steps_to_delete(sorted(set(manifests) | on_target), keep, metrics, keep_best))
     kept = [step for step in sorted(manifests) if step not in dropped]
-    # A version's keyed tables need their chain on the target too (format/keyed_rows.py).
-    needed = {member for step in kept for member in manifests[step].table_chain[:-1]} - on_target
-    copied = sorted(set(kept) | (needed & set(manifests)))
+    # A version's keyed tables need their chain on the target too (format/keyed_rows.py):
+    # decided by rank 0, so every rank copies the same versions.
+    copied, incomplete = comm.bcast(with_chains(kept, {step: manifests[step].table_chain for step in kept},
+                                                on_target, set(manifests)) if rank == 0 else None, root=0)
+    if incomplete and log:
+        log.warning(f"version(s) {incomplete} not copied to {target.number}: their tables need version(s) that "
+                    f"neither node-local storage nor {target.number} holds")
     for step in copied:
         copy_version(comm, source, target, manifests[step], stage, log)
     if copied and target.prunes_here:
         for step in pruner.deletable(target, keep, max(copied)):
             target.remove(step)
     return copied
+
+
+def with_chains(kept: list[int], chains: dict, on_target: set, available: set) -> tuple[list[int], list[int]]:
+    """(the versions to copy, the kept versions left out): each kept version with the versions
+    of its chain the target lacks, or left out when one of them is on neither side."""
+    copied, incomplete = set(), []
+    for step in kept:
+        members = set(chains.get(step, ())[:-1]) - on_target
+        if members - available:
+            incomplete.append(step)
+        else:
+            copied |= {step} | members
+    return sorted(copied), incomplete
 
 
 def copy_version(comm, source, target, manifest, stage: Callable, log) -> None:

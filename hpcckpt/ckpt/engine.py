@@ -329,10 +329,14 @@ class Checkpointer:
         final = (step == self._final_step) if final is None else final
         in_background = self.capture_state.copies is not None
         self._ordinal += 1
-        chain = self.table_chain.next(step) if self.arrays.tables else ()
+        due = self.schedule.levels_due(self._ordinal, final)
+        chain = ()
+        if self.arrays.tables:
+            node_local = {level.name for level in self.levels.node_local}
+            going_to = node_local.intersection(self.pipeline.names_due(self._ordinal, final, due))
+            chain = self.table_chain.next(step, going_to, final)
         snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final,
                                                             {"schedule": self.schedule.state()}, chain)
-        due = self.schedule.levels_due(self._ordinal, final)
         if due is not None:
             snapshot = dataclasses.replace(snapshot, levels=due)
         self.pipeline.submit(snapshot, report, started, self.capture_state.copies, self.arrays.copy_piece)
@@ -528,6 +532,7 @@ class Checkpointer:
         """(all ranks) Version `step` is bad (a diverged state, a wrong result): no restart or
         rewind loads it again; `reason` is kept in the restart ledger (<run.dir>/restarts.json)."""
         mark_versions_bad(self.comm, self.config.run_dir, [step], reason)
+        self.table_chain.reset()  # no later version's tables may build on it
         self.log.warning(f"version {step} marked bad: {reason}")
 
     def rewind(self, before: int, reason: str) -> int:

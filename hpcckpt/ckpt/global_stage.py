@@ -16,8 +16,8 @@ import time
 from hpcckpt.ckpt.room import bytes_to_write
 from hpcckpt.ckpt.stages import StageRunner, once_more_after_making_room
 from hpcckpt.ckpt.drain import copy_version
-from hpcckpt.cluster.collectives import describe_failure, is_storage_failure, raise_if_any_failed
-from hpcckpt.errors import CheckpointError, StorageError
+from hpcckpt.cluster.collectives import describe_failure, is_storage_failure, on_root, raise_if_any_failed
+from hpcckpt.errors import CheckpointError, HpcckptError, StorageError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import VersionImage
@@ -72,8 +72,11 @@ class GlobalStage:
         chain = manifest.table_chain[:-1]
         if not chain:
             return
-        missing = comm.bcast(sorted(set(chain) - set(level.committed_steps())) if comm.Get_rank() == 0 else None,
-                             root=0)
+        try:  # the coordinator lists the shared directory; a failure there degrades the level on every rank
+            missing = on_root(comm, f"listing {level.number}'s versions",
+                              lambda: sorted(set(chain) - set(level.committed_steps())))
+        except HpcckptError as exc:  # the same on every rank (on_root): a storage failure of this level
+            raise CheckpointError(str(exc), {0: describe_failure(StorageError(str(exc)))}, collective=True) from None
         for step in missing:
             record = self.pruner.records.manifest(self.landing, step) if self.landing is not None else None
             failure = None

@@ -96,11 +96,22 @@ class KeyedTable:
 
     def mark_changed(self, slots) -> None:
         """Rows changed in place (by slot): the next delta version holds them."""
-        self._changed[np.asarray(slots, dtype=np.int64)] = True
+        slots = np.asarray(slots, dtype=np.int64)
+        if slots.size and (slots.min() < 0 or slots.max() >= self._count):
+            raise CheckpointError(f"mark_changed: slot(s) outside this rank's {self._count} row(s), e.g. "
+                                  f"{int(slots[(slots < 0) | (slots >= self._count)][0])} (slots(ids) gives -1 for an id "
+                                  "the table does not hold)")
+        self._changed[slots] = True
 
     # -- what the checkpointer uses ----------------------------------------------------------
     def bind(self, rank: int, world_size: int) -> None:
+        """The ranks the table is protected on; rows added before must belong here too."""
         self.rank, self.world_size = rank, world_size
+        owners = owner_of(self.ids, world_size)
+        if (owners != rank).any():
+            raise CheckpointError(f"KeyedTable: id {int(self.ids[owners != rank][0])} belongs on rank "
+                                  f"{int(owners[owners != rank][0])} of {world_size}, not on rank {rank}: add to each "
+                                  "rank only the ids table.owner(ids) gives it")
 
     def take(self, full: bool) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the rows a version stores (every row, or those changed since the last
@@ -142,6 +153,13 @@ class KeyedTable:
         return rows.astype(self.dtype, copy=False)
 
     def _append(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        if self.world_size > 1 and ids.size:
+            owners = owner_of(ids, self.world_size)
+            wrong = owners != self.rank
+            if wrong.any():
+                raise CheckpointError(f"KeyedTable: id {int(ids[wrong][0])} belongs on rank {int(owners[wrong][0])} of "
+                                      f"{self.world_size}, not on rank {self.rank}: add to each rank only the ids "
+                                      "table.owner(ids) gives it")
         need = self._count + ids.size
         if need > self._ids.size:
             capacity = max(need, self._ids.size * 2)

@@ -216,11 +216,15 @@ class SavePipeline:
                 done.set()
 
     def levels_due(self, snapshot: Snapshot) -> tuple:
-        if snapshot.levels is not None:
-            return tuple(level for level in self.levels if level.name in snapshot.levels)
-        names = levels_due(tuple(level.name for level in self.levels), snapshot.ordinal, snapshot.final,
-                           self.settings.every)
+        names = self.names_due(snapshot.ordinal, snapshot.final, snapshot.levels)
         return tuple(level for level in self.levels if level.name in names)
+
+    def names_due(self, ordinal: int, final: bool, chosen: tuple | None = None) -> tuple:
+        """The names of the levels checkpoint number `ordinal` goes to: `chosen` (the
+        failure rates' choice), else the fixed settings."""
+        if chosen is not None:
+            return tuple(level.name for level in self.levels if level.name in chosen)
+        return tuple(levels_due(tuple(level.name for level in self.levels), ordinal, final, self.settings.every))
 
     def persist(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
         """(all ranks) Plan the version's stages, run the node-local one, route the global

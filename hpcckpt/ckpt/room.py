@@ -4,7 +4,8 @@ to fit the new one, and whether dropping them would make it fit.
 A level that reports ENOSPC (or EDQUOT) for a version may drop its own older versions and
 try once more, but only versions another level holds complete (a node-local version that L4
 holds, an L4 version the node-local levels hold), never the newest complete version anywhere,
-never the best one by checkpoint.keep_best, never one being copied. It drops the fewest,
+never the best one by checkpoint.keep_best, never one being copied, never one a version kept
+there builds its keyed tables on (its chain, format/keyed_rows.py). It drops the fewest,
 oldest first, that make the new version fit by the file system's free space, and nothing
 when even all of them would not: a drop that cannot make room would only lose a copy. When
 the free space says the version fits already (a quota statvfs cannot see, or space freed in
@@ -79,6 +80,23 @@ def allocated_bytes(path: Path) -> int:
     return total
 
 
+def _chain_members(level, steps) -> set[int]:
+    """The versions that versions of `level` build their keyed tables on (their chains, less
+    themselves), as this rank reads their records there."""
+    members = set()
+    for step in steps:
+        try:
+            members.update(s for s in level.manifest(step).table_chain if s != step)
+        except (HpcckptError, OSError):
+            pass
+    return members
+
+
+def _not_to_drop(each: list) -> set[int]:
+    """(rank 0) From every rank's (version it copies to L4, versions its kept ones build on)."""
+    return {copying for copying, _ in each if copying is not None} | set().union(*(chains for _, chains in each))
+
+
 class RoomMaker:
     """(all ranks) Drops versions for a level that ran out of space, agreed across ranks: the
     same versions everywhere, or none. `remove_node_local(step)` deletes this rank's files of
@@ -107,7 +125,7 @@ class RoomMaker:
         def choose() -> list[int]:  # the coordinator measures the shared directory
             committed = level.committed_steps()
             candidates = droppable(committed, node_local, max({step, *node_local, *committed}),
-                                   self._best(level, committed), pinned=())
+                                   self._best(level, committed), pinned=_chain_members(level, committed))
             count = how_many_to_drop(free_bytes(level.root), version.version_bytes,
                                      [allocated_bytes(level.version_dir(s)) for s in candidates])
             return candidates[:count] if count else []
@@ -135,7 +153,8 @@ class RoomMaker:
                 s for level in self.global_levels for s in level.committed_steps()})
         except HpcckptError:
             on_global = set()  # then nothing here is held elsewhere: nothing to drop
-        pinned = fold_at_root(comm, copying, lambda copies: {s for s in copies if s is not None})
+        chains = _chain_members(first, node_local)
+        pinned = fold_at_root(comm, (copying, chains), _not_to_drop)
         # The version being written is complete nowhere yet: the newest complete one stays.
         candidates = droppable(node_local, on_global, max({*node_local, *on_global}, default=None),
                                self._best(first, node_local), pinned)

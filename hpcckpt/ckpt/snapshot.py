@@ -106,6 +106,8 @@ class ProtectedArrays:
             raise CheckpointError(f"protect_table({name!r}): expected an hpcckpt KeyedTable, got {type(table).__name__}")
         if name in self.tables or any(n in self.arrays for n in piece_names(name)):
             raise CheckpointError(f"a table named {name!r} is already protected")
+        if any(t is table for t in self.tables.values()):
+            raise CheckpointError(f"protect_table({name!r}): this KeyedTable is protected under another name already")
         if not name or "/" in name:
             raise CheckpointError(f"protect_table({name!r}): a table's name must be non-empty and hold no '/'")
         table.bind(self.rank, self.world_size)
@@ -167,7 +169,8 @@ class ProtectedArrays:
         blocks = [(p.name, str(p.array.dtype), p.block.global_shape, p.block.offset, tuple(p.array.shape),
                    p.block.gaps) for p in self.arrays.values() if p.block is not None]
         others = sorted((p.name, "per-rank" if p.per_rank else "replicated") for p in self.arrays.values()
-                        if p.block is None) + [(s.name, s.dtype, s.shape) for s in specs]
+                        if p.block is None) + [(s.name, s.dtype, s.shape) for s in specs] + \
+            [(name, "table", t.dim, str(t.dtype)) for name, t in self.tables.items()]
         digest = hashlib.blake2b(repr(others).encode(), digest_size=8).hexdigest()
         layouts, _ = decide_at_root(self.comm, "checking the protected arrays", (digest, blocks),
                                     lambda everyone: (_block_layouts(everyone), None), scatter=False)

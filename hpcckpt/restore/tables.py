@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import route_rows
+from hpcckpt.cluster.collectives import agree_before_exchange, route_rows
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.keyed_rows import TableSpec, check_pieces, is_table_piece, merge_rows, owner_of, piece_names
 from hpcckpt.format.layout import Layout
@@ -96,6 +96,7 @@ class _Router:
         outgoing = {name: [] for name in self.specs}  # name -> [(owners, ids, rows)] in old-rank order
         bad = set()
         from_l4 = OldPieceReader(self.record, self.path_of) if self.path_of is not None else None
+        failure = None
         try:
             for old_rank in range(self.record.world_size):
                 source = plan.sources[old_rank]
@@ -112,9 +113,12 @@ class _Router:
                     self.warn(f"version {self.record.step}: old rank {old_rank}'s table rows ({level}) are unusable: "
                               f"{exc}")
                     bad.add((level, old_rank))  # agreed after the exchange: the round is planned again
+        except Exception as exc:  # not a bad source (memory, a bug): every rank stops before the exchange
+            failure = exc
         finally:
             if from_l4 is not None:
                 from_l4.close()
+        agree_before_exchange(self.comm, failure, "routing the tables' rows")
         # Every rank takes part in the exchanges, also after a bad source (the result is then dropped).
         received = {name: self._exchange(spec, outgoing[name]) for name, spec in self.specs.items()}
         return received, bad

@@ -47,7 +47,7 @@ class ShardedEmbedding:
     def lookup(self, ids: np.ndarray, train: bool) -> np.ndarray:
         """(all ranks) The rows of `ids` (samples, fields), as (samples, fields x dim) values.
         With `train`, ids the table lacks are added (evaluation only reads them)."""
-        ids = np.asarray(ids, np.int64)
+        ids = np.asarray(ids, np.int64)  # (samples, fields); samples may be 0
         unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
         owners = owner_of(unique, self.size)
         asked, counts = route_rows(self.comm, unique, owners)
@@ -63,7 +63,7 @@ class ShardedEmbedding:
         rows[np.argsort(owners, kind="stable")] = answered  # route_rows sent them grouped by owner
         if train:
             self._step = (unique.size, inverse, owners, slots, back_to, counts)
-        return rows[inverse].reshape(ids.shape[0], ids.shape[1] * self.dim) if ids.ndim == 2 else rows[inverse]
+        return rows[inverse].reshape(ids.shape[0], ids.shape[1] * self.dim)
 
     def backward(self, grad: np.ndarray, lr: float) -> None:
         """(all ranks) Apply the gradient of the last training lookup's values to their rows."""

@@ -133,8 +133,8 @@ class Trainer:
         if self.embedding is None:
             return inputs
         rows = self.embedding.lookup(split.categorical(indices), train)
-        return np.concatenate([np.asarray(inputs, self.model.dtype).reshape(len(inputs), -1),
-                               rows.astype(self.model.dtype, copy=False)], axis=1)
+        dense = np.asarray(inputs, self.model.dtype).reshape(len(inputs), int(np.prod(self.dataset.input_shape)))
+        return np.concatenate([dense, rows.astype(self.model.dtype, copy=False)], axis=1)
 
     def skip_batches(self, count: int) -> None:
         """Advance the data past `count` global batches without training on them."""
