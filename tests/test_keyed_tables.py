@@ -79,6 +79,10 @@ def test_a_table_grows_tracks_changed_rows_and_gives_them_back_when_a_version_is
     ids, _ = table.take(full=False)
     assert ids.tolist() == [4, 8, 5000]
     table.settle(held=True)
+    table.mark_changed(table.slots([6]))
+    assert table.take(full=False)[0].tolist() == [6]  # never settled: that checkpoint went no further
+    assert table.take(full=False)[0].tolist() == [6]
+    table.settle(held=True)
     whole_ids, whole_rows = table.take(full=True)
     assert whole_ids.size == 3001 and whole_rows.shape == (3001, 3)
     table.load(np.array([3, 1]), np.ones((2, 3)))

@@ -116,7 +116,9 @@ class KeyedTable:
     def take(self, full: bool) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the rows a version stores (every row, or those changed since the last
         version taken), in slot order; they no longer count as changed, until settle() says
-        the version was lost."""
+        the version was lost. A version taken before and never settled (its checkpoint went
+        no further) counts as lost."""
+        self.settle(held=False)
         if full:
             slots = np.arange(self._count)
         else:

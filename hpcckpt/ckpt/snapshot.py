@@ -245,12 +245,13 @@ class ProtectedArrays:
                table_chain: tuple = ()) -> Snapshot:
         """The snapshot of `step`; `table_chain` (ckpt/table_chain.py) says whether the tables
         go whole (a chain of this step alone) or as the rows changed since the version before."""
-        pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1)
         # Encoded (format/pytree.py: nested containers, scalars, small arrays, types kept) and
         # through JSON once: the state is frozen as it is now, whatever get() returned.
         state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in self.states.items()}
         state[ENGINE_STATE_KEY] = {"ordinal": ordinal, **(engine_state or {})}
         state = json.loads(json.dumps(state))
+        # The tables' rows last: a state that fails to encode leaves their changed rows as they were.
+        pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1)
         return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final, None,
                         self.table_specs, tuple(table_chain) if self.tables else ())
 
