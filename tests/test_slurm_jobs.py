@@ -147,6 +147,16 @@ def wait_for_step(directory: Path, job: int, step: int, timeout: float = 120) ->
     raise AssertionError(f"job {job} did not reach step {step} in {timeout} s:\n{output(job, directory)}")
 
 
+def finished_after_one_restart(out: str) -> bool:
+    """The job finished on its second attempt, or on its third where the second could not even
+    get its step: the restart loop placed it before slurmctld had marked the failed node down
+    (the first attempt's ranks saw it gone first), and srun refused the node."""
+    if "finished after 2 attempt(s)" in out:
+        return True
+    return "finished after 3 attempt(s)" in out and \
+        "Unable to create step" in out.split("attempt 2 (at most")[1].split("attempt 3 (at most")[0]
+
+
 def fail_node(node: str, job: int, directory: Path) -> None:
     """Crash `node` (all its processes, slurmd included) and lose its disk: this job's
     node-local directory on that host is deleted."""
@@ -223,7 +233,7 @@ def test_a_failed_node_is_replaced_by_a_spare(cluster, tmp_path, uninterrupted):
     restored = re.search(r"restored version (\d+): 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
                          out)
     assert restored, out
-    assert "finished after 2 attempt(s)" in out
+    assert finished_after_one_restart(out), out
     assert final_record(directory / "run")["weights_digest"] == uninterrupted
     # The spare took rank 2, whose node was lost; every other rank stayed with its files.
     scratch = directory / "scratch" / "hpcckpt-root" / str(job)
@@ -246,7 +256,7 @@ def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
     assert "erasure groups of 3+ ranks with parity 1 instead" in out
     assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
                      r"1 from L2 partner", out), out
-    assert "finished after 2 attempt(s)" in out
+    assert finished_after_one_restart(out), out
     assert final_record(directory / "run")["step"] == STEPS
 
 
@@ -316,7 +326,7 @@ def test_an_application_survives_a_failed_node_on_the_nodes_that_are_left(cluste
     assert "next attempt on 3 node(s): n1 n2 n4" in out
     assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
                      r"1 from (L2 partner|L3 erasure)", out), out
-    assert "finished after 2 attempt(s)" in out
+    assert finished_after_one_restart(out), out
     final = np.load(directory / "grids" / "final.npy")
     assert final.tobytes() == np.load(heat2d_uninterrupted).tobytes()
 
