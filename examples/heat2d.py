@@ -24,7 +24,13 @@ APP="python examples/heat2d.py --run-dir run --nodes 0".
 
 At the end rank 0 prints one JSON line (RESULT ...): the rank count, the version restored and
 where each old rank's shard came from, the iterations, the last change and why it stopped
-early, if it did. Options for tests and demos: --crash-at K kills the last rank at iteration K
+early, if it did. The largest change of an iteration is handed to the library after every
+iteration (Checkpointer.observe): a solution that blows up (NaN or inf, or with
+resilience.divergence_factor a change that spikes) is never checkpointed, and with
+`--set resilience.rewind_on_divergence=true` the solver goes back in process to the newest
+version before it and goes on (else it stops, exit 2). Options for tests and demos:
+--poison-at K puts a NaN into the last rank's block at iteration K, once per process (a silent
+data error); --crash-at K kills the last rank at iteration K
 as a node crash would, once the versions before it are durable, so which one a restart loads
 is known (mpiexec then stops the job; under a job script's restart loop, in its first attempt
 only); --dump DIR makes rank 0 write the global
@@ -59,6 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a job setting (hpcckpt's config keys), e.g. resilience.parity=1")
     parser.add_argument("--crash-at", type=int, default=None, metavar="K")
+    parser.add_argument("--poison-at", type=int, default=None, metavar="K")
     parser.add_argument("--dump", type=Path, default=None, metavar="DIR")
     return parser.parse_args(argv)
 
@@ -147,6 +154,7 @@ def main(argv=None) -> int:
     block = Block(comm, tuple(args.shape))
     solver = {"iteration": 0, "change": float("inf")}
     first_attempt = os.environ.get("HPCCKPT_ATTEMPT", "1") == "1"  # a job script's loop counts its attempts
+    poisoned = False
     ckpt = Checkpointer(comm, config)
     try:
         ckpt.protect("u", block.interior, global_shape=block.shape, offset=block.start)
@@ -161,7 +169,14 @@ def main(argv=None) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
             change = block.jacobi()
             solver["iteration"] += 1
+            if solver["iteration"] == args.poison_at and comm.rank == comm.size - 1 and not poisoned:
+                block.interior[block.interior.shape[0] // 2, block.interior.shape[1] // 2] = np.nan
+                poisoned = True  # the next sweep spreads it, and its change is not finite
+            # NaN does not order under MAX: a block that is not finite reports inf.
+            change = change if np.isfinite(change) else float("inf")
             solver["change"] = comm.allreduce(change, op=MPI.MAX)
+            if ckpt.observe(solver["iteration"], solver["change"]) is not None:
+                continue  # diverged and rewound: the grid and the solver state are the older version's
             iteration = solver["iteration"]
             if ckpt.due(iteration, last=iteration == args.iterations or solver["change"] <= args.tol):
                 ckpt.checkpoint(iteration)

@@ -1,18 +1,18 @@
-"""The divergence rules (train/divergence.py), what a version's metrics vouch for
-(run/health.py), retention's known-good version, and the nan and spike faults' grammar,
-without processes."""
+"""The divergence rules (ckpt/divergence.py) and the trainer's skipped batches
+(train/divergence.py), what a version's metrics vouch for (run/health.py), retention's
+known-good version, and the nan and spike faults' grammar, without processes."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from hpcckpt.ckpt.divergence import LOSS_HISTORY, MIN_HISTORY, DivergenceCheck, DivergencePolicy
+from hpcckpt.ckpt.retention import newest_known_good
 from hpcckpt.errors import ConfigError, DivergenceError
 from hpcckpt.faults import FaultInjector, parse_fault
-import numpy as np
-
-from hpcckpt.ckpt.retention import newest_known_good
 from hpcckpt.run.health import first_non_finite, non_finite_metrics, vouches_finite
-from hpcckpt.train.divergence import LOSS_HISTORY, MIN_HISTORY, DivergenceCheck, Rewinds
+from hpcckpt.train.divergence import SkippedBatches
 
 
 class Log:
@@ -26,15 +26,11 @@ class Log:
         self.records.append(record)
 
 
-class Checkpointer:
-    """Where rewind() would restore to: the newest multiple of 10 before the step."""
-
-    def __init__(self):
-        self.rewound = []
-
-    def rewind(self, step, reason):
-        self.rewound.append((step, reason))
-        return (step - 1) // 10 * 10
+def rewind(policy, step, reason="non-finite gradients"):
+    """What Checkpointer.observe does after admitting a divergence: back to the newest multiple
+    of 10 before the step."""
+    policy.admit(step, reason)
+    return policy.rewound(step, (step - 1) // 10 * 10, reason)
 
 
 class Trainer:
@@ -46,46 +42,47 @@ class Trainer:
 
 
 def settings(**overrides):
-    values = dict(rewind_on_divergence=True, skip_batches_on_rewind=2, max_rewinds=2, rewind_window_steps=100)
+    values = dict(rewind_on_divergence=True, skip_batches_on_rewind=2, max_rewinds=2, rewind_window_steps=100,
+                  divergence_factor=0.0)
     return SimpleNamespace(**{**values, **overrides})
 
 
 def test_the_batches_that_led_to_a_divergence_are_skipped_when_the_replay_reaches_them():
-    rewinds, ckpt = Rewinds(settings(), Log()), Checkpointer()
-    assert rewinds.diverged(34, ckpt) == 30
-    trainer = Trainer(30)
+    rewound = rewind(DivergencePolicy(settings()), 34)
+    assert rewound.step == 30
+    skipped, trainer = SkippedBatches(Log()), Trainer(30)
+    skipped.after(rewound)
     for step in (30, 31, 32, 33):
         trainer.step = step
-        rewinds.before_step(trainer)
+        skipped.before_step(trainer)
     # Steps 31 and 32 replay batches 31, 32; then batches 33 and 34 (those that led to it) go.
     assert trainer.skipped == [(32, 2)]
 
 
 def test_a_skip_longer_than_the_replay_starts_at_the_restored_version():
-    rewinds = Rewinds(settings(skip_batches_on_rewind=50), Log())
-    assert rewinds.diverged(34, Checkpointer()) == 30
-    trainer = Trainer(30)
-    rewinds.before_step(trainer)
+    rewound = rewind(DivergencePolicy(settings(skip_batches_on_rewind=50)), 34)
+    assert rewound.step == 30
+    skipped, trainer = SkippedBatches(Log()), Trainer(30)
+    skipped.after(rewound)
+    skipped.before_step(trainer)
     assert trainer.skipped == [(30, 4)]
 
 
 def test_too_many_rewinds_in_the_window_stop_naming_the_steps_and_old_ones_age_out():
-    rewinds, ckpt = Rewinds(settings(), Log()), Checkpointer()
-    rewinds.diverged(34, ckpt)
-    rewinds.diverged(60, ckpt)
+    policy = DivergencePolicy(settings())
+    rewind(policy, 34)
+    rewind(policy, 60)
     with pytest.raises(DivergenceError, match=r"diverged 3 times within 100 steps \(at steps \[34, 60, 90\]\)"):
-        rewinds.diverged(90, ckpt)
-    aged = Rewinds(settings(), Log())
+        rewind(policy, 90)
+    aged = DivergencePolicy(settings())
     for step in (34, 60, 250):  # 34 and 60 are out of 250's window
-        aged.diverged(step, ckpt)
+        rewind(aged, step)
 
 
-def test_without_rewinds_or_checkpoints_a_divergence_stops_the_run():
+def test_without_rewinds_a_divergence_stops_the_run():
     with pytest.raises(DivergenceError, match=r"step 5: the run diverged \(non-finite gradients at step 5\); set "
                                               "resilience.rewind_on_divergence = true"):
-        Rewinds(settings(rewind_on_divergence=False), Log()).diverged(5, Checkpointer())
-    with pytest.raises(DivergenceError, match="checkpoints are off"):
-        Rewinds(settings(), Log()).diverged(5, None)
+        rewind(DivergencePolicy(settings(rewind_on_divergence=False)), 5, "non-finite gradients at step 5")
     assert DivergenceError.exit_code == 2
 
 

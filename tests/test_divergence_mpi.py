@@ -115,6 +115,13 @@ def test_without_rewinds_a_nan_stops_the_run_with_exit_2_and_nothing_non_finite_
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "step 34: the run diverged (non-finite gradients at step 34)" in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "pfs" / "v000000000040").exists()
+    # Without checkpoints there is nothing to rewind to, whatever the settings.
+    off = tmp_path / "off"
+    off.mkdir()
+    proc = train(off, job(off, {"every_steps": 0}, rewind_on_divergence=True), "--inject", "nan:step=5")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "step 5: the run diverged (non-finite gradients at step 5) and checkpoints are off" in \
+        proc.stdout + proc.stderr
 
 
 def test_too_many_rewinds_in_a_window_stop_the_run_naming_the_steps(tmp_path):

@@ -5,7 +5,8 @@ as in a node crash, at iteration 350: versions 100-300 are saved), then restarte
 the node-local levels) and on 6: the restored global grid equals the one saved, byte for
 byte, and the run converges to the same answer within tolerance. Stopped by a signal or a
 halt file: every rank after the same iteration, a final version on L4, exit 75, and the
-resumed run ends bit-identical. The interval chosen by the library ("auto", Young/Daly)."""
+resumed run ends bit-identical. The interval chosen by the library ("auto", Young/Daly). A
+solution that blows up rewound in process by the library's divergence check."""
 
 import re
 import shutil
@@ -139,3 +140,22 @@ def test_a_stop_request_ends_every_rank_after_the_same_iteration_and_the_resumed
     assert again["restored"] == stop and again["stopped"] is None
     final = np.load(tmp_path / "grids" / "final.npy")
     assert final.tobytes() == np.load(uninterrupted / "final.npy").tobytes()
+
+
+def test_a_solution_that_blows_up_is_rewound_in_process_and_ends_on_the_uninterrupted_grid(uninterrupted, tmp_path):
+    # A NaN enters one block at iteration 250; the sweep after spreads it, the library's check
+    # (Checkpointer.observe) sees the change is not finite, and the solver goes back to version
+    # 200 without a relaunch.
+    proc = heat2d(tmp_path, 4, 4, "--every", "100", "--poison-at", "250", "--dump", str(tmp_path / "grids"),
+                  "--set", "resilience.rewind_on_divergence=true")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "rewound from step 251 to version 200: non-finite loss (inf) at step 251" in out, out[-3000:]
+    final = np.load(tmp_path / "grids" / "final.npy")
+    assert final.tobytes() == np.load(uninterrupted / "final.npy").tobytes()
+    # Without rewinds the solver stops there, nothing non-finite saved.
+    (tmp_path / "stopped").mkdir()
+    stopped = heat2d(tmp_path / "stopped", 4, 4, "--every", "100", "--poison-at", "250")
+    assert stopped.returncode == 2, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    assert "step 251: the run diverged (non-finite loss (inf) at step 251)" in stopped.stdout + stopped.stderr
+

@@ -6,7 +6,9 @@
     ckpt.protect_table("emb", table)         # a KeyedTable: rows placed by id hash, saved whole or as deltas
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
     for step in range(start + 1, last + 1):
-        work(step)
+        loss = work(step)
+        if ckpt.observe(step, loss):           # (all ranks) diverged (NaN, a spike): rewound in process
+            continue
         if ckpt.due(step, last=step == last):  # (all ranks) the interval, the last step, or a stop agreed
             ckpt.checkpoint(step, metrics)   # returns once the snapshot is taken
         if ckpt.stopping:                    # a stop asked for (signal, allocation end, run.dir/HALT)
@@ -43,6 +45,7 @@ from typing import Callable, Sequence
 from hpcckpt import recovery
 from hpcckpt.ckpt.capture import SnapshotCapture
 from hpcckpt.ckpt.commit_record import CommitRecords
+from hpcckpt.ckpt.divergence import DivergencePolicy, Rewound
 from hpcckpt.ckpt.foreign_arrays import protectable_array
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
@@ -139,6 +142,7 @@ class Checkpointer:
             self._last_checkpoint: int | None = None
             self._previous_durable: float | None = None  # seconds until the previous checkpoint was durable
             self._rewound_to: int | None = None  # the version the last rewind restored
+            self.divergence = DivergencePolicy(config.resilience)
             self.table_chain = TableChain(config.checkpoint.table_full_every)
         except BaseException:
             if self.schedule is not None:
@@ -336,7 +340,8 @@ class Checkpointer:
             going_to = node_local.intersection(self.pipeline.names_due(self._ordinal, final, due))
             chain = self.table_chain.next(step, going_to, final)
         snapshot, report, started = self.capture_state.close(self._ordinal, metrics or {}, final,
-                                                            {"schedule": self.schedule.state()}, chain)
+                                                            {"schedule": self.schedule.state(),
+                                                             "divergence": self.divergence.check.state()}, chain)
         if due is not None:
             snapshot = dataclasses.replace(snapshot, levels=due)
         self.pipeline.submit(snapshot, report, started, self.capture_state.copies, self.arrays.copy_piece)
@@ -528,6 +533,25 @@ class Checkpointer:
             self.schedule.restart_clock(self.pipeline.persisting)
         return restored
 
+    def observe(self, step: int, loss: float, finite: bool = True) -> Rewound | None:
+        """(all ranks, after the step's work, before due(); `loss` the same on every rank, an
+        allreduced value) Whether step `step` diverged: its loss not finite, `finite` false
+        (the application's own word, e.g. its gradients), or a spike above
+        resilience.divergence_factor times the recent median (ckpt/divergence.py). A healthy
+        step returns None. One that diverged is never checkpointed: with
+        resilience.rewind_on_divergence the run is rewound in process (rewind()) and a Rewound
+        says to which version and which steps' inputs to skip when the replay reaches them;
+        otherwise, or past resilience.max_rewinds in resilience.rewind_window_steps, a
+        DivergenceError (exit 2)."""
+        reason = self.divergence.check.verdict(step, loss, finite)
+        if reason is None:
+            return None
+        self.divergence.admit(step, reason)
+        rewound = self.divergence.rewound(step, self.rewind(step, reason), reason)
+        self.log.metrics({"event": "diverged", "step": step, "rewound_to": rewound.step,
+                          "skipping": rewound.skip_count, "reason": reason})
+        return rewound
+
     def mark_bad(self, step: int, reason: str) -> None:
         """(all ranks) Version `step` is bad (a diverged state, a wrong result): no restart or
         rewind loads it again; `reason` is kept in the restart ledger (<run.dir>/restarts.json)."""
@@ -598,6 +622,7 @@ class Checkpointer:
         self._ordinal = int(engine.get("ordinal", 0))
         if "schedule" in engine:  # the interval's profile: a restart does not profile again
             self.schedule.load_state(engine["schedule"])
+        self.divergence.check.load_state(engine.get("divergence", {}))
 
     # -- internals -----------------------------------------------------------------------
     def _ensure_layout(self) -> Layout:

@@ -16,7 +16,9 @@ from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
-from hpcckpt.train.divergence import DivergenceCheck, Rewinds
+from hpcckpt.ckpt.divergence import DivergenceCheck
+from hpcckpt.errors import DivergenceError
+from hpcckpt.train.divergence import SkippedBatches
 from hpcckpt.train.embedding import TABLE_NAME
 from hpcckpt.train.trainer import Trainer
 
@@ -41,7 +43,6 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
     topology = discover_topology(comm, config.cluster.simulated_nodes, config.cluster.failure_domains,
                                   config.cluster.simulated_domains)
     log = RunLog(config.run.dir, rank, world_size)
-    divergence = DivergenceCheck(config.resilience.divergence_factor)
     checkpointer = stops = None
     try:
         node = topology.node_of_rank[rank]
@@ -69,7 +70,7 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
             stops.post()  # a stop asked for during set-up is agreed after the first step
         else:
             checkpointer = Checkpointer(comm, config, topology=topology, log=log, faults=injector)
-            _protect(checkpointer, trainer, divergence)
+            _protect(checkpointer, trainer)
             restored = checkpointer.restart(restart)
             if restored is None and init_from:
                 select = (lambda name: name.startswith(("model/", "optim/"))) if init_optimizer \
@@ -85,7 +86,7 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
                          console=True)
             if restored is not None:
                 _record_restored(trainer, log, restored)
-        summary = _step_loop(config, trainer, log, checkpointer, injector, stops, divergence)
+        summary = _step_loop(config, trainer, log, checkpointer, injector, stops)
         if checkpointer is not None:
             # Node-local storage may go with the allocation: close() leaves the newest versions
             # on L4 (those its retention keeps), and says what checkpoints cost the run.
@@ -99,11 +100,10 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
         log.close()
 
 
-def _protect(checkpointer: Checkpointer, trainer: Trainer, divergence: DivergenceCheck) -> None:
+def _protect(checkpointer: Checkpointer, trainer: Trainer) -> None:
     for name, array in trainer.protected_arrays():
         checkpointer.protect(name, array)
     checkpointer.register_state("trainer", trainer.training_state, trainer.load_training_state)
-    checkpointer.register_state("divergence", divergence.state, divergence.load_state)
     if trainer.embedding is not None:
         checkpointer.protect_table(TABLE_NAME, trainer.embedding.table)
     trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
@@ -142,7 +142,7 @@ def _record_restored(trainer: Trainer, log: RunLog, step: int, rewound: bool = F
 
 
 def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer: Checkpointer | None, injector,
-               stops: StopRequests | None, divergence: DivergenceCheck) -> TrainSummary:
+               stops: StopRequests | None) -> TrainSummary:
     total_steps = config.run.steps
     log_every = config.run.log_every
     eval_every = config.eval.every_steps
@@ -150,20 +150,29 @@ def _step_loop(config, trainer: Trainer, log: RunLog, checkpointer: Checkpointer
     window_time, window_samples, window_steps = 0.0, 0, 0
     last_eval: dict = {}
     halted = None
-    rewinds = Rewinds(config.resilience, log)
+    skipped = SkippedBatches(log)
+    # Without checkpoints nothing can be rewound: a divergence only stops the run.
+    unprotected = DivergenceCheck(config.resilience.divergence_factor) if checkpointer is None else None
     while trainer.step < total_steps:
-        rewinds.before_step(trainer)
+        skipped.before_step(trainer)
         next_step = trainer.step + 1
         report = next_step % log_every == 0 or next_step == total_steps
         if checkpointer is not None and checkpointer.planned(next_step, last=next_step == total_steps):
             # Opened before the step, so each parameter's shard is captured right after its update.
             checkpointer.begin_checkpoint(next_step, copy_in_background=True)
         result = trainer.train_step(injector.corruption(next_step))
-        diverged = divergence.verdict(result.step, result.loss, result.finite)
-        if diverged:  # never checkpointed: rewound (the open snapshot dropped), or the run stops
-            _record_restored(trainer, log, rewinds.diverged(result.step, checkpointer, diverged), rewound=True)
-            window_time, window_samples, window_steps = 0.0, 0, 0
-            continue
+        if checkpointer is None:
+            diverged = unprotected.verdict(result.step, result.loss, result.finite)
+            if diverged:
+                raise DivergenceError(f"step {result.step}: the run diverged ({diverged}) and checkpoints are off "
+                                      "(checkpoint.every_steps = 0): nothing to rewind to")
+        else:
+            rewound = checkpointer.observe(result.step, result.loss, result.finite)
+            if rewound is not None:  # never checkpointed: rewound, the open snapshot dropped
+                skipped.after(rewound)
+                _record_restored(trainer, log, rewound.step, rewound=True)
+                window_time, window_samples, window_steps = 0.0, 0, 0
+                continue
         window_time += result.seconds
         window_samples += result.samples
         window_steps += 1
