@@ -242,7 +242,7 @@ class FaultInjector:
         attempt = current_attempt()
         self.all_faults = tuple(f for f in faults if f.attempt in (None, attempt))
         self.faults = tuple(f for f in self.all_faults if self._hits_me(f))
-        self._poisoned: set = set()
+        self._spent: set = set()
         me = _Peer(socket.gethostname(), os.getpid(), node, str(self.local_dir) if self.local_dir else None)
         self.peers: tuple[_Peer, ...] = (me,)
         if comm is not None and any(f.kind == "node-loss" for f in self.all_faults):
@@ -257,8 +257,8 @@ class FaultInjector:
         """The nan or spike fault that corrupts this rank's step `step`, if any (each once: a
         rewound run that comes to the step again meets a healthy batch)."""
         for fault in self.faults:
-            if fault.kind in ("nan", "spike") and fault.step == step and fault not in self._poisoned:
-                self._poisoned.add(fault)
+            if fault.kind in ("nan", "spike") and fault.step == step and fault not in self._spent:
+                self._spent.add(fault)
                 return fault
         return None
 

@@ -88,36 +88,24 @@ def worker(args) -> None:
             result["versions"].append({"step": version, "bytes": total, "table_bytes": table_bytes,
                                        "blocking_s": blocking,
                                        "durable_s": durable, "levels_durable_s": report.durable_s})
-        result["digest"] = _digest(comm, table)
+        result["digest"] = table.digest(comm)
         ckpt.close()
     else:
         comm.Barrier()
         started = time.perf_counter()
         result["restored"] = ckpt.restart("require")
         result["restore_s"] = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
-        result["digest"] = _digest(comm, table)
+        result["digest"] = table.digest(comm)
         result["placed"] = comm.allreduce(int(np.all(owner_of(table.ids, comm.size) == comm.rank)), op=MPI.MIN)
         ckpt.close(drain=False)
     if comm.rank == 0:
         write_json(args.out, result)
 
 
-def _digest(comm, table) -> str | None:
-    import numpy as np
-    import xxhash
-
-    parts = comm.gather((table.ids.copy(), table.values.copy()), root=0)
-    if comm.rank != 0:
-        return None
-    ids = np.concatenate([p[0] for p in parts])
-    rows = np.concatenate([p[1] for p in parts])
-    order = np.argsort(ids)
-    return f"{ids.size}:{xxhash.xxh3_64(ids[order].tobytes() + rows[order].tobytes()).hexdigest()}"
-
-
 def exported_digest(run_dir: Path, step: int, full_every: int) -> str:
     import h5py
-    import xxhash
+
+    from hpcckpt.format.keyed_rows import digest_text, rows_digest
 
     out = run_dir.parent / f"export-{run_dir.name}.h5"
     out.unlink(missing_ok=True)
@@ -129,7 +117,7 @@ def exported_digest(run_dir: Path, step: int, full_every: int) -> str:
         raise SystemExit(f"bench_tables: export failed: {proc.stderr[-2000:]}")
     with h5py.File(out) as f:
         ids, rows = f["table/table/ids"][()], f["table/table/rows"][()]
-    return f"{ids.size}:{xxhash.xxh3_64(ids.tobytes() + rows.tobytes()).hexdigest()}"
+    return digest_text(*rows_digest(ids, rows))
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from hpcckpt.ckpt.keyed_table import KeyedTable
 from hpcckpt.ckpt.retention import versions_to_delete
 from hpcckpt.ckpt.table_chain import TableChain
 from hpcckpt.errors import CheckpointError, ConfigError, FormatError
-from hpcckpt.format.keyed_rows import TableSpec, check_pieces, merge_rows, mix, owner_of
+from hpcckpt.format.keyed_rows import TableSpec, check_pieces, digest_text, merge_rows, mix, owner_of, rows_digest
 
 
 def test_the_owner_of_an_id_depends_on_the_id_and_rank_count_only_and_spreads_evenly():
@@ -34,6 +34,20 @@ def _splitmix64_finalizer(value: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return z ^ (z >> 31)
+
+
+def test_a_tables_digest_is_the_same_however_its_rows_are_ordered_or_spread_over_ranks():
+    ids = np.arange(1000, dtype=np.int64) * 7
+    rows = np.random.default_rng(3).standard_normal((1000, 3)).astype(np.float32)  # 12-byte rows
+    whole = digest_text(*rows_digest(ids, rows))
+    order = np.random.default_rng(4).permutation(1000)
+    parts = [rows_digest(ids[order][part], rows[order][part]) for part in np.array_split(np.arange(1000), 3)]
+    assert digest_text(sum(c for c, _ in parts), sum(t for _, t in parts)) == whole
+    changed = rows.copy()
+    changed[500, 2] += 1
+    assert digest_text(*rows_digest(ids, changed)) != whole
+    assert digest_text(*rows_digest(ids[:-1], rows[:-1])) != whole
+    assert whole.startswith("1000:")
 
 
 def test_a_chain_of_rows_merges_oldest_first_the_last_row_of_an_id_winning():

@@ -19,7 +19,7 @@ from hpcckpt.run.ledger import LEDGER_NAME
 from hpcckpt.run.run_identity import LOCAL_SUBDIR_PREFIX, PFS_OWNER_FILE, RUN_FILE, pfs_owner, read_run_identity
 from hpcckpt.cluster.placement import pfs_dir_of, user_name
 from hpcckpt.cluster.topology import expand_dir_template, job_id
-from hpcckpt.errors import CheckpointError, ConfigError, DamagedRecordError, HpcckptError, UnrecoverableError
+from hpcckpt.errors import ConfigError, DamagedRecordError, HpcckptError, UnrecoverableError
 from hpcckpt.format.manifest import Manifest
 from hpcckpt.format.shardfile import read_shard_table, read_tensor, verify_shard
 from hpcckpt.levels.naming import (
@@ -292,6 +292,22 @@ def shard_candidates(config, manifest: Manifest, rank: int) -> list[Path]:
     return paths
 
 
+def _first_good_copy(config, manifest: Manifest, rank: int, read, what: str):
+    """read(path, shard table) of the first copy of `rank`'s shard that reads without error
+    (checked against the commit record); UnrecoverableError naming `what` when none does."""
+    problems = []
+    for path in shard_candidates(config, manifest, rank):
+        try:
+            table = read_shard_table(path)
+            manifest.check_shard_table(table, rank, path)
+            with open(path, "rb") as f:
+                return read(f, table, path)
+        except (HpcckptError, OSError) as exc:
+            problems.append(str(exc))
+    raise UnrecoverableError(f"{what}: no good copy of rank {rank}'s shard is reachable from here: "
+                             f"{'; '.join(problems)}")
+
+
 def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
     """Every replicated tensor and block array of a version, reassembled from the first good
     copy of each shard (zeros where blocks left gaps)."""
@@ -302,23 +318,10 @@ def read_full_tensors(config, manifest: Manifest) -> dict[str, np.ndarray]:
         pieces = manifest.layout.rank_pieces(rank)
         if not pieces:
             continue
-        problems = []
-        for path in shard_candidates(config, manifest, rank):
-            try:
-                table = read_shard_table(path)
-                with open(path, "rb") as f:
-                    read = {tl.name: read_tensor(f, table, tl.name) for tl in pieces}
-                for tl in pieces:
-                    if manifest.shard(rank).checksums.get(tl.name) != table.entry(tl.name).checksum:
-                        raise CheckpointError(f"{path}: {tl.name} differs from the commit record")
-                for tl in pieces:
-                    insert_piece(tensors[tl.name], tl, rank, read[tl.name])
-                break
-            except (HpcckptError, OSError) as exc:
-                problems.append(str(exc))
-        else:
-            raise UnrecoverableError(f"version {manifest.step}: no good copy of rank {rank}'s shard is reachable "
-                                     f"from here: {'; '.join(problems)}")
+        read = _first_good_copy(config, manifest, rank, lambda f, table, path: {
+            tl.name: read_tensor(f, table, tl.name) for tl in pieces}, f"version {manifest.step}")
+        for tl in pieces:
+            insert_piece(tensors[tl.name], tl, rank, read[tl.name])
     return tensors
 
 
@@ -329,28 +332,23 @@ def read_full_tables(config, manifest: Manifest) -> dict[str, tuple[np.ndarray, 
 
     specs = {name: TableSpec.from_dict(name, spec) for name, spec in manifest.tables.items()}
     tables = {name: (np.empty(0, np.int64), np.empty((0, spec.dim), spec.dtype)) for name, spec in specs.items()}
+
+    def read(f, table, path) -> dict:
+        pieces = {name: [read_tensor(f, table, piece) for piece in piece_names(name)] for name in specs}
+        for name, (ids, rows) in pieces.items():
+            check_pieces(name, specs[name], ids, rows, str(path))
+        return pieces
+
     for step in manifest.table_chain:
         record = manifest if step == manifest.step else manifest_of(config, step)
         if record.table_chain != manifest.table_chain[:manifest.table_chain.index(step) + 1]:
             raise UnrecoverableError(f"version {manifest.step}: the version {step} found here is not the one its "
                                      "tables were written on")
         for rank in range(record.world_size):
-            problems = []
-            for path in shard_candidates(config, record, rank):
-                try:
-                    table = read_shard_table(path)
-                    record.check_shard_table(table, rank, path)
-                    with open(path, "rb") as f:
-                        read = {name: [read_tensor(f, table, piece) for piece in piece_names(name)] for name in specs}
-                    for name, (ids, rows) in read.items():
-                        check_pieces(name, specs[name], ids, rows, str(path))
-                        tables[name] = merge_rows(*tables[name], ids, rows)
-                    break
-                except (HpcckptError, OSError) as exc:
-                    problems.append(str(exc))
-            else:
-                raise UnrecoverableError(f"version {step} (of version {manifest.step}'s table chain): no good copy of "
-                                         f"rank {rank}'s shard is reachable from here: {'; '.join(problems)}")
+            pieces = _first_good_copy(config, record, rank, read,
+                                      f"version {step} (of version {manifest.step}'s table chain)")
+            for name, (ids, rows) in pieces.items():
+                tables[name] = merge_rows(*tables[name], ids, rows)
     return tables
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from hpcckpt.errors import CheckpointError, ConfigError
-from hpcckpt.format.keyed_rows import owner_of
+from hpcckpt.format.keyed_rows import digest_text, owner_of, rows_digest
 
 _FIRST_CAPACITY = 1024
 
@@ -102,6 +102,16 @@ class KeyedTable:
                                   f"{int(slots[(slots < 0) | (slots >= self._count)][0])} (slots(ids) gives -1 for an id "
                                   "the table does not hold)")
         self._changed[slots] = True
+
+    def digest(self, comm) -> str:
+        """(all ranks of comm) "rows:hash" of every rank's rows (format/keyed_rows.py
+        rows_digest): equal for equal tables, whatever the rank count. One allreduce."""
+        from mpi4py import MPI
+
+        count, total = rows_digest(self.ids, self.values)
+        summed = np.zeros(2, np.uint64)
+        comm.Allreduce(np.array([count, total], np.uint64), summed, op=MPI.SUM)
+        return digest_text(int(summed[0]), int(summed[1]))
 
     # -- what the checkpointer uses ----------------------------------------------------------
     def bind(self, rank: int, world_size: int) -> None:

@@ -29,7 +29,6 @@ from hpcckpt.errors import FormatError
 
 HASH_RULE = "splitmix64"
 TABLE_PREFIX = "table/"
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def piece_names(table: str) -> tuple[str, str]:
@@ -43,12 +42,34 @@ def is_table_piece(name: str) -> bool:
 
 def mix(ids: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer of each id (as uint64): consecutive ids land far apart."""
-    z = np.asarray(ids, dtype=np.int64).astype(np.uint64, copy=True)
+    return _mixed(np.asarray(ids, dtype=np.int64).astype(np.uint64, copy=True))
+
+
+def _mixed(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer of uint64 values, in place."""
     with np.errstate(over="ignore"):
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
     return z
+
+
+def rows_digest(ids: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
+    """(row count, the sum mod 2^64 of a hash of each id and its row's bytes): a rank's part of
+    a table's digest, added over ranks; the same for the same rows whatever their order and
+    however they are spread over ranks. digest_text() writes it."""
+    data = np.ascontiguousarray(rows).reshape(len(ids), -1).view(np.uint8)
+    pad = -data.shape[1] % 4
+    if pad:
+        data = np.concatenate([data, np.zeros((len(ids), pad), np.uint8)], axis=1)
+    hashes = mix(ids)
+    for column in data.view(np.uint32).T:  # one pass per 4 bytes of a row, over every row at once
+        hashes = _mixed(hashes ^ column.astype(np.uint64))
+    return len(ids), int(hashes.sum(dtype=np.uint64))
+
+
+def digest_text(count: int, total: int) -> str:
+    return f"{count}:{total % (1 << 64):016x}"
 
 
 def owner_of(ids, world_size: int) -> np.ndarray:

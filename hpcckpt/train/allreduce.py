@@ -13,6 +13,7 @@ the bucket's dtype.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -58,6 +59,7 @@ class GradientAllreduce:
         self._alone: list[tuple[str, object]] = []
         self._scalar_added = False
         self.scalar: float | None = None  # the summed scalar of the last step, once reduced()
+        self.finite = True  # the last step's reduced gradients and scalar were all finite
         self._bucket_of: dict[str, tuple[_Bucket, _Slot]] = {}
         self.buckets: list[_Bucket] = []
         current: _Bucket | None = None
@@ -130,24 +132,30 @@ class GradientAllreduce:
             MPI.Request.Testall(pending)
 
     def reduced(self) -> Iterator[tuple[str, object]]:
-        """Yield (name, summed gradient) bucket by bucket as each completes, output layer first."""
+        """Yield (name, summed gradient) bucket by bucket as each completes, output layer first.
+        Once every one was taken, `finite` says whether all of them and the scalar were finite
+        (one sum per bucket, on the host buffer the reduction landed in)."""
         added, self._scalar_added = self._scalar_added, False
+        total = 0.0
         if self.comm.Get_size() == 1:
             if not added:
                 self.scalar = 0.0
             alone, self._alone = self._alone, []
-            yield from alone
-            return
-        for bucket in self.buckets:
+            for name, grad in alone:
+                total = total + self.backend.xp.sum(grad)
+                yield name, grad
+        for bucket in self.buckets if self.comm.Get_size() > 1 else ():
             if bucket.request is None:
                 missing = len(bucket.slots) - bucket.filled
                 raise RuntimeError(f"gradient bucket incomplete: {missing} gradient(s) never added")
             bucket.request.Wait()
             bucket.request = None
             bucket.filled = 0
+            total = total + bucket.recv.sum()  # the scalar's slot is in it too
             for slot in bucket.slots:
                 if slot.name == _SCALAR:
                     self.scalar = float(bucket.recv[slot.offset])
                     continue
                 view = bucket.recv[slot.offset: slot.offset + slot.size].reshape(slot.shape)
                 yield slot.name, (self.backend.from_host(view) if self.backend.is_gpu else view)
+        self.finite = math.isfinite(float(total)) and math.isfinite(self.scalar)

@@ -80,15 +80,3 @@ class ShardedEmbedding:
         np.add.at(total, position, received)
         self.table.values[rows] -= (lr * total).astype(self.dtype)
         self.table.mark_changed(rows)
-
-    def digest(self) -> str:
-        """(all ranks) xxh3 over every rank's rows, sorted by id, in rank order (the same for
-        the same rows on as many ranks)."""
-        import xxhash
-
-        order = np.argsort(self.table.ids, kind="stable")
-        mine = xxhash.xxh3_64()
-        mine.update(self.table.ids[order].tobytes())
-        mine.update(self.table.values[order].tobytes())
-        everyone = self.comm.allgather(mine.hexdigest())
-        return xxhash.xxh3_64("".join(everyone).encode()).hexdigest()

@@ -232,8 +232,8 @@ def _report_end(trainer: Trainer, log: RunLog, summary: TrainSummary, checkpoint
     accuracy = f"{100 * summary.val_accuracy:.2f} %" if summary.val_accuracy is not None else "n/a"
     table = {}
     if trainer.embedding is not None:  # every rank's rows, by id, in rank order: compared on as many ranks
-        rows = trainer.comm.allreduce(len(trainer.embedding.table))
-        table = {"table_digest": trainer.embedding.digest(), "table_rows": rows}
+        rows_and_hash = trainer.embedding.table.digest(trainer.comm)
+        table = {"table_digest": rows_and_hash, "table_rows": int(rows_and_hash.split(":")[0])}
     log.info(f"done: {summary.steps} steps in {seconds:.1f} s, final val_accuracy {accuracy}, "
              f"weights {digest[:16]} ({'identical on all ranks' if identical else 'DIFFER across ranks'})"
              + (f", embedding table {table['table_digest']} ({table['table_rows']} rows)" if table else ""),

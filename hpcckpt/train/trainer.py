@@ -9,7 +9,6 @@ checkpoint, restart), the same one outside code uses.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -85,9 +84,8 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------
     def train_step(self, corrupt=None) -> StepResult:
         """One step. The step's global mean loss rides in the gradient allreduce (every rank
-        gets the same value, every step, with no message of its own), and each reduced
-        gradient is summed as it is applied: `finite` says whether both were finite, alike on
-        every rank. `corrupt`: an injected nan or spike fault for this rank's step (faults.py)."""
+        gets the same value, every step, with no message of its own), and the allreduce says
+        whether the reduced gradients and the loss were finite (`finite`, alike on every rank). `corrupt`: an injected nan or spike fault for this rank's step (faults.py)."""
         started = time.perf_counter()
         global_batch = self.batches.next_global_batch()
         local = global_batch[rank_slice(len(global_batch), self.world_size, self.rank)]
@@ -114,9 +112,7 @@ class Trainer:
         if self.embedding is not None:  # its rows' gradients go to their owners while the buckets reduce
             dense = inputs.shape[1] - self.embedding.dim * self.dataset.fields
             self.embedding.backward(self.backend.to_host(self.model.input_grad[:, dense:]), self.config.optimizer.lr)
-        checked = 0.0
         for name, reduced_grad in self.allreduce.reduced():
-            checked = checked + self.xp.sum(reduced_grad)
             for hook in self.step_hooks:
                 hook.before_update(name)
             self.optimizer.update(name, self.parameters[name], reduced_grad)
@@ -125,8 +121,7 @@ class Trainer:
         self.step += 1
         loss = self.allreduce.scalar
         self.backend.synchronize()
-        finite = math.isfinite(float(checked)) and math.isfinite(loss)
-        return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch), finite)
+        return StepResult(self.step, loss, time.perf_counter() - started, len(global_batch), self.allreduce.finite)
 
     def _with_embeddings(self, split, indices, inputs, train: bool):
         """The dense features, each sample's fields' embedding rows appended (embedding model)."""
