@@ -294,6 +294,41 @@ def test_the_time_limit_signal_stops_cleanly_and_a_resubmitted_job_resumes_there
     assert final_record(directory / "run")["step"] == stop + 100
 
 
+CLICKS_STEPS = 2000
+CLICKS_CONFIG = JOB_CONFIG.replace(f"steps = {STEPS}", f"steps = {CLICKS_STEPS}").replace(
+    'kind = "mlp"', 'kind = "embedding"\nembedding_dim = 8').replace(
+    'source = "digits"', 'source = "clicks"\nsamples = 3000\nfeatures = 4\nfields = 6\nvocabulary = 4000').replace(
+    "split_threshold_kb = 4", "split_threshold_kb = 4\ntable_full_every = 4")
+
+
+def test_the_embedding_model_loses_a_node_and_ends_bit_identical_on_a_spare(cluster, tmp_path):
+    """Keyed tables under the real scheduler: the embedding model (rows placed by id hash,
+    saved whole and as deltas) loses n3 mid-run; the spare takes its place, the newest version
+    and its tables' chain come back from the node-local levels, and the run ends on the weights
+    and table of a run without the failure."""
+    straight = workdir(tmp_path, "straight")
+    (straight / "job.toml").write_text(CLICKS_CONFIG)
+    code, out = wait_for(submit(straight, "--nodes=4", "--ntasks-per-node=1"), straight)
+    assert code == 0, out
+    reference = final_record(straight / "run")
+    directory = workdir(tmp_path)
+    (directory / "job.toml").write_text(CLICKS_CONFIG)
+    job = submit(directory, "--nodes=5", "--ntasks-per-node=1", SPARE_NODES=1)
+    wait_for_step(directory, job, 300)
+    fail_node("n3", job, directory)
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    assert "node n3 failed or left the allocation: spare node n5 takes its place" in out
+    assert re.search(r"restored version \d+: 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
+                     out), out
+    assert finished_after_one_restart(out), out
+    logs = "".join(p.read_text() for p in (directory / "run" / "log").glob("rank*.log"))
+    assert re.search(r"tables restored from \d version\(s\) of their chain", logs)
+    final = final_record(directory / "run")
+    assert final["step"] == CLICKS_STEPS
+    assert (final["weights_digest"], final["table_digest"]) == (reference["weights_digest"], reference["table_digest"])
+
+
 HEAT2D = REPO / "examples" / "heat2d.py"
 HEAT2D_ARGS = "--run-dir run --shape 200 200 --iterations 4000 --tol 0 --every 100 --dump grids"
 
