@@ -72,3 +72,29 @@ def test_deltas_hold_the_rows_changed_and_the_chain_stays_whole_on_every_level(t
     shutil.rmtree(tmp_path / "run" / "local")
     restored, _ = table_job(tmp_path, 4, "run", "restore", *settings)
     assert restored == {"restored": 30, "digest": written["digests"]["30"], "placed": True, "weights": 105.0}
+
+
+def test_a_damaged_table_piece_falls_through_and_a_table_that_does_not_fit_is_refused(tmp_path):
+    written, _ = table_job(tmp_path, 4, "run", "write", "3", 'resilience.levels=["local","partner","pfs"]')
+    # One byte of rank 1's rows of version 15 flipped in its L1 file: its partner's copy serves.
+    from hpcckpt.format.shardfile import read_shard_table
+
+    shard = next(node_local(tmp_path / "run", 0).glob("v000000000015/shard-r00001.hck"))
+    entry = read_shard_table(shard).entry("table/emb/rows")
+    with open(shard, "r+b") as f:
+        f.seek(entry.offset + 100)
+        byte = f.read(1)
+        f.seek(entry.offset + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    restored, _ = table_job(tmp_path, 4, "run", "restore", 'resilience.levels=["local","partner","pfs"]')
+    assert restored == {"restored": 15, "digest": written["digests"]["15"], "placed": True, "weights": 30.0}
+    logs = "".join(p.read_text() for p in (tmp_path / "run" / "log").glob("rank*.log"))
+    assert "the local copy of old rank 1's shard is unusable" in logs and "'table/emb/rows' checksum mismatch" in logs
+    # A job whose table has another dim: one clear error, and every version stays.
+    proc = run_script(4, SCRIPT, [str(tmp_path / "run"), "restore", str(ROWS), 'resilience.levels=["local","partner","pfs"]'],
+                      cwd=tmp_path, env={"TABLE_DIM": "4"})
+    assert proc.returncode != 0
+    assert "keyed tables differ: checkpoint {emb: 8 x float32}, now {emb: 4 x float32}" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(v.name for v in (tmp_path / "run" / "pfs").glob("v*")) == ["v000000000005", "v000000000010",
+                                                                            "v000000000015"]
+

@@ -12,6 +12,7 @@ Simulated nodes: 2 (SETTING overrides anything, e.g. cluster.simulated_nodes=3).
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -21,7 +22,7 @@ from hpcckpt import Checkpointer, load_config
 from hpcckpt.ckpt.keyed_table import KeyedTable
 from hpcckpt.format.keyed_rows import owner_of
 
-DIM = 8
+DIM = int(os.environ.get("TABLE_DIM", "8"))  # another dim: a job that does not fit the versions
 
 
 def initial_rows(ids: np.ndarray) -> np.ndarray:
