@@ -113,11 +113,16 @@ def test_a_lost_switch_is_restored_from_partners_in_the_other_switch(cluster, tm
            "8 of 8 rank(s)" in out, out
     # Groups of 4 from two switches of 4 cannot keep a switch to parity 1: said, naming them.
     assert "L3 erasure groups of 4+ ranks with parity 1 cannot keep each failure domain to 1 member(s)" in out
-    assert "next attempt on 4 node(s): n1 n2 n3 n4" in out
-    restored = re.search(r"restored version \d+ \(written by 8 ranks\) onto 4 rank\(s\): old shards ([^\n]*)", out)
-    assert restored and "L4" not in restored.group(1) and "4 from L2 partner" in restored.group(1), out
-    assert "failure domain(s) lost whole: top.s2" in restored.group(1), out
-    assert re.search(r"finished after [23] attempt\(s\)", out), out
+    # Where an attempt is placed while slurmctld has marked only some of the switch's nodes
+    # down is Slurm's timing; an attempt placed on a failed node cannot start and the loop
+    # places the next one again. The attempt that finished ran on the other switch alone.
+    placements = re.findall(r"next attempt on \d+ node\(s\): ([^\n]*)", out)
+    assert placements and placements[-1].split() == ["n1", "n2", "n3", "n4"], out
+    restored = re.findall(r"restored version \d+ \(written by 8 ranks\) onto 4 rank\(s\): old shards ([^\n]*)", out)
+    assert restored and "L4" not in restored[-1] and "4 from L2 partner" in restored[-1], out
+    assert "failure domain(s) lost whole: top.s2" in restored[-1], out
+    attempts = re.search(r"finished after (\d+) attempt\(s\)", out)
+    assert attempts and int(attempts.group(1)) >= 2, out
     assert same_grid(directory, straight)
 
 
