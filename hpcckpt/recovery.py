@@ -192,7 +192,8 @@ def _log_changed_settings(ctx, manifest: Manifest) -> None:
     """(rank 0) What differs from the settings the version was written with, said once."""
     if ctx.job.rank != 0 or ctx.log is None:
         return
-    changes = changed_settings(manifest.settings, ctx.run.settings, manifest.world_size, ctx.job.world_size)
+    changes = changed_settings(manifest.settings, ctx.run.settings, manifest.world_size, ctx.job.world_size,
+                               per_rank_arrays=bool(manifest.local_arrays))
     if not changes:
         return
     ctx.log.info(f"settings changed since version {manifest.step} was written: "
@@ -200,6 +201,7 @@ def _log_changed_settings(ctx, manifest: Manifest) -> None:
     meaning = [c for c in changes if c.changes_meaning]
     if meaning:
         ctx.log.warning(f"these changes alter what the restored state means (model, data, order or batch, "
-                         f"seed, rank count): {'; '.join(str(c) for c in meaning)}; the run goes on from version "
-                         f"{manifest.step}, but it is no longer the run that was checkpointed (a new run.dir with "
-                         "--init-from starts a new one)")
+                         f"seed): {'; '.join(str(c) for c in meaning)}; the run goes on from version "
+                         f"{manifest.step}, but it is no longer the run that was checkpointed. To start a new run "
+                         "from this state instead, give it a new run.dir and call Checkpointer.init_from() with "
+                         "this run's directory (hpcckpt train: --init-from)")

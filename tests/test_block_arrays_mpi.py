@@ -45,23 +45,25 @@ def test_blocks_saved_on_4_ranks_come_back_on_another_decomposition(saved, tmp_p
     assert set(restored(saved, tmp_path, ranks, nodes, lose, mode)) == sources
 
 
-def errors(proc) -> set:
-    assert proc.returncode != 0
+def errors(proc, code: int) -> set:
+    assert proc.returncode == code, proc.stdout + proc.stderr
     results = script_results(proc)
     assert len(results) == 4 and all("error" in r for r in results), results
     return {r["error"] for r in results}
 
 
 def test_overlapping_blocks_are_one_error_on_every_rank_before_anything_is_written(tmp_path):
-    [message] = errors(run_script(4, SCRIPT, [str(tmp_path / "run"), "4", "overlap"], cwd=tmp_path))
-    assert "array 'field': the blocks of ranks 0 and 1 overlap in [8:10, 0:6, 0:6]" in message
+    """Bad input: exit 2, with what to do about halo cells."""
+    [message] = errors(run_script(4, SCRIPT, [str(tmp_path / "run"), "4", "overlap"], cwd=tmp_path), 2)
+    assert "ConfigError: the protected block arrays do not fit together: array 'field': the blocks of ranks 0 and 1 " \
+           "overlap in [8:10, 0:6, 0:6]" in message and "protect the interior without them" in message
     assert not list((tmp_path / "run").rglob("v0*"))
 
 
 def test_a_checkpoint_of_another_dtype_or_global_shape_is_refused_on_every_rank(saved, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(saved, run)
-    [message] = errors(run_script(4, SCRIPT, [str(run), "4", "restore-wrong"], cwd=tmp_path))
+    [message] = errors(run_script(4, SCRIPT, [str(run), "4", "restore-wrong"], cwd=tmp_path), 4)
     assert "tensor 'field': dtype float64 in the checkpoint, float32 in the current model" in message
     assert "tensor 'mask': shape (40,) in the checkpoint, (41,) in the current model" in message
     assert (run / "pfs" / "v000000000010").is_dir()  # nothing saved is lost

@@ -258,10 +258,11 @@ def test_blocks_from_every_rank_make_one_layout():
     ([("d", [_block(dtype="object")]), ("d", [_block(dtype="object", offset=(0, 3))])], "holds Python objects"),
 ])
 def test_blocks_that_do_not_fit_are_named(everyone, message):
+    """Bad input (exit 2), not a checkpoint that cannot be loaded."""
     from hpcckpt.ckpt.snapshot import _block_layouts
-    from hpcckpt.errors import CheckpointError
+    from hpcckpt.errors import ConfigError
 
-    with pytest.raises(CheckpointError) as caught:
+    with pytest.raises(ConfigError) as caught:
         _block_layouts(everyone)
     assert message in str(caught.value), str(caught.value)
 

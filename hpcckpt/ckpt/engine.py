@@ -4,6 +4,7 @@
     ckpt.protect("w", w)                     # NumPy/CuPy array (or a PyTorch tensor), filled in place on restart
     ckpt.register_state("loop", get, set)    # small state: nested dicts/lists/tuples, scalars, small arrays
     ckpt.protect_table("emb", table)         # a KeyedTable: rows placed by id hash, saved whole or as deltas
+    ckpt.protect_state_dict("train", sd)     # every tensor of a state dict (DTensors too), the rest as state
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
     for step in range(start + 1, last + 1):
         loss = work(step)
@@ -46,7 +47,7 @@ from hpcckpt import recovery
 from hpcckpt.ckpt.capture import SnapshotCapture
 from hpcckpt.ckpt.commit_record import CommitRecords
 from hpcckpt.ckpt.divergence import DivergencePolicy, Rewound
-from hpcckpt.ckpt.foreign_arrays import protectable_array
+from hpcckpt.ckpt.foreign_arrays import protectable
 from hpcckpt.ckpt.job_storage import JobStorage, RunClaim
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
@@ -56,6 +57,7 @@ from hpcckpt.ckpt.rewind import mark_versions_bad, versions_held
 from hpcckpt.ckpt.save_types import PersistReport, PipelineSettings, SaveJob, Snapshot
 from hpcckpt.ckpt.schedule import CheckpointSchedule
 from hpcckpt.ckpt.snapshot import ENGINE_STATE_KEY, ProtectedArrays
+from hpcckpt.ckpt.state_dicts import split_state_dict
 from hpcckpt.ckpt.stopping import EXIT_HALTED, HALT_FILE_NAME
 from hpcckpt.ckpt.table_chain import TableChain
 from hpcckpt.ckpt.tally import CheckpointTally
@@ -91,6 +93,11 @@ class Checkpointer:
         from mpi4py import MPI
 
         config = self.config = LibraryConfig.of(config)  # also a JobConfig or a job TOML's path
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            raise ConfigError("MPI is not running: create the Checkpointer once MPI has started (after your framework "
+                              "started it, e.g. at its first grid, or after from mpi4py import MPI; MPI.Init_thread()) "
+                              "and close it before MPI_Finalize" if not MPI.Is_finalized() else
+                              "MPI was finalized already: create and close the Checkpointer before MPI_Finalize")
         self.comm = comm.Dup()  # checkpoint traffic apart from the application's collectives
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
@@ -184,20 +191,35 @@ class Checkpointer:
                 offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
         """Protect an array, restored in place: a NumPy or CuPy array, or anything writable
         in place that speaks DLPack or the buffer protocol (a PyTorch tensor or parameter on
-        the CPU or a GPU: a view of its memory is kept, no copy). Three kinds:
+        the CPU or a GPU: a view of its memory is kept, no copy, and checked to be the
+        tensor's own; a DTensor as its local shard placed by its placements,
+        ckpt/dtensors.py). Three kinds:
 
         replicated (the default): the same on every rank, like data-parallel weights; sharded
             across ranks, restored onto any rank count.
-        a block of a global array (`global_shape`, this rank's `offset` in it): a domain
-            decomposition; blocks may differ in size, must not overlap and must cover the
-            global shape unless `allow_gaps`. A restart onto any rank count or decomposition
+        a block of a global array (`global_shape`, this rank's `offset` in it: integers, or
+            the slices of the global array the block is): a domain decomposition; blocks may
+            differ in size, must not overlap and must cover the global shape unless `allow_gaps`. A restart onto any rank count or decomposition
             fills each rank's block from the old blocks it overlaps (the blocks protected on
             the new ranks say where); a part no old block held keeps what the array holds.
         per-rank (`replicated=False`): stored whole by its own rank; restart must then use
             the same number of ranks.
-        Block arrays are checked across ranks at the first checkpoint or restart: one
-        error on every rank names what does not fit."""
-        self.arrays.protect(name, protectable_array(name, array), replicated, global_shape, offset, allow_gaps)
+        Block arrays are checked across ranks at the first checkpoint or restart, replicated
+        ones to be the same on every rank at the first checkpoint: one error (exit 2) on
+        every rank names what does not fit."""
+        self.arrays.protect(name, protectable(name, array), replicated, global_shape, offset, allow_gaps)
+
+    def protect_state_dict(self, name: str, state_dict) -> tuple[str, ...]:
+        """Protect a framework's state dict in one call (ckpt/state_dicts.py): each array
+        or tensor in it (DTensors as what they are) as protect() takes it, under
+        "<name>/<its path>"; the other values beside them as registered state `name`, read
+        at each checkpoint and written back into the dict at a restart. Returns the names of
+        the arrays protected."""
+        parts = split_state_dict(name, state_dict)
+        for array_name, leaf in parts.arrays:
+            self.protect(array_name, leaf)
+        self.register_state(name, parts.get, parts.set)
+        return tuple(array_name for array_name, _ in parts.arrays)
 
     def protect_table(self, name: str, table) -> None:
         """Protect a keyed table (ckpt/keyed_table.py): this rank's rows of a table whose rows
@@ -300,6 +322,7 @@ class Checkpointer:
         self._note_level_times(previous)
         self.confirm_restart()
         self._ensure_layout()
+        self.arrays.check_before_snapshot()
         self.faults.strike(step, "snapshot")
         self.capture_state.open(step, copy_in_background and self.pipeline.threaded)
         self._begin_blocked = (time.perf_counter() - opened, waited)
@@ -423,6 +446,7 @@ class Checkpointer:
             self.pipeline.stop()
             self.storage.close()
             self.schedule.close()
+            self.arrays.copy_groups.close()
             if self.comm is not None:
                 self.comm.Free()
                 self.comm = None
@@ -491,6 +515,7 @@ class Checkpointer:
         self._finish_in_flight()
         select = select or (lambda name: True)
         manifest = recovery.init_from(self._restore_context(), source, select)
+        self.arrays.share_block_copies()
         count = sum(1 for t in self.layout.tensors if select(t.name))
         self.log.info(f"initialized {count} array(s) from version {manifest.step} of run "
                       f"{manifest.run_id or '(no run id)'} ({source})")
@@ -514,6 +539,7 @@ class Checkpointer:
             else None
         result = recovery.restore(self._restore_context(), mode, step)
         if result is not None:
+            self.arrays.share_block_copies()
             self.restored_sources = result.sources
             self.restore_traffic = result.traffic
             if resuming:
@@ -637,6 +663,7 @@ class Checkpointer:
 
     def _restore_context(self) -> recovery.RestoreContext:
         layout = self._ensure_layout()
+        self.arrays.check_memory()
         return recovery.RestoreContext(
             job=JobGeometry(self.comm, self.rank, self.world_size, self.node, self.topology, layout,
                             self.local_array_names),

@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hpcckpt.ckpt.foreign_arrays import MemoryWitness, Protectable
+from hpcckpt.ckpt.replicas import BlockCopies, CopyGroups, check_alike
 from hpcckpt.ckpt.save_types import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import decide_at_root
@@ -58,6 +60,8 @@ class Protected:
     array: object
     replicated: bool
     block: BlockOf | None = None  # a block of a global array (neither replicated nor per-rank)
+    witness: MemoryWitness | None = None  # a framework's tensor: whether it still computes on `array`
+    copies: BlockCopies | None = None  # a block held whole by several ranks, `array` empty but on one
 
     @property
     def per_rank(self) -> bool:
@@ -84,17 +88,60 @@ class ProtectedArrays:
         self.buffers: dict[str, np.ndarray] | None = None
         self.shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
         self.device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
+        self.copy_groups = CopyGroups(comm)
+        self._checked_alike = False
 
-    def protect(self, name: str, array, replicated: bool, global_shape: Sequence[int] | None = None,
+    def protect(self, name: str, kept: Protectable, replicated: bool, global_shape: Sequence[int] | None = None,
                 offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
+        """`kept`: what ckpt/foreign_arrays.py made of the application's object; where the
+        object gives its own geometry (a DTensor's placements), the arguments may not."""
         if self.layout is not None:
             raise CheckpointError(f"protect({name!r}) after the first checkpoint or restart; protect everything first")
         if name in self.arrays:
             raise CheckpointError(f"an array named {name!r} is already protected")
+        array = kept.array
         if not hasattr(array, "dtype") or not hasattr(array, "shape"):
             raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
+        geometry = kept.geometry
+        copies = None
+        if geometry is not None:
+            if global_shape is not None or offset is not None or not replicated:
+                raise ConfigError(f"protect({name!r}): the object says where it lies among the ranks itself (a "
+                                  "DTensor's placements); leave global_shape, offset and replicated out")
+            replicated, global_shape, offset = True, geometry.global_shape, geometry.offset
+            if geometry.copy_group is not None:
+                copies = BlockCopies(geometry.copy_group, geometry.copy_owner, kept.copy_target,
+                                     geometry.copy_arrangement)
         self.arrays[name] = Protected(name, array, replicated,
-                                      _block_of(name, array, replicated, global_shape, offset, allow_gaps))
+                                      _block_of(name, array, replicated, global_shape, offset, allow_gaps),
+                                      kept.witness, copies)
+
+    def check_memory(self) -> None:
+        """This rank's protected tensors still compute on the memory kept (foreign_arrays.py's
+        MemoryWitness): else a ConfigError naming them, before anything is saved or restored.
+        One rank's error, not every rank's: the application's main ends the job."""
+        moved = [said for p in self.arrays.values() if p.witness is not None for said in [p.witness.moved(p.name)]
+                 if said]
+        if moved:
+            raise ConfigError("; ".join(moved[:4]) + (f" (and {len(moved) - 4} more)" if len(moved) > 4 else ""),
+                              collective=False)
+
+    def check_before_snapshot(self) -> None:
+        """(all ranks) Before a snapshot is taken: the tensors still where they were, and, at
+        the first checkpoint of a process, what ranks protected alike alike (ckpt/replicas.py)."""
+        self.check_memory()
+        if not self._checked_alike:
+            check_alike(self.comm, [(p.name, p.array) for p in self.arrays.values()
+                                    if p.replicated and p.block is None])
+            self.copy_groups.check_alike(self._block_copies())
+            self._checked_alike = True
+
+    def share_block_copies(self) -> None:
+        """(all ranks) After a restore: blocks several ranks hold whole, from the rank that stored them."""
+        self.copy_groups.share(self._block_copies())
+
+    def _block_copies(self) -> list:
+        return [(p.name, p.copies) for p in self.arrays.values() if p.copies is not None]
 
     def protect_table(self, name: str, table) -> None:
         from hpcckpt.ckpt.keyed_table import KeyedTable
@@ -268,11 +315,36 @@ def _block_of(name: str, array, replicated: bool, global_shape, offset, allow_ga
                           "array; leave replicated at its default")
     try:
         global_shape = tuple(int(d) for d in global_shape)
-        offset = tuple(int(o) for o in (offset if offset is not None else (0,) * len(global_shape)))
+        given = tuple(offset) if offset is not None else (0,) * len(global_shape)
+        offset = tuple(_start_of(name, o, axis, array.shape) for axis, o in enumerate(given))
+    except ConfigError:
+        raise
     except (TypeError, ValueError):
-        raise ConfigError(f"protect({name!r}): global_shape and offset must be sequences of integers, got "
-                          f"{global_shape!r} and {offset!r}") from None
+        raise ConfigError(f"protect({name!r}): global_shape must be a sequence of integers and offset one of "
+                          f"integers or slices (this rank's block in the global array), got {global_shape!r} and "
+                          f"{offset!r}") from None
     return BlockOf(global_shape, offset, bool(allow_gaps))
+
+
+def _start_of(name: str, where, axis: int, shape: tuple) -> int:
+    """An offset as a framework hands it: the block's first index on `axis`, or the slice of
+    the global array the block is (step 1, its length the block's on that axis)."""
+    if not isinstance(where, slice):
+        return int(where)
+    start = 0 if where.start is None else int(where.start)
+    if where.step not in (None, 1):
+        raise ConfigError(f"protect({name!r}): offset {where} on axis {axis} has step {where.step}; a block is a "
+                          "contiguous part of the global array (step 1)")
+    if start < 0 or (where.stop is not None and int(where.stop) < 0):
+        raise ConfigError(f"protect({name!r}): offset {where} on axis {axis} starts before the global array (a block "
+                          "with halo cells reaches past its edge: protect the interior without them, e.g. "
+                          "u[1:-1, 1:-1], with the interior's slices)")
+    extent = shape[axis] if axis < len(shape) else None
+    if where.stop is not None and extent is not None and int(where.stop) - start != extent:
+        raise ConfigError(f"protect({name!r}): offset {where} on axis {axis} spans {int(where.stop) - start} "
+                          f"element(s), but the array protected is {extent} long there (shape {tuple(shape)}); "
+                          "protect the block the slices describe (without halo cells, e.g. u[1:-1, 1:-1])")
+    return start
 
 
 def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:
@@ -291,7 +363,9 @@ def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:
         problems.append(f"the ranks protected different block arrays: rank 0 {list(names[0])}, "
                         + ", ".join(f"rank {r} {list(n)}" for r, n in enumerate(names) if n != names[0]))
     if problems:
-        raise CheckpointError("; ".join(problems))
+        raise ConfigError("; ".join(problems) + "; every rank protects the same arrays under the same names (a "
+                          "replicated array with the same shape everywhere; a rank's part of a larger array as a "
+                          "block: global_shape and offset)")
     layouts = []
     for index, name in enumerate(names[0]):
         each = [blocks[index] for _, blocks in everyone]
@@ -322,7 +396,7 @@ def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:
         else:
             layouts.append(BlockLayout(spec, boxes, gaps))
     if problems:
-        raise CheckpointError("the protected block arrays do not fit together: " + "; ".join(problems))
+        raise ConfigError("the protected block arrays do not fit together: " + "; ".join(problems))
     return tuple(layouts)
 
 

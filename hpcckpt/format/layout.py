@@ -436,7 +436,8 @@ def block_problems(spec: TensorSpec, boxes: Sequence[Box], gaps: bool) -> list[s
     for rank, box in enumerate(boxes):
         if len(box) != len(shape) or any(not 0 <= start <= stop <= dim for (start, stop), dim in zip(box, shape)):
             problems.append(f"array {spec.name!r}: rank {rank}'s block {_describe_box(box)} is not inside the "
-                            f"global shape {shape}")
+                            f"global shape {shape} (a block that includes halo cells reaches past the global array: "
+                            "protect the interior without them, e.g. u[1:-1, 1:-1], at the interior's offset)")
     if problems:
         return problems
     held = [(rank, box) for rank, box in enumerate(boxes) if all(stop > start for start, stop in box)]
@@ -444,7 +445,8 @@ def block_problems(spec: TensorSpec, boxes: Sequence[Box], gaps: bool) -> list[s
     if overlap is not None:
         (a, b), where = overlap
         problems.append(f"array {spec.name!r}: the blocks of ranks {a} and {b} overlap in {_describe_box(where)}; "
-                        "each element must be held by one rank (protect the interior, without halo cells)")
+                        "each element must be held by one rank (blocks that include halo cells overlap their "
+                        "neighbours': protect the interior without them, e.g. u[1:-1, 1:-1], at the interior's offset)")
         return problems
     covered = sum(math.prod(box_shape(box)) for _, box in held)
     if not gaps and covered != math.prod(shape):

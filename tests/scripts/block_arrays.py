@@ -11,7 +11,7 @@ modes:
   restore        a new job on N ranks protects its own blocks (NaN, -1) and restarts; each
                  rank says whether its blocks came back byte for byte
   restore-reordered  the same, with the ranks taking the blocks in reverse order
-  overlap, gaps  bad blocks at the first checkpoint: one error on every rank
+  overlap, gaps  bad blocks at the first checkpoint: one error on every rank (exit 2)
   restore-wrong  restart with "field" as float32 and "mask" of another global shape: one
                  error on every rank
 """
@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer, load_config
-from hpcckpt.errors import CheckpointError
+from hpcckpt.errors import HpcckptError
 
 run_dir, nodes, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 comm = MPI.COMM_WORLD
@@ -89,6 +89,7 @@ ckpt.protect("field", field, global_shape=FIELD, offset=[a for a, _ in fbox])
 ckpt.protect("mask", mask, global_shape=(MASK + (mode == "restore-wrong"),), offset=(mbox[0][0],), allow_gaps=True)
 ckpt.protect("w", weights)
 result = {"rank": rank}
+code = 0
 try:
     if saving:
         ckpt.checkpoint(10)
@@ -102,10 +103,11 @@ try:
                       mask=mask.tobytes() == region(expected_mask, mbox).tobytes(),
                       w=bool(np.array_equal(weights, np.linspace(0, 1, 3000, dtype=np.float32))),
                       held=int(field.size))
-except CheckpointError as exc:
+except HpcckptError as exc:
     result["error"] = f"{type(exc).__name__}: {exc}"
+    code = exc.exit_code
 finally:
     ckpt.close()
 for each in comm.gather(result, root=0) or []:
     print("RESULT " + json.dumps(each), flush=True)
-sys.exit(1 if "error" in result else 0)
+sys.exit(code)
