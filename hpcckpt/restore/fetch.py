@@ -114,7 +114,9 @@ def refuse_non_finite(ctx, manifest: Manifest, pieces: dict[str, np.ndarray]) ->
     if name is not None:
         raise ChecksumError(f"{name!r} holds NaN or inf, but version {manifest.step} recorded a finite loss "
                             f"({manifest.metrics[VOUCHING_METRIC]:.6g}): this copy was damaged before it was "
-                            "checksummed (checkpoint.verify_finite = false accepts it)")
+                            "checksummed, or what was protected is not the array the application computes on "
+                            "(checkpoint.verify_finite = false accepts it, only for arrays that hold NaN or inf on "
+                            "purpose)")
 
 
 def log_reads(ctx, paths, payload_bytes: int) -> None:
