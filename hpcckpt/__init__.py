@@ -27,7 +27,7 @@ def __getattr__(name):
 
         return run_main
     if name == "EXIT_HALTED":
-        from hpcckpt.ckpt.stopping import EXIT_HALTED
+        from hpcckpt.schedule.stopping import EXIT_HALTED
 
         return EXIT_HALTED
     raise AttributeError(f"module 'hpcckpt' has no attribute {name!r}")

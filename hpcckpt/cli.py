@@ -128,7 +128,7 @@ def _command_train(args) -> int:
     summary = run_training(config, comm, restart=args.restart, faults=faults, init_from=args.init_from,
                            init_optimizer=args.init_optimizer)
     if summary.halted:
-        from hpcckpt.ckpt.stopping import EXIT_HALTED
+        from hpcckpt.schedule.stopping import EXIT_HALTED
 
         return EXIT_HALTED
     return 0
@@ -218,7 +218,7 @@ def _command_inspect(args) -> int:
     import dataclasses
     import json
 
-    from hpcckpt.ckpt.catalog import l4_lag, version_overview
+    from hpcckpt.tools.catalog import l4_lag, version_overview
     from hpcckpt.config import load_config
     from hpcckpt.levels.naming import LEVEL_NUMBERS
 
@@ -251,7 +251,7 @@ def _command_inspect(args) -> int:
 def _command_export(args) -> int:
     import h5py
 
-    from hpcckpt.ckpt.catalog import manifest_of, read_full_tables, read_full_tensors, resolve_version
+    from hpcckpt.tools.catalog import manifest_of, read_full_tables, read_full_tensors, resolve_version
     from hpcckpt.config import load_config
     from hpcckpt.format.keyed_rows import piece_names
 
@@ -283,7 +283,7 @@ def _command_export(args) -> int:
 def _command_evaluate(args) -> int:
     import dataclasses
 
-    from hpcckpt.ckpt.catalog import resolve_version
+    from hpcckpt.tools.catalog import resolve_version
     from hpcckpt.ckpt.engine import Checkpointer
     from hpcckpt.cluster.backend import select_backend
     from hpcckpt.cluster.collectives import on_root
@@ -326,7 +326,7 @@ def _command_evaluate(args) -> int:
 
 def _command_report(args) -> int:
     from hpcckpt.config import load_config
-    from hpcckpt.report import read_records, summarise
+    from hpcckpt.tools.report import read_records, summarise
 
     config = load_config(args.config, args.overrides)
     damaged: list[int] = []
@@ -342,7 +342,7 @@ def _command_report(args) -> int:
 
 
 def _command_verify(args) -> int:
-    from hpcckpt.ckpt.catalog import verify_all
+    from hpcckpt.tools.catalog import verify_all
     from hpcckpt.config import load_config
 
     config = load_config(args.config, args.overrides)
@@ -371,7 +371,7 @@ def _command_clean_shm(args) -> int:
 def _command_halt(args) -> int:
     from pathlib import Path
 
-    from hpcckpt.ckpt.stopping import HALT_FILE_NAME
+    from hpcckpt.schedule.stopping import HALT_FILE_NAME
     from hpcckpt.config import load_config
     from hpcckpt.errors import ConfigError
 

@@ -82,7 +82,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    # 0 turns checkpoints off; "auto" picks the interval from measured costs (see ckpt/policy.py).
+    # 0 turns checkpoints off; "auto" picks the interval from measured costs (see schedule/policy.py).
     every_steps: int | str = 0
     keep_local: int = 2
     keep_pfs: int = 3
@@ -127,7 +127,7 @@ class StorageConfig:
     pfs_dir: str = "{run_dir}/pfs"
     pfs_every: int = 1
     # L4 copies each version from L1 on a thread of its own and skips versions while it is
-    # busy (ckpt/flush.py); false: every version due waits for L4 before the next checkpoint.
+    # busy (save/flush.py); false: every version due waits for L4 before the next checkpoint.
     pfs_async: bool = True
     pfs_bandwidth_mb: float = 0.0
     # Each rank's L4 read rate at a restart, MB/s (0: unlimited): a share of a contended PFS.
@@ -154,7 +154,7 @@ class ResilienceConfig:
     # Mean time between failures by class, hours (0: none known): a rank crash, the loss of one
     # node with its local storage, of two nodes at once. Any of them set: the interval and each
     # level's share of the versions are chosen to minimise the expected waste
-    # (ckpt/level_intervals.py), instead of every_steps' overhead bound and the *_every settings.
+    # (schedule/level_intervals.py), instead of every_steps' overhead bound and the *_every settings.
     mtbf_crash_hours: float = 0.0
     mtbf_node_hours: float = 0.0
     mtbf_two_nodes_hours: float = 0.0

@@ -26,7 +26,7 @@ a restart (storage.pfs_read_bandwidth_mb; DCP's and h5py's readers alike).
 Approaches:
 - hpcckpt: L1-L4 (L3 groups of 4, parity 2), the interval and each level's share of the
   versions chosen by the library from the failure rates (resilience.mtbf_*_hours, set to this
-  schedule's rates) and the costs it measures (ckpt/level_intervals.py);
+  schedule's rates) and the costs it measures (schedule/level_intervals.py);
 - hpcckpt_l4: L4 only, at its Young/Daly interval (checkpoint.mtbf_hours: all failures);
 - dcp: torch.distributed.checkpoint.async_save, and
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost

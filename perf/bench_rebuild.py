@@ -163,7 +163,7 @@ class Probes:
 
 
 def _install_probes() -> Probes:
-    from hpcckpt import recovery
+    from hpcckpt.restore import flow as recovery
     from hpcckpt.codec.cpu import ErasureCode
     from hpcckpt.restore import discover, fetch
     from hpcckpt.format.shardfile import ShardFileWriter
@@ -218,7 +218,7 @@ def worker_save(args) -> None:
 def worker_restore(args) -> None:
     from mpi4py import MPI
 
-    import hpcckpt.recovery  # noqa: F401  (imported before the timed region)
+    import hpcckpt.restore.flow  # noqa: F401  (imported before the timed region)
     from hpcckpt import Checkpointer
     from hpcckpt.runlog import RunLog
 

@@ -42,7 +42,7 @@ restore (read_bytes of /proc/self/io, summed over ranks). "warm" repeats follow 
 in the page cache. bytes_read_per_rank is rchar of /proc/self/io (bytes returned by read
 system calls, any file) over the timed region, the largest over ranks.
 
-hpcckpt breakdown (timing probes wrapped around the module functions of hpcckpt.recovery and
+hpcckpt breakdown (timing probes wrapped around the module functions of hpcckpt.restore.flow and
 hpcckpt/restore/ by this script, restored after each restore; nothing in hpcckpt is changed):
 read = read + verify shard bytes (fetch.read_pieces: on the L4 path the L4 shard is read
 whole, then written back as this rank's L1 copy), L1 back = writing that L1 copy
@@ -228,7 +228,7 @@ class Worker:
         of a resuming job would write the version again for M ranks and delete the N-rank
         node-local copies the next repeat reads."""
         from hpcckpt import Checkpointer
-        from hpcckpt import recovery
+        from hpcckpt.restore import flow as recovery
         from hpcckpt.restore import fetch, load, repartitioned
 
         # Timing probes on the restore flow's module functions (restored afterwards).
@@ -336,7 +336,7 @@ class Worker:
         args = self.args
         self.start_torch()
         import h5py  # noqa: F401  (imported before any timed region)
-        import hpcckpt.recovery  # noqa: F401
+        import hpcckpt.restore.flow  # noqa: F401
         out = {"ranks": self.size, "state_bytes": self.nbytes, "notes": self.notes}
         if args.phase == "save":
             out["write"] = self.write_all()

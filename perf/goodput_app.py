@@ -6,7 +6,7 @@ from its own files, run under the job scripts' restart loop as an APP:
          --pfs-mbps 80" NRANKS=4 bash jobs/slurm.sbatch
 
 Approaches (each at its own Young/Daly interval, sqrt(2 C MTBF), from its measured cost C,
-chosen by the same policy as hpcckpt's, ckpt/policy.py):
+chosen by the same policy as hpcckpt's, schedule/policy.py):
 
 - dcp: torch.distributed.checkpoint.async_save of the replicated arrays (DCP's planner writes
   each once, spread over the ranks) over a gloo group, at most one save in flight; a version
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
 
     from mpi4py import MPI
 
-    from hpcckpt.ckpt.policy import IntervalPolicy
+    from hpcckpt.schedule.policy import IntervalPolicy
     from hpcckpt.cluster.backend import select_backend
     from hpcckpt.config import load_config
     from hpcckpt.exit_record import record_started

@@ -285,7 +285,7 @@ def _digests_on_l4(job: Path) -> dict[int, str]:
     import numpy as np
     import xxhash
 
-    from hpcckpt.ckpt.catalog import manifest_of, read_full_tensors
+    from hpcckpt.tools.catalog import manifest_of, read_full_tensors
     from hpcckpt.config import load_config
 
     config = load_config(job, environ={})

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hpcckpt.ckpt.retention import best_step, steps_to_delete
+from hpcckpt.save.retention import best_step, steps_to_delete
 from hpcckpt.errors import ConfigError, FormatError, HpcckptError
 from hpcckpt.faults import Fault, parse_fault
 from hpcckpt.format.layout import TensorSpec, plan_layout
@@ -79,7 +79,7 @@ def test_a_slow_level_takes_its_extra_time_on_its_level_steps_and_ranks(monkeypa
 
 
 def test_levels_due_every_nth_and_always_the_last():
-    from hpcckpt.ckpt.policy import levels_due
+    from hpcckpt.schedule.policy import levels_due
 
     def due(ordinal, final=False):
         return levels_due(("local", "partner", "erasure", "pfs"), ordinal, final,
@@ -149,7 +149,7 @@ def test_a_damaged_restart_ledger_is_set_aside_with_a_warning_and_restarts_go_on
 
 
 def test_report_tells_attempts_sources_and_work_lost():
-    from hpcckpt.report import summarise
+    from hpcckpt.tools.report import summarise
 
     records = [
         {"event": "restart", "attempt": 1, "step": 0, "sources": []},
@@ -172,7 +172,7 @@ def test_report_tells_attempts_sources_and_work_lost():
 
 
 def test_inspect_says_how_far_l4_lags_the_node_local_levels():
-    from hpcckpt.ckpt.catalog import VersionOverview, l4_lag
+    from hpcckpt.tools.catalog import VersionOverview, l4_lag
 
     def version(step, levels, assembled=""):
         return VersionOverview(step, levels, 4, 1, 1, {}, assembled)
@@ -191,7 +191,7 @@ def test_making_room_drops_only_copies_held_elsewhere_and_only_what_makes_the_ve
     import errno
     import os
 
-    from hpcckpt.ckpt.room import bytes_to_write, droppable, how_many_to_drop, out_of_space
+    from hpcckpt.save.room import bytes_to_write, droppable, how_many_to_drop, out_of_space
     from hpcckpt.errors import CheckpointError
 
     # L4 holds 10-40; the node-local levels hold 30, 40 and the new 50: only 30 and 40 are

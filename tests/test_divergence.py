@@ -1,4 +1,4 @@
-"""The divergence rules (ckpt/divergence.py) and the trainer's skipped batches
+"""The divergence rules (schedule/divergence.py) and the trainer's skipped batches
 (train/divergence.py), what a version's metrics vouch for (run/health.py), retention's
 known-good version, and the nan and spike faults' grammar, without processes."""
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hpcckpt.ckpt.divergence import LOSS_HISTORY, MIN_HISTORY, DivergenceCheck, DivergencePolicy
-from hpcckpt.ckpt.retention import newest_known_good
+from hpcckpt.schedule.divergence import LOSS_HISTORY, MIN_HISTORY, DivergenceCheck, DivergencePolicy
+from hpcckpt.save.retention import newest_known_good
 from hpcckpt.errors import ConfigError, DivergenceError
 from hpcckpt.faults import FaultInjector, parse_fault
 from hpcckpt.run.health import first_non_finite, non_finite_metrics, vouches_finite

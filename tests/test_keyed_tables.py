@@ -4,10 +4,10 @@ changed rows, which versions go whole, and retention keeping each kept version's
 import numpy as np
 import pytest
 
-from hpcckpt.ckpt.drain import with_chains
+from hpcckpt.save.drain import with_chains
 from hpcckpt.ckpt.keyed_table import KeyedTable
-from hpcckpt.ckpt.retention import versions_to_delete
-from hpcckpt.ckpt.table_chain import TableChain
+from hpcckpt.save.retention import versions_to_delete
+from hpcckpt.save.table_chain import TableChain
 from hpcckpt.errors import CheckpointError, ConfigError, FormatError
 from hpcckpt.format.keyed_rows import TableSpec, check_pieces, digest_text, merge_rows, mix, owner_of, rows_digest
 

@@ -1,4 +1,4 @@
-"""One job at a time per run directory (ckpt/lease.py): who takes the lease, who is refused,
+"""One job at a time per run directory (run/lease.py): who takes the lease, who is refused,
 and a second real job started on a running run."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 import pytest
 from conftest import mpi_env, mpiexec_prefix, small_job
 
-from hpcckpt.ckpt import lease as lease_module
-from hpcckpt.ckpt.lease import Holder, LeaseError, RunLease
+from hpcckpt.run import lease as lease_module
+from hpcckpt.run.lease import Holder, LeaseError, RunLease
 
 
 def plant(run_dir, **fields) -> None:

@@ -1,10 +1,10 @@
-"""The per-level interval choice (ckpt/level_intervals.py): pure arithmetic, table-driven."""
+"""The per-level interval choice (schedule/level_intervals.py): pure arithmetic, table-driven."""
 
 import math
 
 import pytest
 
-from hpcckpt.ckpt.level_intervals import MAX_EVERY, FailureClass, LevelCost, choose_level_intervals
+from hpcckpt.schedule.level_intervals import MAX_EVERY, FailureClass, LevelCost, choose_level_intervals
 
 HOUR = 3600.0
 
@@ -92,7 +92,7 @@ def test_the_waste_is_the_minimum_over_every_choice():
     levels, failures = stack(), rates(crash=1, node=4, two=24, all_nodes=100)
     chosen = choose_level_intervals(levels, failures, 0.2)
     # Any other choice of k, at its own best tau, wastes at least as much.
-    from hpcckpt.ckpt.level_intervals import _evaluate
+    from hpcckpt.schedule.level_intervals import _evaluate
     failing = [f for f in failures if f.per_second > 0]
     for k in (1, 4, 64):
         other = dict(chosen.every, partner=k)

@@ -1,5 +1,5 @@
 """Per-level intervals on real ranks: failure rates by class make the library take each level
-only as often as the failures it covers are worth (ckpt/level_intervals.py)."""
+only as often as the failures it covers are worth (schedule/level_intervals.py)."""
 
 import re
 

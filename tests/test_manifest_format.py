@@ -191,7 +191,7 @@ def test_64_ranks_lose_a_node_and_restart_bit_identical_with_records_that_do_not
 
 @pytest.mark.parametrize("ranks, per_node, group", [(64, 4, 8), (12, 3, 4), (10, 3, 3), (5, 5, 0)])
 def test_the_records_every_rank_lists_are_each_ranks_record_peers(ranks, per_node, group):
-    # Rank 0 hands each rank the records its own node-local copy lists (recovery.py): all
+    # Rank 0 hands each rank the records its own node-local copy lists (restore/flow.py): all
     # ranks at once must be what record_peers says for each.
     topology = Topology(tuple(r // per_node for r in range(ranks)))
     partner_of = topology.partner_of() if topology.node_count > 1 else ()

@@ -3,7 +3,7 @@
 import math
 from types import SimpleNamespace
 
-from hpcckpt.ckpt.policy import PROFILE_STEPS, IntervalPolicy
+from hpcckpt.schedule.policy import PROFILE_STEPS, IntervalPolicy
 
 
 def cfg(every, max_overhead=0.035, mtbf_hours=0.0):
@@ -119,10 +119,15 @@ def test_failure_rates_choose_an_interval_per_level_from_each_levels_measured_co
     assert policy.levels_due(3, True) == ("local", "partner", "erasure", "pfs")  # the final one: all
 
 
-def test_without_failure_rates_the_pipeline_decides_the_levels():
+def test_without_failure_rates_the_fixed_settings_decide_the_levels():
+    """One decision, never None: each level every fixed_every-th checkpoint, all on the final."""
     policy = IntervalPolicy.from_config(cfg("auto"), resilience())
     policy.levels = STACK
-    assert not policy.per_level and policy.levels_due(4, False) is None
+    policy.fixed_every = {"partner": 2, "erasure": 4, "pfs": 3}
+    assert not policy.per_level
+    assert [policy.levels_due(n, False) for n in (1, 2, 3, 4)] == [
+        ("local",), ("local", "partner"), ("local", "pfs"), ("local", "partner", "erasure")]
+    assert policy.levels_due(1, True) == ("local", "partner", "erasure", "pfs")
 
 
 def test_the_per_level_choice_waits_for_every_levels_first_measurement():

@@ -1,4 +1,4 @@
-"""Rewinding in process (Checkpointer.rewind, ckpt/rewind.py) on real ranks."""
+"""Rewinding in process (Checkpointer.rewind, schedule/rewind.py) on real ranks."""
 
 import json
 

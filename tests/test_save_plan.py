@@ -1,4 +1,4 @@
-"""The save's plan and decisions (ckpt/save_plan.py), table-driven and without MPI: which
+"""The save's plan and decisions (save/save_plan.py), table-driven and without MPI: which
 stages a version takes, how the global levels take it after the node-local stage, and what a
 failed stage leads to."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcckpt.ckpt.save_plan import (
+from hpcckpt.save.save_plan import (
     DEGRADE,
     FAIL,
     HERE,

@@ -45,7 +45,7 @@ def test_what_a_restart_could_not_write_back_is_refused(tree, says):
 
 
 def test_a_blocks_offset_may_be_the_slices_a_framework_hands():
-    from hpcckpt.ckpt.snapshot import _block_of
+    from hpcckpt.ckpt.registry import _block_of
 
     block = np.zeros((3, 4))
     where = (slice(np.int64(2), np.int64(5), None), slice(4, 8))

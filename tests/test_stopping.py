@@ -14,7 +14,7 @@ def world():
 
 
 def test_a_stop_signal_is_reported_after_the_step_not_during_it(world):
-    from hpcckpt.ckpt.stopping import StopRequests
+    from hpcckpt.schedule.stopping import StopRequests
 
     stopper = StopRequests(world).install()
     try:
@@ -31,7 +31,7 @@ def test_a_stop_signal_is_reported_after_the_step_not_during_it(world):
 
 
 def test_the_allocation_end_stops_the_run_halt_seconds_early(world):
-    from hpcckpt.ckpt.stopping import StopRequests
+    from hpcckpt.schedule.stopping import StopRequests
 
     now = [1000.0]
     stopper = StopRequests(world, end_time=1100.0, halt_seconds=30.0, clock=lambda: now[0])
@@ -46,7 +46,7 @@ def test_the_allocation_end_stops_the_run_halt_seconds_early(world):
 
 
 def test_a_halt_file_is_looked_for_about_once_a_second_and_at_every_checkpoint(world, tmp_path):
-    from hpcckpt.ckpt.stopping import StopRequests
+    from hpcckpt.schedule.stopping import StopRequests
 
     halt = tmp_path / "HALT"
     stopper = StopRequests(world, halt_file=halt)

@@ -2,7 +2,7 @@
 array captured as the application finalises it (extraction during backprop), frozen at the
 end and handed to the save pipeline. With copies in the background, the copies are queued
 and taken behind the step; before_update() then holds the application back only until the
-copy of the array it is about to change is taken. The engine's library API delegates here.
+copy of the array it is about to change is taken. ckpt/taking.py drives it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hpcckpt.ckpt.save_types import BackgroundCopies, PersistReport, Snapshot
+from hpcckpt.save.save_types import BackgroundCopies, PersistReport, Snapshot
 from hpcckpt.ckpt.snapshot import ProtectedArrays
 from hpcckpt.errors import CheckpointError
 
@@ -78,11 +78,11 @@ class SnapshotCapture:
             event.wait()
         copies.report.copy_wait_s += time.perf_counter() - started
 
-    def close(self, ordinal: int, metrics: dict, final: bool, engine_state: dict,
+    def close(self, ordinal: int, metrics: dict, final: bool, levels: tuple, engine_state: dict,
               table_chain: tuple = ()) -> tuple[Snapshot, PersistReport, float]:
         """Capture whatever is left and freeze the small state (the application's and the
-        engine's own): (the snapshot, its report (still filling), when the rest of the
-        capture began)."""
+        engine's own) for `levels`: (the snapshot, its report (still filling), when the rest
+        of the capture began)."""
         pending = self._open
         if pending is None:
             raise CheckpointError("end_checkpoint() without begin_checkpoint()")
@@ -90,7 +90,7 @@ class SnapshotCapture:
         for name in self.arrays.arrays:
             if name not in pending.captured:
                 self.arrays.take_or_queue(name, self.copies)
-        snapshot = self.arrays.freeze(pending.step, ordinal, metrics, final, engine_state, table_chain)
+        snapshot = self.arrays.freeze(pending.step, ordinal, metrics, final, levels, engine_state, table_chain)
         self._open = None
         report = self.copies.report if self.copies is not None else PersistReport(pending.step)
         report.snapshot_s = time.perf_counter() - started

@@ -20,7 +20,7 @@ from hpcckpt.io.direct_io import BOUNCE_BYTES
 from hpcckpt.levels.stripes import segment_length
 
 MEMINFO = Path("/proc/meminfo")
-WRITING_THREADS = 2  # the persist thread and L4's own (ckpt/flush.py)
+WRITING_THREADS = 2  # the persist thread and L4's own (save/flush.py)
 GIB = 1 << 30
 
 

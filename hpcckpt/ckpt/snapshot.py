@@ -4,7 +4,7 @@ Each rank copies its slice of every replicated array (format/layout.py says whic
 block of every block array and its per-rank arrays whole into reused host buffers laid out as its shard file, so the file's
 bytes need no second copy; CuPy arrays go device to device on a side stream and then to
 pinned host memory (ckpt/device_snapshot.py). Copies may be taken now (capture) or queued
-for the copier thread (ckpt/pipeline.py), which before_update() waits for. Keyed tables
+for the copier thread (save/pipeline.py), which before_update() waits for. Keyed tables
 (ckpt/keyed_table.py) grow between versions, so their rows are copied when the snapshot is
 frozen into pieces of their own, placed after the fixed ones in the shard file
 (format/keyed_rows.py): every row in a full version, the rows changed since in a delta.
@@ -17,17 +17,15 @@ import hashlib
 import json
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
-from hpcckpt.ckpt.foreign_arrays import MemoryWitness, Protectable
-from hpcckpt.ckpt.replicas import BlockCopies, CopyGroups, check_alike
-from hpcckpt.ckpt.save_types import BackgroundCopies, Snapshot
+from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
+from hpcckpt.ckpt.replicas import CopyGroups, check_alike
+from hpcckpt.save.save_types import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import decide_at_root
-from hpcckpt.errors import CheckpointError, ConfigError
+from hpcckpt.errors import ConfigError
 from hpcckpt.format import pytree
 from hpcckpt.format.layout import (
     BlockLayout,
@@ -42,48 +40,22 @@ from hpcckpt.format.keyed_rows import TableSpec, piece_names
 from hpcckpt.format.shardfile import payload_layout
 from hpcckpt.io import direct_io
 
-ENGINE_STATE_KEY = "_hpcckpt"
-
-
-@dataclass(frozen=True)
-class BlockOf:
-    """Where a rank's block lies in its global array, as protect() was told."""
-
-    global_shape: tuple[int, ...]
-    offset: tuple[int, ...]
-    gaps: bool
-
-
-@dataclass
-class Protected:
-    name: str
-    array: object
-    replicated: bool
-    block: BlockOf | None = None  # a block of a global array (neither replicated nor per-rank)
-    witness: MemoryWitness | None = None  # a framework's tensor: whether it still computes on `array`
-    copies: BlockCopies | None = None  # a block held whole by several ranks, `array` empty but on one
-
-    @property
-    def per_rank(self) -> bool:
-        return not self.replicated and self.block is None
-
 
 class ProtectedArrays:
-    """The registry (arrays and small state, in protect order) and, once laid out, the
-    snapshot buffers. The layout is fixed by the first checkpoint or restart."""
+    """The application's registry (ckpt/registry.py) seen from one communicator: once laid
+    out (by the first checkpoint or restart), the layout and the snapshot buffers."""
 
-    def __init__(self, comm, split_threshold_bytes: int, gpu_snapshot: str, shard_extra: dict, log=None):
+    def __init__(self, comm, registry: ArrayRegistry, split_threshold_bytes: int, gpu_snapshot: str,
+                 shard_extra: dict, log=None):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
+        self.registry = registry
         self.split_threshold_bytes = split_threshold_bytes
         self.gpu_snapshot = gpu_snapshot
         self.shard_extra = shard_extra
         self.log = log
-        self.arrays: dict[str, Protected] = {}
-        self.tables: dict = {}  # name -> KeyedTable, in protect order
         self._file_buffer: np.ndarray | None = None  # a shard with tables outgrows shard_bytes
-        self.states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
         self.layout: Layout | None = None
         self.buffers: dict[str, np.ndarray] | None = None
         self.shard_bytes: np.ndarray | None = None  # laid out as the shard file; holds the host snapshot
@@ -91,40 +63,17 @@ class ProtectedArrays:
         self.copy_groups = CopyGroups(comm)
         self._checked_alike = False
 
-    def protect(self, name: str, kept: Protectable, replicated: bool, global_shape: Sequence[int] | None = None,
-                offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
-        """`kept`: what ckpt/foreign_arrays.py made of the application's object; where the
-        object gives its own geometry (a DTensor's placements), the arguments may not."""
-        if self.layout is not None:
-            raise CheckpointError(f"protect({name!r}) after the first checkpoint or restart; protect everything first")
-        if name in self.arrays:
-            raise CheckpointError(f"an array named {name!r} is already protected")
-        array = kept.array
-        if not hasattr(array, "dtype") or not hasattr(array, "shape"):
-            raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
-        geometry = kept.geometry
-        copies = None
-        if geometry is not None:
-            if global_shape is not None or offset is not None or not replicated:
-                raise ConfigError(f"protect({name!r}): the object says where it lies among the ranks itself (a "
-                                  "DTensor's placements); leave global_shape, offset and replicated out")
-            replicated, global_shape, offset = True, geometry.global_shape, geometry.offset
-            if geometry.copy_group is not None:
-                copies = BlockCopies(geometry.copy_group, geometry.copy_owner, kept.copy_target,
-                                     geometry.copy_arrangement)
-        self.arrays[name] = Protected(name, array, replicated,
-                                      _block_of(name, array, replicated, global_shape, offset, allow_gaps),
-                                      kept.witness, copies)
+    arrays = property(lambda self: self.registry.arrays)
+    tables = property(lambda self: self.registry.tables)
+    states = property(lambda self: self.registry.states)
+    local_array_names = property(lambda self: self.registry.local_array_names)
+
+    def protect_table(self, name: str, table) -> None:
+        self.registry.add_table(name, table)
+        table.bind(self.rank, self.world_size)
 
     def check_memory(self) -> None:
-        """This rank's protected tensors still compute on the memory kept (foreign_arrays.py's
-        MemoryWitness): else a ConfigError naming them, before anything is saved or restored.
-        One rank's error, not every rank's: the application's main ends the job."""
-        moved = [said for p in self.arrays.values() if p.witness is not None for said in [p.witness.moved(p.name)]
-                 if said]
-        if moved:
-            raise ConfigError("; ".join(moved[:4]) + (f" (and {len(moved) - 4} more)" if len(moved) > 4 else ""),
-                              collective=False)
+        self.registry.check_memory()
 
     def check_before_snapshot(self) -> None:
         """(all ranks) Before a snapshot is taken: the tensors still where they were, and, at
@@ -143,23 +92,6 @@ class ProtectedArrays:
     def _block_copies(self) -> list:
         return [(p.name, p.copies) for p in self.arrays.values() if p.copies is not None]
 
-    def protect_table(self, name: str, table) -> None:
-        from hpcckpt.ckpt.keyed_table import KeyedTable
-
-        if self.layout is not None:
-            raise CheckpointError(f"protect_table({name!r}) after the first checkpoint or restart; protect everything "
-                                  "first")
-        if not isinstance(table, KeyedTable):
-            raise CheckpointError(f"protect_table({name!r}): expected an hpcckpt KeyedTable, got {type(table).__name__}")
-        if name in self.tables or any(n in self.arrays for n in piece_names(name)):
-            raise CheckpointError(f"a table named {name!r} is already protected")
-        if any(t is table for t in self.tables.values()):
-            raise CheckpointError(f"protect_table({name!r}): this KeyedTable is protected under another name already")
-        if not name or "/" in name:
-            raise CheckpointError(f"protect_table({name!r}): a table's name must be non-empty and hold no '/'")
-        table.bind(self.rank, self.world_size)
-        self.tables[name] = table
-
     @property
     def table_specs(self) -> dict[str, dict]:
         return {name: TableSpec(t.dim, str(t.dtype)).to_dict() for name, t in self.tables.items()}
@@ -174,20 +106,12 @@ class ProtectedArrays:
             self._file_buffer = direct_io.aligned_empty(max(size, size + size // 2))
         return self._file_buffer
 
-    def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
-        if name in self.states or name == ENGINE_STATE_KEY:
-            raise CheckpointError(f"state {name!r} is already registered")
-        self.states[name] = (get, set)
-
-    @property
-    def local_array_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.arrays.values() if p.per_rank)
-
     def on_gpu(self, name: str) -> bool:
         return not isinstance(self.arrays[name].array, np.ndarray)
 
     def ensure_layout(self) -> Layout:
         if self.layout is None:
+            self.registry.closed = True
             specs = [TensorSpec.of(p.name, p.array) for p in self.arrays.values() if p.replicated and p.block is None]
             cut = plan_layout(specs, self.world_size, self.split_threshold_bytes)
             self.layout = Layout(self.world_size, cut.tensors + self._agree_on_blocks(specs))
@@ -288,9 +212,9 @@ class ProtectedArrays:
         return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), False, tuple(levels),
                         self.table_specs, (step,) if self.tables else ())
 
-    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool, engine_state: dict | None = None,
-               table_chain: tuple = ()) -> Snapshot:
-        """The snapshot of `step`; `table_chain` (ckpt/table_chain.py) says whether the tables
+    def freeze(self, step: int, ordinal: int, metrics: dict, final: bool, levels: tuple,
+               engine_state: dict | None = None, table_chain: tuple = ()) -> Snapshot:
+        """The snapshot of `step`; `table_chain` (save/table_chain.py) says whether the tables
         go whole (a chain of this step alone) or as the rows changed since the version before."""
         # Encoded (format/pytree.py: nested containers, scalars, small arrays, types kept) and
         # through JSON once: the state is frozen as it is now, whatever get() returned.
@@ -299,52 +223,8 @@ class ProtectedArrays:
         state = json.loads(json.dumps(state))
         # The tables' rows last: a state that fails to encode leaves their changed rows as they were.
         pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1)
-        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final, None,
+        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final, tuple(levels),
                         self.table_specs, tuple(table_chain) if self.tables else ())
-
-
-def _block_of(name: str, array, replicated: bool, global_shape, offset, allow_gaps: bool) -> BlockOf | None:
-    """protect()'s block arguments, checked for what this rank alone can tell."""
-    if global_shape is None:
-        if offset is not None or allow_gaps:
-            raise ConfigError(f"protect({name!r}): offset and allow_gaps describe a block of a global array; "
-                              "give its global_shape too")
-        return None
-    if not replicated:
-        raise ConfigError(f"protect({name!r}): a block of a global array (global_shape=...) is not a per-rank "
-                          "array; leave replicated at its default")
-    try:
-        global_shape = tuple(int(d) for d in global_shape)
-        given = tuple(offset) if offset is not None else (0,) * len(global_shape)
-        offset = tuple(_start_of(name, o, axis, array.shape) for axis, o in enumerate(given))
-    except ConfigError:
-        raise
-    except (TypeError, ValueError):
-        raise ConfigError(f"protect({name!r}): global_shape must be a sequence of integers and offset one of "
-                          f"integers or slices (this rank's block in the global array), got {global_shape!r} and "
-                          f"{offset!r}") from None
-    return BlockOf(global_shape, offset, bool(allow_gaps))
-
-
-def _start_of(name: str, where, axis: int, shape: tuple) -> int:
-    """An offset as a framework hands it: the block's first index on `axis`, or the slice of
-    the global array the block is (step 1, its length the block's on that axis)."""
-    if not isinstance(where, slice):
-        return int(where)
-    start = 0 if where.start is None else int(where.start)
-    if where.step not in (None, 1):
-        raise ConfigError(f"protect({name!r}): offset {where} on axis {axis} has step {where.step}; a block is a "
-                          "contiguous part of the global array (step 1)")
-    if start < 0 or (where.stop is not None and int(where.stop) < 0):
-        raise ConfigError(f"protect({name!r}): offset {where} on axis {axis} starts before the global array (a block "
-                          "with halo cells reaches past its edge: protect the interior without them, e.g. "
-                          "u[1:-1, 1:-1], with the interior's slices)")
-    extent = shape[axis] if axis < len(shape) else None
-    if where.stop is not None and extent is not None and int(where.stop) - start != extent:
-        raise ConfigError(f"protect({name!r}): offset {where} on axis {axis} spans {int(where.stop) - start} "
-                          f"element(s), but the array protected is {extent} long there (shape {tuple(shape)}); "
-                          "protect the block the slices describe (without halo cells, e.g. u[1:-1, 1:-1])")
-    return start
 
 
 def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:

@@ -21,7 +21,7 @@ scatter one answer per rank), allgather_compact (the distinct values and runs of
 point-to-point exchanges with the O(G) peers that need a rank's data.
   every agreement (agree, agree_per_rank, raise_if_any_failed): 1 allreduce of an int; when
     some rank failed, the reports gathered at rank 0 and the failing ones broadcast
-  per checkpoint (ckpt/pipeline.py, ckpt/flush.py):
+  per checkpoint (save/pipeline.py, save/flush.py):
     snapshot, every stage, commit: one agreement each
     shard records: point to point to the O(G) ranks whose node-local record lists them;
       gathered at L4's coordinator (O(W x T) at the root), which writes the record listing
@@ -31,9 +31,9 @@ point-to-point exchanges with the O(G) peers that need a rank's data.
     L4 at its own pace: 1 allreduce (is a copy running anywhere)
     end-of-run drain: committed steps folded at rank 0 (O(V) back); each shard record gathered
       at rank 0 (O(W x T) at the root)
-    making room (ckpt/room.py): steps, counts and pinned steps folded at rank 0 (O(V) back);
+    making room (save/room.py): steps, counts and pinned steps folded at rank 0 (O(V) back);
       L4 listing: on_root
-  per restart (recovery.py, restore/plan.py):
+  per restart (restore/flow.py, restore/plan.py):
     discovery: each rank's holdings (O(V)) gathered at rank 0, which decides; the candidates
       broadcast (O(V) each, plus the ranks whose node-local pieces are gone), each rank's own
       sources scattered (O(V)). A restart onto another rank count or placement (repartition)
@@ -47,7 +47,7 @@ point-to-point exchanges with the O(G) peers that need a rank's data.
     L2 delivery: point to point, holder and needy rank; L3: within the group, O(G)
     ledger, claim, L4 directory work: on_root, one bcast of a small result
     one rank per node-local directory: decide_at_root, one answer per rank
-  at start (ckpt/job_storage.py, cluster/placement.py): host names and node-local directories
+  at start (run/job_storage.py, cluster/placement.py): host names and node-local directories
     gathered at rank 0 and handed back as rules (node of each rank, a {node} template: O(1)
     for the usual placements); the placement log: each rank is told its partner's and
     group's hosts (O(G))

@@ -1,5 +1,5 @@
 """Names of everything the levels write, and of the levels themselves: one table that the
-levels, retention, recovery, inspect/verify (ckpt/catalog.py) and the reports share.
+levels, retention, recovery, inspect/verify (tools/catalog.py) and the reports share.
 
     <root>/v<step>/shard-r<rank>.hck                          L1 and L4: a rank's shard
     <local_dir>/v<step>/commit-r<rank>.json                   L1-L3: a rank's commit record

@@ -1,6 +1,6 @@
 """What a node-local directory holds of every rank, whichever job wrote it.
 
-A restart onto another rank count or other nodes (recovery.py, repartition/) cannot ask the
+A restart onto another rank count or other nodes (restore/flow.py, repartition/) cannot ask the
 levels of the job that wrote a version: their ranks are gone. It reads the files instead
 (names from levels/naming.py): the shards, replicas, parity files and commit records of
 every old rank that this directory's node kept. One commit record per version is read to

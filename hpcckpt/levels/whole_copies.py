@@ -1,6 +1,6 @@
 """Which levels hold a whole version, and how many node losses it survives, read from the
 files in the directories reachable from one process (the offline inspect and verify, in
-ckpt/catalog.py), not from a live level stack.
+tools/catalog.py), not from a live level stack.
 
 L1 holds a version whose every rank committed it; L2 and L3 where it was written to them
 and every rank's replica or parity file is there; L4 where its record is complete.

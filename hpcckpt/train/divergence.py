@@ -1,10 +1,10 @@
 """The trainer's part of a rewind after a divergence (the rest is the library's,
-ckpt/divergence.py): when the replay comes back to where the trouble started, the batches that
+schedule/divergence.py): when the replay comes back to where the trouble started, the batches that
 led to it are skipped (resilience.skip_batches_on_rewind)."""
 
 from __future__ import annotations
 
-from hpcckpt.ckpt.divergence import Rewound
+from hpcckpt.schedule.divergence import Rewound
 
 
 class SkippedBatches:

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcckpt.ckpt.engine import Checkpointer
-from hpcckpt.ckpt.policy import checkpoints_enabled
-from hpcckpt.ckpt.stopping import HALT_FILE_NAME, StopRequests
+from hpcckpt.schedule.policy import checkpoints_enabled
+from hpcckpt.schedule.stopping import HALT_FILE_NAME, StopRequests
 from hpcckpt.cluster.backend import select_backend
 from hpcckpt.cluster.collectives import allgather_compact
 from hpcckpt.cluster.placement import discover_topology, local_dir_of
 from hpcckpt.errors import ConfigError
 from hpcckpt.faults import FaultInjector
 from hpcckpt.runlog import RunLog
-from hpcckpt.ckpt.divergence import DivergenceCheck
+from hpcckpt.schedule.divergence import DivergenceCheck
 from hpcckpt.errors import DivergenceError
 from hpcckpt.train.divergence import SkippedBatches
 from hpcckpt.train.embedding import TABLE_NAME

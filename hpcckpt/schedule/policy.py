@@ -15,7 +15,7 @@ other jobs raises it too). With `checkpoint.mtbf_hours = H` the interval is Youn
 sqrt(2 * C * MTBF), never below the persist bound. With failure rates by class
 (resilience.mtbf_crash_hours, mtbf_node_hours, mtbf_two_nodes_hours) the interval and how
 often each level takes a version are chosen together from each level's measured cost and the
-failures it covers (ckpt/level_intervals.py, where the model is written out).
+failures it covers (schedule/level_intervals.py, where the model is written out).
 
 The policy is pure arithmetic over measurements; it is the same on every rank because the
 measurements it is fed are agreed (maxima over ranks) by the caller.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpcckpt.ckpt.level_intervals import FailureClass, LevelCost, choose_level_intervals
+from hpcckpt.schedule.level_intervals import FailureClass, LevelCost, choose_level_intervals
 
 PROFILE_STEPS = 5
 EWMA = 0.5  # weight of the newest measurement
@@ -53,6 +53,9 @@ class IntervalPolicy:
     level_durable: dict = field(default_factory=dict)
     level_busy: dict = field(default_factory=dict)
     every: dict = field(default_factory=dict)
+    # Without per-level intervals, each level every fixed_every[name]-th checkpoint
+    # (resilience.partner_every, erasure_every, storage.pfs_every; L1 every time).
+    fixed_every: dict = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg, resilience=None) -> "IntervalPolicy":
@@ -74,13 +77,11 @@ class IntervalPolicy:
         """Each level's share of the versions is chosen here (failure rates and levels known)."""
         return self.adaptive and bool(self.failures) and bool(self.levels)
 
-    def levels_due(self, ordinal: int, final: bool) -> tuple | None:
-        """The levels the checkpoint with 1-based `ordinal` goes to, when chosen here (None:
-        the pipeline's fixed settings decide)."""
-        if not self.per_level:
-            return None
-        return tuple(name for name, _, _ in self.levels
-                     if final or ordinal % max(1, self.every.get(name, 1)) == 0)
+    def levels_due(self, ordinal: int, final: bool) -> tuple[str, ...]:
+        """The levels the checkpoint with 1-based `ordinal` goes to: every level on the final
+        one; else each every n-th, n chosen from the failure rates (per_level) or fixed."""
+        every = self.every if self.per_level else self.fixed_every
+        return levels_due(tuple(name for name, _, _ in self.levels), ordinal, final, every)
 
     def observe_levels(self, durable: dict, busy: dict) -> None:
         """Each level's newest measured seconds until durable and of its own writing."""

@@ -20,7 +20,7 @@ class Snapshot:
     state: dict
     metrics: dict
     final: bool
-    levels: tuple | None = None  # the levels to write it to; None: those due (policy.levels_due)
+    levels: tuple  # the names of the levels to write it to (the schedule decided: policy.levels_due)
     tables: dict = field(default_factory=dict)  # name -> TableSpec.to_dict() of each keyed table
     table_chain: tuple = ()  # the versions its tables need, oldest first (format/keyed_rows.py)
 
@@ -61,7 +61,7 @@ class PersistReport:
 class PipelineSettings:
     """What the pipeline needs of the job's configuration."""
 
-    every: dict  # level -> every how many checkpoints it is due (policy.levels_due)
+    every: dict  # level -> every how many checkpoints it is due without per-level intervals
     keep: dict  # node_local / global -> versions retention keeps (checkpoint.keep_local, keep_pfs)
     keep_best: str = ""
     one_write_at_a_time: bool = False  # storage.local_bandwidth_mb is set: L1 before L2/L3
@@ -69,7 +69,7 @@ class PipelineSettings:
     persist_nice: int = 0
     direct_io: bool = False
     max_unprotected: int = 3  # resilience.max_unprotected_checkpoints
-    pfs_async: bool = True  # storage.pfs_async: L4 copies from L1 at its own pace (ckpt/flush.py)
+    pfs_async: bool = True  # storage.pfs_async: L4 copies from L1 at its own pace (save/flush.py)
     keep_known_good: bool = False  # resilience.rewind_on_divergence: a rewind may need an older version
 
     @classmethod

@@ -1,7 +1,7 @@
 """The global stage of a save: each global level (L4) due stores the version and commits it,
 agreed; from the snapshot, or from the landing level's files (a version committed on the
 node-local levels, copied at its own pace or at the end). A level out of space first drops
-versions another level holds and tries once more (ckpt/room.py); a storage failure then
+versions another level holds and tries once more (save/room.py); a storage failure then
 degrades (the version stays on the levels that took it) and is told to the level's health.
 A global level holds a version's keyed tables only with their chain (format/keyed_rows.py):
 the versions before it in the chain that the level lacks are copied there first, from the
@@ -13,9 +13,9 @@ import dataclasses
 import functools
 import time
 
-from hpcckpt.ckpt.room import bytes_to_write
-from hpcckpt.ckpt.stages import StageRunner, once_more_after_making_room
-from hpcckpt.ckpt.drain import copy_version
+from hpcckpt.save.room import bytes_to_write
+from hpcckpt.save.stages import StageRunner, once_more_after_making_room
+from hpcckpt.save.drain import copy_version
 from hpcckpt.cluster.collectives import describe_failure, is_storage_failure, on_root, raise_if_any_failed
 from hpcckpt.errors import CheckpointError, HpcckptError, StorageError
 from hpcckpt.format.manifest import Manifest

@@ -25,6 +25,35 @@ class CheckpointTally:
         self.started = time.perf_counter()
         self._copies_behind = None  # the report of a snapshot whose copies may still be running
         self._incomplete: list = []  # reports whose L4 copy at its own pace is not over yet
+        self.begin_blocked = (0.0, 0.0)  # begin_checkpoint(): (seconds blocked, of them waiting for a persist)
+        self.last_checkpoint: int | None = None  # the step of the newest checkpoint taken
+        self.previous_durable: float | None = None  # seconds until the previous checkpoint was durable
+        self.level_times: dict[str, tuple[float, float]] = {}  # newest (until durable, own writing) by level
+
+    def opened(self, previous, blocked: float, waited: float, flush) -> None:
+        """A snapshot was opened after `blocked` seconds (`waited` of them for `previous`,
+        the checkpoint that was in flight, now over)."""
+        if previous is not None and previous.durable_s:
+            self.previous_durable = max(previous.durable_s.values())
+        self.note_level_times(previous, flush)
+        self.begin_blocked = (blocked, waited)
+
+    def closed(self, report, copies_in_background: bool) -> tuple[float, float]:
+        """The snapshot of `report.step` was handed over: (seconds it blocked in all, of them
+        waiting for the previous persist)."""
+        blocked, waited = self.begin_blocked
+        blocked += report.snapshot_s + report.captured_early_s
+        self.begin_blocked = (0.0, 0.0)
+        self.last_checkpoint = report.step
+        self.taken(report, blocked, copies_in_background)
+        return blocked, waited
+
+    def note_level_times(self, report, flush) -> None:
+        """Each level's newest (seconds until durable, seconds of its own writing), from a
+        finished checkpoint's report and from L4's newest copy at its own pace."""
+        for seen in (report, flush.last_report if flush is not None else None):
+            for name, durable in (seen.durable_s.items() if seen is not None else ()):
+                self.level_times[name] = (durable, durable - seen.started_s.get(name, 0.0))
 
     def restart_clock(self) -> None:
         """The run's time, for the overhead estimate, counts from here (after its restart)."""

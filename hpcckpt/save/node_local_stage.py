@@ -3,23 +3,23 @@ first, L1's file, on the writer thread while L2 sends and L3 encodes the same by
 commit it with one record per rank. When a rank's node-local storage fails, that rank keeps
 nothing of the version there and commits nothing; the version stands on the other nodes
 while the redundancy levels (Level.supplies) still deliver that rank's shard from them,
-else it fails on every rank (ckpt/save_plan.py decides; the pipeline degrades or retries)."""
+else it fails on every rank (save/save_plan.py decides; the pipeline degrades or retries)."""
 
 from __future__ import annotations
 
 import time
 from typing import Callable
 
-from hpcckpt.ckpt.room import out_of_space
-from hpcckpt.ckpt.save_plan import partial_version_stands
-from hpcckpt.ckpt.stages import RoomOnce, StageRunner, note_failures
+from hpcckpt.save.room import out_of_space
+from hpcckpt.save.save_plan import partial_version_stands
+from hpcckpt.save.stages import RoomOnce, StageRunner, note_failures
 from hpcckpt.cluster.collectives import agree_per_rank, is_storage_failure
 from hpcckpt.errors import CheckpointError
 
 
 class NodeLocalStage:
     """(all ranks) `make_manifest(snapshot, shard_infos, level names)` builds the commit
-    record; `pruner` deletes what a failed version left (ckpt/pruning.py)."""
+    record; `pruner` deletes what a failed version left (save/pruning.py)."""
 
     def __init__(self, runner: StageRunner, node_local: tuple, make_manifest: Callable, pruner,
                  one_write_at_a_time: bool):

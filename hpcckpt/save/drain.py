@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from hpcckpt.ckpt.retention import steps_to_delete
+from hpcckpt.save.retention import steps_to_delete
 from hpcckpt.cluster.collectives import fold_at_root
 from hpcckpt.errors import CheckpointError
 from hpcckpt.format.shardfile import verify_shard

@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Callable
 
-from hpcckpt.ckpt.room import out_of_space
-from hpcckpt.ckpt.save_plan import RETRY, decide
+from hpcckpt.save.room import out_of_space
+from hpcckpt.save.save_plan import RETRY, decide
 from hpcckpt.cluster.collectives import StorageFailure, agree, agree_per_rank, is_storage_failure
 from hpcckpt.errors import CheckpointError
 
@@ -30,7 +30,7 @@ class BackgroundWrite:
 
 
 class RoomOnce:
-    """Making room for one version (ckpt/room.py), at most once: later calls answer as the
+    """Making room for one version (save/room.py), at most once: later calls answer as the
     first did."""
 
     def __init__(self, make_room: Callable[[], bool]):
@@ -55,7 +55,7 @@ def note_failures(lacking: dict, failed: dict, where: str) -> None:
 
 def once_more_after_making_room(attempt: Callable, make_room: Callable[[], bool]):
     """(all ranks) `attempt()`, and once more if it ran out of space on some rank and
-    `make_room()` dropped versions (ckpt/room.py); its last error otherwise."""
+    `make_room()` dropped versions (save/room.py); its last error otherwise."""
     try:
         return attempt()
     except CheckpointError as exc:

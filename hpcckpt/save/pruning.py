@@ -1,4 +1,4 @@
-"""Retention applied to the storage after each version (the rules are ckpt/retention.py's,
+"""Retention applied to the storage after each version (the rules are save/retention.py's,
 pure): which committed versions and leftovers of each level go, and the deleting itself, on
 each rank's own part of the storage. A failure here loses nothing and stops nothing."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from hpcckpt.ckpt.retention import newest_known_good, newest_redundant_versions, versions_to_delete
+from hpcckpt.save.retention import newest_known_good, newest_redundant_versions, versions_to_delete
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.manifest import Manifest
 

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from hpcckpt.ckpt.retention import best_step
+from hpcckpt.save.retention import best_step
 from hpcckpt.cluster.collectives import fold_at_root, on_root
 from hpcckpt.errors import HpcckptError
 

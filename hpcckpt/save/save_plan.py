@@ -1,10 +1,10 @@
 """What one version's save does, decided apart from doing it (pure: no MPI, no I/O, no
-threads). The save pipeline (ckpt/pipeline.py) asks these before and after each stage:
+threads). The save pipeline (save/pipeline.py) asks these before and after each stage:
 
 plan:    the levels due split into the node-local stage (stored together, committed with one
          record per rank) and the global levels;
 route:   after the node-local stage, how the global levels take the version: at their own
-         pace from the landing level's files (a copy behind the run, ckpt/flush.py), now from
+         pace from the landing level's files (a copy behind the run, save/flush.py), now from
          those files (the final version), or here from the snapshot (no copy at its own pace,
          or the node-local stage failed on some or all ranks, which then have no file);
 decide:  a failed stage makes room and tries once more (out of space, room not yet made),

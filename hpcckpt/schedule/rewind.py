@@ -9,8 +9,31 @@ skips; once a restore has fallen back past it, its files are set aside (L4) or d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hpcckpt.cluster.collectives import fold_at_root, on_root
 from hpcckpt.run.ledger import RestartLedger, ledger_path
+
+
+@dataclass(frozen=True)
+class RewindPlan:
+    """Which versions a rewind marks bad, and whether one older is left to restore."""
+
+    bad: tuple[int, ...]  # sorted
+    newest_older: int | None  # the version to restore (the restore takes the newest not bad)
+    again: int | None  # the version the last rewind restored, which the run diverged from again
+
+
+def plan_rewind(held: list[int], before: int, rewound_to: int | None) -> RewindPlan:
+    """(pure) Every version from step `before` on is bad; when the newest older one is the
+    version the last rewind restored (`rewound_to`) and no newer one was taken since, it is
+    to blame too, and the rewind goes further back."""
+    bad = [step for step in held if step >= before]
+    older = [step for step in held if step < before]
+    again = older.pop() if older and older[-1] == rewound_to else None
+    if again is not None:
+        bad.append(again)
+    return RewindPlan(tuple(sorted(bad)), older[-1] if older else None, again)
 
 
 def versions_held(comm, levels) -> list[int]:

@@ -80,6 +80,7 @@ class DivergencePolicy:
         self.max_rewinds = resilience.max_rewinds
         self.window = resilience.rewind_window_steps
         self.diverged_at: list[int] = []
+        self.rewound_to: int | None = None  # the version the last rewind restored
 
     def admit(self, step: int, reason: str) -> None:
         """Step `step` diverged: raise DivergenceError unless a rewind is allowed now."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcckpt.ckpt.retention import best_step
+from hpcckpt.save.retention import best_step
 from hpcckpt.run.ledger import LEDGER_NAME
 from hpcckpt.run.run_identity import LOCAL_SUBDIR_PREFIX, PFS_OWNER_FILE, RUN_FILE, pfs_owner, read_run_identity
 from hpcckpt.cluster.placement import pfs_dir_of, user_name

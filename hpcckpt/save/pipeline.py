@@ -1,27 +1,27 @@
 """The save pipeline: one snapshot's way into the levels, behind training.
 
-    layout -> agree on every rank's shard size -> plan (ckpt/save_plan.py: the levels due,
-    node-local and global) -> the node-local stage (ckpt/node_local_stage.py: L1 on the
+    layout -> agree on every rank's shard size -> plan (save/save_plan.py: the levels due,
+    node-local and global) -> the node-local stage (save/node_local_stage.py: L1 on the
     writer thread while L2 sends and L3 encodes the same bytes, then their commit) -> route
-    the global levels (at their own pace from L1's files: ckpt/flush.py; or here:
-    ckpt/global_stage.py) -> retention (ckpt/pruning.py)
+    the global levels (at their own pace from L1's files: save/flush.py; or here:
+    save/global_stage.py) -> retention (save/pruning.py)
 
 A loop over the ordered level stack (levels/base.py's Level), with no branch on what a level
 is: a level says whether it is node-local (its files share L1's version directory and commit
-record) and whether it is collective. Each stage ends with an agreement (ckpt/stages.py), so
+record) and whether it is collective. Each stage ends with an agreement (save/stages.py), so
 a failure anywhere stops the version everywhere before its commit. What a failure leads to
 is decided apart (save_plan.decide): a storage failure (full, read-only, I/O error, gone)
-keeps the version on the levels that work instead (ckpt/level_health.py): a rank whose
+keeps the version on the levels that work instead (save/level_health.py): a rank whose
 node-local directory failed keeps nothing of the version there and the version stands on the
 other nodes while L2/L3 supply that rank's shard from them; else the node-local levels hand
 the whole version to L4. A level out of space first drops versions another level holds and
-tries once more (ckpt/room.py). Any other failure is raised.
+tries once more (save/room.py). Any other failure is raised.
 
-Threads (ckpt/threads.py): background copies on a copier thread, the first node-local write
+Threads (save/threads.py): background copies on a copier thread, the first node-local write
 on a writer thread, the rest on a persist thread, L4's copies on a thread of their own; all
 live as long as the pipeline. At most one checkpoint is in flight: the next snapshot first
 waits for this one (its buffers are reused), not for L4's copy. A failure on any rank is kept
-and raised on the main thread at the next call; the end-of-run drain is ckpt/drain.py's.
+and raised on the main thread at the next call; the end-of-run drain is save/drain.py's.
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ import threading
 import time
 from typing import Callable
 
-from hpcckpt.ckpt.drain import drain
-from hpcckpt.ckpt.flush import AsyncFlush
-from hpcckpt.ckpt.global_stage import GlobalStage
-from hpcckpt.ckpt.level_health import LevelHealth
-from hpcckpt.ckpt.node_local_stage import NodeLocalStage
-from hpcckpt.ckpt.policy import levels_due
-from hpcckpt.ckpt.pruning import Pruner
-from hpcckpt.ckpt.room import RoomMaker, bytes_to_write, out_of_space
-from hpcckpt.ckpt.save_plan import (
+from hpcckpt.save.drain import drain
+from hpcckpt.save.flush import AsyncFlush
+from hpcckpt.save.global_stage import GlobalStage
+from hpcckpt.save.level_health import LevelHealth
+from hpcckpt.save.node_local_stage import NodeLocalStage
+from hpcckpt.save.pruning import Pruner
+from hpcckpt.save.room import RoomMaker, bytes_to_write, out_of_space
+from hpcckpt.save.save_plan import (
     DEGRADE,
     HERE,
     NODE_LOCAL_FAILED,
@@ -50,7 +49,7 @@ from hpcckpt.ckpt.save_plan import (
     plan_save,
     route_global,
 )
-from hpcckpt.ckpt.save_types import (
+from hpcckpt.save.save_types import (
     BackgroundCopies,
     PersistReport,
     PipelineSettings,
@@ -58,9 +57,8 @@ from hpcckpt.ckpt.save_types import (
     Snapshot,
     VersionInFlight,
 )
-from hpcckpt.ckpt.stages import RoomOnce, StageRunner, once_more_after_making_room
-from hpcckpt.ckpt.threads import ThreadSetup
-from hpcckpt.ckpt.worker import Worker
+from hpcckpt.save.stages import RoomOnce, StageRunner, once_more_after_making_room
+from hpcckpt.save.threads import ThreadSetup, Worker
 from hpcckpt.cluster.collectives import exchange_objects, is_storage_failure, quiet_bcast, quiet_gather, \
     raise_if_any_failed
 from hpcckpt.errors import CheckpointError
@@ -216,15 +214,8 @@ class SavePipeline:
                 done.set()
 
     def levels_due(self, snapshot: Snapshot) -> tuple:
-        names = self.names_due(snapshot.ordinal, snapshot.final, snapshot.levels)
-        return tuple(level for level in self.levels if level.name in names)
-
-    def names_due(self, ordinal: int, final: bool, chosen: tuple | None = None) -> tuple:
-        """The names of the levels checkpoint number `ordinal` goes to: `chosen` (the
-        failure rates' choice), else the fixed settings."""
-        if chosen is not None:
-            return tuple(level.name for level in self.levels if level.name in chosen)
-        return tuple(levels_due(tuple(level.name for level in self.levels), ordinal, final, self.settings.every))
+        """The levels the snapshot goes to, as the schedule decided, in the stack's order."""
+        return tuple(level for level in self.levels if level.name in snapshot.levels)
 
     def persist(self, snapshot: Snapshot, report: PersistReport, started: float) -> None:
         """(all ranks) Plan the version's stages, run the node-local one, route the global
@@ -336,6 +327,6 @@ class SavePipeline:
         return ShardInfos(records, version_id, version_bytes)
 
     def drain(self, source, target) -> list[int]:
-        """(all ranks) The end-of-run drain of `source`'s versions to `target` (ckpt/drain.py)."""
+        """(all ranks) The end-of-run drain of `source`'s versions to `target` (save/drain.py)."""
         return drain(self.comm, source, target, self.records, self.pruner, self.runner.run,
                      self.room.dropped.get(target.name, set()), self.log)

@@ -1,7 +1,7 @@
 """When an application checkpoints and when it stops: the schedule behind Checkpointer.due().
 
-The interval comes from ckpt/policy.py (fixed, "auto" under checkpoint.max_overhead, or
-Young/Daly from checkpoint.mtbf_hours); stop requests from ckpt/stopping.py. This module
+The interval comes from schedule/policy.py (fixed, "auto" under checkpoint.max_overhead, or
+Young/Daly from checkpoint.mtbf_hours); stop requests from schedule/stopping.py. This module
 feeds them what they measure and keeps every rank deciding alike:
 
 - step times: the wall time between two calls of step_over() (once per step, after the
@@ -13,7 +13,7 @@ feeds them what they measure and keeps every rank deciding alike:
   in one sleeping allreduce after each checkpoint, so the interval is the same everywhere; with
   failure rates set (resilience.mtbf_*_hours) so are each level's times, and the levels each
   checkpoint goes to (levels_due).
-- stops: the per-step OR-reduce of ckpt/stopping.py.
+- stops: the per-step OR-reduce of schedule/stopping.py.
 
 Collectives (all ranks, main thread, on a communicator of the schedule's own): one posted
 Iallreduce of an int per step (the stop flags); with an adaptive interval one sleeping
@@ -26,22 +26,30 @@ import time
 
 import numpy as np
 
-from hpcckpt.ckpt.policy import IntervalPolicy
-from hpcckpt.ckpt.stopping import StopRequests
+from hpcckpt.schedule.policy import IntervalPolicy
+from hpcckpt.schedule.stopping import StopRequests
 from hpcckpt.cluster.collectives import wait_all
 
 
 class CheckpointSchedule:
     def __init__(self, comm, checkpoint_config, *, end_time: float = 0.0, halt_seconds: float = 0.0,
-                 halt_file=None, log=None, catch_signals: bool = True, resilience=None, levels: tuple = ()):
+                 halt_file=None, log=None, catch_signals: bool = True, resilience=None, levels: tuple = (),
+                 fixed_every: dict | None = None, confirm_after_steps: int = 0):
         """(all ranks) Collective: duplicates `comm`. `resilience`: the section whose failure
         rates choose an interval per level; `levels`: the stack's levels as (name, node losses
-        a version there survives or None, copies at its own pace)."""
+        a version there survives or None, copies at its own pace); `fixed_every`: each level
+        every n-th checkpoint where no rates choose; `confirm_after_steps`: steps after which
+        a resumed run is confirmed (confirm_due)."""
         self.comm = comm.Dup()  # main thread only: the stop exchange and the cost agreement
         self.log = log
         self.policy = IntervalPolicy.from_config(checkpoint_config, resilience)
         self.policy.levels = tuple(levels)
+        self.policy.fixed_every = dict(fixed_every or {})
         self.every_steps = checkpoint_config.every_steps
+        self.confirm_after_steps = confirm_after_steps
+        self.ordinal = 0  # checkpoints taken by the run so far (saved with each version)
+        self.steps_run = 0  # steps done since the start or restart
+        self.final_step: int | None = None  # the step due() said is the last (a stop, or last=True)
         self.stops = StopRequests(self.comm, end_time, halt_seconds, halt_file, dup=False)
         if catch_signals:
             self.stops.install(log)
@@ -89,11 +97,22 @@ class CheckpointSchedule:
     def stopping(self) -> str | None:
         return self.stops.reason
 
+    def step_done(self, step: int, stop: str | None, last: bool) -> bool:
+        """A step counted (after step_over); True when the resumed run is now confirmed
+        (checkpoint.confirm_after_steps steps done)."""
+        self.steps_run += 1
+        if stop is not None or last:
+            self.final_step = step
+        return self.steps_run == self.confirm_after_steps
+
     # -- the checkpoint ---------------------------------------------------------------------
-    def levels_due(self, ordinal: int, final: bool) -> tuple | None:
-        """The levels checkpoint number `ordinal` goes to when the failure rates choose them;
-        None: the pipeline's fixed settings (resilience.*_every, storage.pfs_every) decide."""
-        return self.policy.levels_due(ordinal, final)
+    def next_checkpoint(self, step: int, final: bool | None) -> tuple[int, bool, tuple[str, ...]]:
+        """The checkpoint of `step` is taken: (its ordinal, whether it is the run's final one
+        (`final`, or by default the step due() said is the last), the levels it goes to).
+        The one place that decides which levels take a version."""
+        self.ordinal += 1
+        final = (step == self.final_step) if final is None else final
+        return self.ordinal, final, self.policy.levels_due(self.ordinal, final)
 
     def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None,
                          level_times: dict | None = None) -> str | None:

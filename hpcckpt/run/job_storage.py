@@ -10,7 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-from hpcckpt.ckpt.lease import RunLease
+from hpcckpt.run.lease import RunLease
 from hpcckpt.run.run_identity import (
     RUN_FILE,
     RunIdentity,

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hpcckpt.ckpt.worker import Worker
+from hpcckpt.save.threads import Worker
 
 
 @dataclass

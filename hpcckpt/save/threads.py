@@ -1,10 +1,13 @@
-"""How the save pipeline's background threads run beside training: the scheduling policy and
-priority they take as they start (each thread sets its own: Linux schedules threads apart)."""
+"""The save pipeline's background threads: long-lived workers that run submitted jobs in order
+(the copier, persist and writer threads, L4's copier), and the scheduling policy and priority
+each takes as it starts (each thread sets its own: Linux schedules threads apart)."""
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
+from typing import Callable
 
 from hpcckpt.io import direct_io
 
@@ -47,3 +50,36 @@ class ThreadSetup:
         if self.log and key not in self._said:
             self.log.info(message)
             self._said.add(key)
+
+class Worker:
+    """One long-lived daemon thread that runs submitted jobs in order. Starting a thread per
+    checkpoint would cost a scheduling round trip (Thread.start() waits for the new thread to
+    run: milliseconds on busy cores) inside the blocking time."""
+
+    def __init__(self, name: str, on_start: Callable[[], None] | None = None):
+        self.name = name
+        self.on_start = on_start
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, job: Callable, *args) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self.thread.start()
+        self.jobs.put((job, args))
+
+    def _run(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
+        while True:
+            item = self.jobs.get()
+            if item is None:
+                return
+            job, args = item
+            job(*args)  # jobs keep their own errors (see SavePipeline.worker_error)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread.join()
+            self.thread = None

@@ -1,0 +1,162 @@
+"""Going back to a version, as the facade's calls ask it: the restore's side of the application.
+
+    load(mode, step)      restart(): the newest version every rank can get (restore/flow.py),
+                          set into the application (arrays in place, registered state, blocks
+                          several ranks hold), protected again where it was written by another
+                          job, told to the schedule, the tally and the run's records
+    rewind(before, why)   in process, after a divergence: versions from `before` on marked bad
+                          (schedule/rewind.py decides which), the newest older one loaded
+    init_from(source)     a new run from another run's arrays
+
+A restart until it proves itself is unconfirmed: a crash before then marks the version it
+loaded failed in the restart ledger (run/ledger.py); confirm() clears that.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hpcckpt.ckpt.registry import ENGINE_STATE_KEY
+from hpcckpt.errors import DivergenceError
+from hpcckpt.faults import current_attempt
+from hpcckpt.format import pytree
+from hpcckpt.restore import flow
+from hpcckpt.restore.context import JobGeometry, RestoreTargets, RunPlace
+from hpcckpt.restore.protect_again import protect_again
+from hpcckpt.runlog import read_heartbeat
+from hpcckpt.save.save_types import PersistReport
+from hpcckpt.schedule.rewind import mark_versions_bad, plan_rewind, versions_held
+
+
+class Resuming:
+    def __init__(self, job, table_chain, divergence, config, log, faults, read_only: bool, finish):
+        """`finish()`: the checkpoint in flight and L4's copy over (the facade's)."""
+        self.job = job
+        self.table_chain = table_chain
+        self.divergence = divergence
+        self.config = config
+        self.log = log
+        self.faults = faults
+        self.read_only = read_only
+        self.finish = finish
+        self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
+        self.restore_traffic: tuple = ()  # (bytes read, bytes received) by a repartitioning restart
+        self.unconfirmed = None  # the restart ledger until the resumed run proves itself
+
+    def confirm(self) -> None:
+        """(all ranks) The resumed run works: the version it restarted from is good."""
+        ledger, self.unconfirmed = self.unconfirmed, None
+        if ledger is not None and self.job.rank == 0:
+            ledger.confirm()
+
+    def context(self) -> flow.RestoreContext:
+        job = self.job
+        layout = job.ensure_layout()
+        job.arrays.check_memory()
+        arrays = job.arrays
+        return flow.RestoreContext(
+            job=JobGeometry(job.comm, job.rank, job.world_size, job.node, job.topology, layout,
+                            arrays.local_array_names),
+            levels=job.levels,
+            targets=RestoreTargets(dict(arrays.buffers), {name: p.array for name, p in arrays.arrays.items()},
+                                   self.apply_state, dict(arrays.tables)),
+            run=RunPlace(job.run.run_id, self.config.recorded, self.config.run_dir, job.storage.pfs_dir,
+                         job.storage.local_dir),
+            log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
+            verify_finite=self.config.checkpoint.verify_finite)
+
+    def load(self, mode: str, step: int | None, rewinding: bool = False) -> int | None:
+        """(all ranks) restart()'s work; a rewind (in process) reports no restart: nothing
+        crashed, and the work it costs is counted as a rewind."""
+        self.finish()
+        resuming = step is None and not self.read_only  # evaluating a chosen version confirms nothing
+        reached_before = read_heartbeat(self.config.run_dir) if resuming and self.job.rank == 0 and not rewinding \
+            else None
+        result = flow.restore(self.context(), mode, step)
+        restored = result.step if result is not None else None
+        if result is not None:
+            self.job.arrays.share_block_copies()
+            self.restored_sources, self.restore_traffic = result.sources, result.traffic
+            if resuming:
+                self.unconfirmed = result.unconfirmed
+                if result.protect_again:
+                    self._protect_again(result)
+            self.table_chain.reset()  # a chain never spans a restore: the next version's tables go whole
+        if resuming:
+            if not rewinding:
+                self._report_restart(restored, reached_before)
+            said = self.job.schedule.begin(restored)
+            if said:
+                self.log.info(said, console=True)
+            self.job.tally.restart_clock()
+            self.job.schedule.restart_clock(self.job.pipeline.persisting)
+        return restored
+
+    def rewind(self, before: int, reason: str) -> int:
+        """(all ranks) Checkpointer.rewind's work (see there)."""
+        job = self.job
+        job.capture.abandon()
+        self.finish()
+        plan = plan_rewind(versions_held(job.comm, job.levels), before, self.divergence.rewound_to)
+        if plan.bad:
+            mark_versions_bad(job.comm, self.config.run_dir, list(plan.bad), f"the run was rewound past it: {reason}")
+        if plan.newest_older is None:
+            again = f" (the run diverged again from version {plan.again})" if plan.again is not None else ""
+            raise DivergenceError(f"the run diverged ({reason}) and no version before step {before} is left to "
+                                  f"rewind to{again}; look at the data and learning rate, and start again from an "
+                                  "earlier run's version (--init-from) or from scratch", collective=True)
+        restored = self.load("require", None, rewinding=True)
+        self.divergence.rewound_to = restored
+        bad = list(plan.bad)
+        self.log.warning(f"rewound from step {before} to version {restored}: {reason}"
+                         + (f"; version(s) {bad} marked bad" if bad else "")
+                         + (f" (the run diverged again from version {plan.again} since the last rewind)"
+                            if plan.again is not None else ""))
+        self.log.metrics({"event": "rewind", "from_step": before, "step": restored, "reason": reason,
+                          "marked_bad": bad})
+        return restored
+
+    def init_from(self, source: str, select) -> int:
+        self.finish()
+        manifest = flow.init_from(self.context(), source, select)
+        self.job.arrays.share_block_copies()
+        count = sum(1 for t in self.job.arrays.layout.tensors if select(t.name))
+        self.log.info(f"initialized {count} array(s) from version {manifest.step} of run "
+                      f"{manifest.run_id or '(no run id)'} ({source})")
+        return manifest.step
+
+    def apply_state(self, state: dict) -> None:
+        """A loaded version's registered state into the application, its own into the engine."""
+        for name, (_, setter) in self.job.arrays.states.items():
+            if name in state:
+                setter(pytree.decode(state[name]))
+        engine = state.get(ENGINE_STATE_KEY, {})
+        self.job.schedule.ordinal = int(engine.get("ordinal", 0))
+        if "schedule" in engine:  # the interval's profile: a restart does not profile again
+            self.job.schedule.load_state(engine["schedule"])
+        self.divergence.check.load_state(engine.get("divergence", {}))
+
+    def _report_restart(self, restored: int | None, reached_before) -> None:
+        """Where each rank's shard came from (each old rank's, when the version was written by
+        another rank count) and how much work the failure cost, for metrics.jsonl and
+        `hpcckpt report`."""
+        record = {"event": "restart", "attempt": current_attempt(), "step": restored or 0,
+                  "sources": list(self.restored_sources), "ranks": self.job.world_size}
+        if reached_before is not None:
+            reached, _ = reached_before
+            record["reached_before"] = reached
+            record["lost_steps"] = max(0, reached - (restored or 0))
+            if record["lost_steps"] and restored is not None:
+                self.log.info(f"the previous run had reached step {reached}: {record['lost_steps']} step(s) are done "
+                              "again", console=True)
+        self.log.metrics(record)
+
+    def _protect_again(self, result) -> None:
+        job = self.job
+
+        def write(levels: tuple) -> None:
+            snapshot = job.arrays.restored_snapshot(result.step, job.schedule.ordinal, result.state, result.metrics,
+                                                    levels)
+            job.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
+        protect_again(result, write, lambda which: flow.clear_old_geometry(self.context(), which), self.unconfirmed,
+                      job.rank, self.log, f"{job.world_size} rank(s) on {job.topology.node_count} node(s)")

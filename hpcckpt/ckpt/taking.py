@@ -1,0 +1,96 @@
+"""Taking one checkpoint, as the facade's calls ask it: the save's side of the application.
+
+    begin(step)   the checkpoint in flight over (its report back), the arrays checked, the
+                  snapshot opened
+    (capture)     each array copied, or queued, as the application finalises it (capture.py)
+    end(metrics)  refused if the metrics are not finite; else numbered, its levels decided
+                  (once: schedule/checkpoint_schedule.py), its tables' chain, frozen, handed
+                  to the save pipeline behind the step, its cost told to the tally and the
+                  schedule; the first checkpoint of an adaptive interval is waited for (it
+                  measures what the interval is chosen from)
+
+Every rank calls these alike; the only collectives are the pipeline's and the schedule's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hpcckpt.errors import CheckpointError
+from hpcckpt.run.health import non_finite_metrics
+from hpcckpt.save.save_types import PersistReport
+
+
+class CheckpointTaking:
+    def __init__(self, job, table_chain, divergence, log, faults, settle, confirm):
+        """`job`: the CommJob; `settle(held)`: what the tables learn when a version is over;
+        `confirm()`: the resumed run proved itself (a checkpoint opens)."""
+        self.job = job
+        self.table_chain = table_chain
+        self.divergence = divergence
+        self.log = log
+        self.faults = faults
+        self.settle = settle
+        self.confirm = confirm
+
+    def begin(self, step: int, copy_in_background: bool) -> PersistReport | None:
+        """(all ranks) Open the snapshot of `step`; the previous checkpoint's report."""
+        job = self.job
+        job.capture.refuse_if_open(step)
+        opened = time.perf_counter()
+        previous = job.persist_over(self.settle)
+        waited = time.perf_counter() - opened
+        job.tally.durable(previous, job.l4_copying)
+        self.confirm()
+        job.ensure_layout()
+        job.arrays.check_before_snapshot()
+        self.faults.strike(step, "snapshot")
+        job.capture.open(step, copy_in_background and job.pipeline.threaded)
+        job.tally.opened(previous, time.perf_counter() - opened, waited, job.pipeline.flush)
+        return previous
+
+    def end(self, metrics: dict | None, final: bool | None) -> PersistReport:
+        """(all ranks) Close the open snapshot and hand it to the pipeline; its report (still filling)."""
+        job = self.job
+        step = job.capture.open_step
+        if step is None:
+            raise CheckpointError("end_checkpoint() without begin_checkpoint()")
+        refused = non_finite_metrics(metrics)
+        if refused:
+            return self._refuse(step, refused)
+        in_background = job.capture.copies is not None
+        ordinal, final, levels = job.schedule.next_checkpoint(step, final)
+        chain = ()
+        if job.arrays.tables:
+            node_local = {level.name for level in job.levels.node_local}
+            chain = self.table_chain.next(step, node_local.intersection(levels), final)
+        engine_state = {"schedule": job.schedule.state(), "divergence": self.divergence.check.state()}
+        snapshot, report, started = job.capture.close(ordinal, metrics or {}, final, levels, engine_state, chain)
+        job.pipeline.submit(snapshot, report, started, job.capture.copies, job.arrays.copy_piece)
+        blocked, waited = job.tally.closed(report, in_background)
+        durable = job.tally.previous_durable
+        if job.schedule.profiling:
+            self.wait()  # the profiling checkpoint: the first interval accounts for the persist's time
+            durable = max(report.durable_s.values()) if report.durable_s else 0.0
+            job.tally.note_level_times(report, job.pipeline.flush)
+        said = job.schedule.checkpoint_taken(step, blocked, waited, durable, job.tally.level_times)
+        if said and job.schedule.policy.adaptive:
+            self.log.info(said, console=True)
+        elif said:
+            self.log.warning(said)
+        job.schedule.restart_clock(job.pipeline.persisting)
+        return report
+
+    def _refuse(self, step: int, refused: list) -> PersistReport:
+        self.job.capture.abandon()
+        self.log.warning(f"step {step} is not checkpointed: its metrics {', '.join(refused)} are not finite (a "
+                         "diverged state is never saved); the newest version stays the one before it")
+        self.log.metrics({"event": "checkpoint_refused", "step": step, "metrics": refused})
+        return PersistReport(step)
+
+    def wait(self) -> PersistReport | None:
+        """(all ranks) The checkpoint in flight durable, on L4 too at its own pace."""
+        report = self.job.finish_in_flight(self.settle)
+        self.job.tally.durable(report)
+        self.job.schedule.restart_clock(False)
+        return report
