@@ -96,8 +96,7 @@ import threading
 import time
 from pathlib import Path
 
-from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
-from harness import gloo_group
+from harness import ForeignLoad, gloo_group  # perf/ is on sys.path: the scripts run from it
 from harness import median as _median
 from harness import paper_overhead as _paper_overhead
 from harness import quiet_barrier as _quiet_barrier

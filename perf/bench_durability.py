@@ -120,7 +120,7 @@ def parent(args) -> dict:
     impl = str(Path(args.impl).resolve()) if args.impl else str(REPO)
     try:
         result, _ = run_worker(__file__, args.ranks, worker_args, f"{args.ranks}-rank job", mpiexec=args.mpiexec,
-                               pythonpath_first=impl, quiet=False)
+                               pythonpath_first=impl, capture="none")
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
     result["impl"] = impl

@@ -48,8 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
-from harness import median, mpiexec_command, run_worker
+from harness import ForeignLoad, median, mpiexec_command, run_worker  # perf/ is on sys.path: the scripts run from it
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
