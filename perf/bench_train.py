@@ -39,7 +39,6 @@ default, needed for bit-identical CPU runs).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -48,11 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ForeignLoad, median, mpiexec_command, run_worker  # perf/ is on sys.path: the scripts run from it
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from harness import (ForeignLoad, machine, median, mpiexec_command, print_machine, run_worker,  # perf/ is on sys.path
+                     write_json)
 
 MODELS = {
     # The default job (jobs/local.toml): MLP 64-128-64-10 on the 8x8 digits.
@@ -321,7 +317,7 @@ def worker(args):
         if comm.Get_rank() == 0:
             shutil.rmtree(run_dir, ignore_errors=True)
     if comm.Get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results))
+        write_json(args.out, results)
 
 
 # ------------------------------------------------------------------------------------------
@@ -360,9 +356,11 @@ def parent(args):
             devices.append("gpu")
     ranks_list = [int(r) for r in args.ranks.split(",")]
     _, mpi_version = mpiexec_command(1, args.mpiexec)
+    host = machine(args.mpiexec)
     print(f"bench_train: devices {devices}, ranks {ranks_list}, models {args.models}, "
           f"{args.warmup} warm-up + {args.steps} steps x {args.repeats} repeats, "
           f"{os.cpu_count()} CPUs, {mpi_version}", flush=True)
+    print_machine(host)
     flat = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]),
                      "cpus": os.cpu_count(), "mpiexec": mpi_version, "devices": devices,
                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
@@ -388,7 +386,7 @@ def parent(args):
     flat["meta"]["loadavg_after"] = round(os.getloadavg()[0], 2)
     _print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(flat, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, flat, host)
         print(f"wrote {args.json}")
 
 
