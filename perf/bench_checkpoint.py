@@ -95,9 +95,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness import (REPO, Dcp, ForeignLoad, alternated, available, fsync_path,  # perf/ is on sys.path
-                     gloo_close, h5py_save, machine, mpiexec_command, print_machine, run_worker, shard_bounds,
-                     write_durably, write_json)
+from harness import (REPO, Dcp, ForeignLoad, alternated, available, fsync_path, gloo_close,  # perf/ is on sys.path
+                     h5py_save, machine, print_machine, run_worker, shard_bounds, write_durably, write_json)
 from harness import median as _median
 from harness import paper_overhead as _paper_overhead
 from harness import quiet_barrier as _quiet_barrier
@@ -1020,14 +1019,12 @@ def parent(args):
         approaches.remove("dcp_async")
     models = args.models.split(",")
     ranks_list = [int(r) for r in args.ranks.split(",")]
-    _, mpi_version = mpiexec_command(1, args.mpiexec)
     host = machine(args.mpiexec, args.tmp)
-    print(f"bench_checkpoint: models {models}, ranks {ranks_list}, approaches {approaches}, "
-          f"{os.cpu_count()} CPUs, {mpi_version}, loadavg {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"bench_checkpoint: models {models}, ranks {ranks_list}, approaches {approaches}", flush=True)
     print_machine(host)
-    result = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "cpus": os.cpu_count(),
-                       "mpiexec": mpi_version, "date": time.strftime("%Y-%m-%d %H:%M"),
-                       "loadavg_before": round(os.getloadavg()[0], 2)}, "runs": {}}
+    result = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "cpus": host["cpus"],
+                       "mpiexec": host["mpiexec"], "date": host["date"], "loadavg_before": host["loadavg_start"]},
+              "runs": {}}
     # Most ranks first: the 4-rank runs carry the targets.
     jobs = sorted(((m, r) for m in models for r in ranks_list), key=lambda j: (-j[1], models.index(j[0])))
     for model, ranks in jobs:

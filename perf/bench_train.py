@@ -47,8 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import (ForeignLoad, machine, median, mpiexec_command, print_machine, run_worker,  # perf/ is on sys.path
-                     write_json)
+from harness import ForeignLoad, machine, median, print_machine, run_worker, write_json  # perf/ is on sys.path
 
 MODELS = {
     # The default job (jobs/local.toml): MLP 64-128-64-10 on the 8x8 digits.
@@ -355,14 +354,12 @@ def parent(args):
         if gpu_available():
             devices.append("gpu")
     ranks_list = [int(r) for r in args.ranks.split(",")]
-    _, mpi_version = mpiexec_command(1, args.mpiexec)
     host = machine(args.mpiexec)
     print(f"bench_train: devices {devices}, ranks {ranks_list}, models {args.models}, "
-          f"{args.warmup} warm-up + {args.steps} steps x {args.repeats} repeats, "
-          f"{os.cpu_count()} CPUs, {mpi_version}", flush=True)
+          f"{args.warmup} warm-up + {args.steps} steps x {args.repeats} repeats", flush=True)
     print_machine(host)
     flat = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-                     "cpus": os.cpu_count(), "mpiexec": mpi_version, "devices": devices,
+                     "cpus": host["cpus"], "mpiexec": host["mpiexec"], "devices": devices,
                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
                      "date": time.strftime("%Y-%m-%d")}}
     flat["meta"]["loadavg_before"] = round(os.getloadavg()[0], 2)
