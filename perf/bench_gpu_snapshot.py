@@ -6,6 +6,9 @@ same shard, measured in the same run.
     python perf/bench_gpu_snapshot.py --quick         # 100 MB, 4 ranks
     python perf/bench_gpu_snapshot.py --json out.json
 
+Without a GPU that CuPy can use it says so and exits 0 (its --json then records the skip and
+the machine).
+
 The parent launches `mpiexec -n R python perf/bench_gpu_snapshot.py --worker ...` per (state,
 ranks). Each worker builds one GPU `Trainer` (MLP on synthetic data, SGD with momentum, float32;
 the state is parameters + momentum) and alternates, over --rounds rounds, a segment without
