@@ -509,7 +509,8 @@ def _run_segment(ctx, approach, steps, every, nckpt):
 def _cpu_floor(cpus, base_s_per_step, every, ranks):
     """The checkpoint's CPU (background threads, summed over ranks) and the overhead it would
     cause at the least: on saturated cores every core-second it takes is one training loses,
-    spread over the cores the ranks share (perf/log/2026-11-23.md, #5)."""
+    spread over the cores the ranks share (perf/log/2026-11-23.md, "What a checkpoint costs the
+    CPU")."""
     cores = min(ranks, len(os.sched_getaffinity(0)))  # what this process may use, not the host's
     core_s = _median(cpus)
     floor = 100.0 * core_s / (cores * base_s_per_step * every) if core_s is not None and every else None
