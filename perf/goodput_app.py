@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 from harness import Dcp, bcast_arrays, fsync_path, h5py_load, h5py_save  # perf/ is on sys.path
 
-
 from hpcckpt.levels.base import hold_to_bandwidth
 
 DONE = "done.pickle"  # a version's completion marker, with the training state
