@@ -89,22 +89,17 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
-from harness import gloo_group
+from harness import (REPO, Dcp, ForeignLoad, alternated, available, fsync_path, gloo_close,  # perf/ is on sys.path
+                     h5py_save, machine, print_machine, run_worker, shard_bounds, write_durably, write_json)
 from harness import median as _median
 from harness import paper_overhead as _paper_overhead
 from harness import quiet_barrier as _quiet_barrier
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 FIGURES = REPO / "perf" / "figures"
 FEATURES = 1024
@@ -129,27 +124,6 @@ def _rss_kib() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durably(path, buffers, chunk=64 << 20):
-    """Write the buffers back to back into a new file, fsync it and its directory."""
-    with open(path, "wb", buffering=0) as f:
-        for buffer in buffers:
-            view = memoryview(buffer).cast("B")
-            for start in range(0, len(view), chunk):
-                part = view[start:start + chunk]
-                while len(part):
-                    part = part[f.write(part):]
-        os.fsync(f.fileno())
-    _fsync_dir(os.path.dirname(path))
 
 
 def _remove(path):
@@ -209,9 +183,8 @@ class H5pyDefault(_Approach):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        import h5py
+        import h5py  # noqa: F401  (imported before the timed checkpoints)
 
-        self.h5py = h5py
         self.syncer = _BackgroundWriter()
         self.files = []
 
@@ -222,20 +195,14 @@ class H5pyDefault(_Approach):
         record["wait"] = time.perf_counter() - started
         if self.rank == 0:
             path = os.path.join(self.dir, f"ckpt-{step}.h5")
-            with self.h5py.File(path, "w") as f:
-                for name, array in self.arrays:
-                    f.create_dataset(name, data=array)
+            h5py_save(path, self.arrays)
             self.files.append(path)
             while len(self.files) > 2:
                 _remove(self.files.pop(0))
 
             def sync():
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                _fsync_dir(self.dir)
+                fsync_path(path)
+                fsync_path(self.dir)
                 record["durable"]["pfs"] = time.perf_counter() - started
 
             self.syncer.start(sync)
@@ -324,8 +291,7 @@ class Sharded(_WrittenInBackground):
         super().__init__(ctx)
         self.slices = []
         for _, array in self.arrays:
-            n = array.size
-            lo, hi = n * self.rank // self.size, n * (self.rank + 1) // self.size
+            lo, hi = shard_bounds(array.size, self.rank, self.size)
             self.slices.append((array.reshape(-1)[lo:hi], np_empty(hi - lo, array.dtype)))
 
     def prepare(self, step):
@@ -463,12 +429,8 @@ class DcpAsync(_Approach):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        import torch
-        import torch.distributed.checkpoint as dcp
-
-        self.dcp = dcp
-        self.group = ctx["gloo"]()
-        self.state = {"state": {name: torch.from_numpy(array) for name, array in self.arrays}}
+        self.dcp = Dcp(self.comm)
+        self.state = {"state": self.dcp.views(self.arrays)}
         self.future = None
         self.dirs = []
 
@@ -488,8 +450,7 @@ class DcpAsync(_Approach):
             for old in self.dirs[:-2]:
                 _remove(old)
         self.dirs = self.dirs[-2:]
-        response = self.dcp.async_save(self.state, checkpoint_id=path, process_group=self.group)
-        future = getattr(response, "upload_completion", response)
+        future = self.dcp.async_save(self.state, checkpoint_id=path)
 
         def done(_):
             record["durable"]["pfs"] = time.perf_counter() - started
@@ -548,7 +509,8 @@ def _run_segment(ctx, approach, steps, every, nckpt):
 def _cpu_floor(cpus, base_s_per_step, every, ranks):
     """The checkpoint's CPU (background threads, summed over ranks) and the overhead it would
     cause at the least: on saturated cores every core-second it takes is one training loses,
-    spread over the cores the ranks share (perf/RESULTS.md, #5)."""
+    spread over the cores the ranks share (perf/log/2026-11-23.md, "What a checkpoint costs the
+    CPU")."""
     cores = min(ranks, len(os.sched_getaffinity(0)))  # what this process may use, not the host's
     core_s = _median(cpus)
     floor = 100.0 * core_s / (cores * base_s_per_step * every) if core_s is not None and every else None
@@ -575,17 +537,9 @@ def _disk_rate(comm, root, nbytes, repeats):
         _clean_dir(comm, root)
         if comm.Get_rank() == 0:
             path = os.path.join(root, f"disk-{r}.bin")
+            whole, rest = divmod(nbytes, buffer.size)
             started = time.perf_counter()
-            with open(path, "wb", buffering=0) as f:
-                left = nbytes
-                while left:
-                    part = memoryview(buffer)[:min(left, buffer.size)]
-                    while len(part):
-                        n = f.write(part)
-                        part = part[n:]
-                        left -= n
-                os.fsync(f.fileno())
-            _fsync_dir(root)
+            write_durably(path, [buffer] * whole + [buffer[:rest]], chunk=None)
             results.append(time.perf_counter() - started)
         _quiet_barrier(comm)
     _clean_dir(comm, root)
@@ -598,18 +552,6 @@ def _disk_rate(comm, root, nbytes, repeats):
 def _progress(rank, message):
     if rank == 0:
         print(f"    [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _make_gloo(comm):
-    """Lazy gloo process group from the MPI rank/size (rank 0 picks a free localhost port)."""
-    holder = {}
-
-    def get():
-        if "group" not in holder:
-            holder["group"] = gloo_group(comm)
-        return holder["group"]
-
-    return get
 
 
 def worker(args):
@@ -646,7 +588,7 @@ def worker(args):
 
         levels = [lv for lv in LEVEL_ORDER if lv in args.levels.split(",")]  # the data-flow order
     ctx = {"comm": comm, "trainer": trainer, "arrays": arrays, "log": log, "overrides": overrides,
-           "levels": levels, "group_size": group_size, "parity": parity, "gloo": _make_gloo(comm)}
+           "levels": levels, "group_size": group_size, "parity": parity}
     approaches = [a for a in args.approaches.split(",") if a]
     if size < 4 and "hpcckpt_l1l3" in approaches:
         approaches.remove("hpcckpt_l1l3")
@@ -678,10 +620,7 @@ def worker(args):
                  "hpcckpt_l1l3": lambda c: Hpcckpt(c, levels=["local", "erasure"]), "dcp_async": DcpAsync,
                  "io_only": IoOnly}
     for round_index in range(args.rounds):
-        order = ["none", *approaches]
-        if round_index % 2:
-            order = order[::-1]
-        for name in order:
+        for name in alternated(["none", *approaches], round_index):
             directory = root / name
             _clean_dir(comm, str(directory))
             ctx["dir"] = str(directory)
@@ -797,17 +736,12 @@ def worker(args):
     if args.freq:
         out["frequency"] = _frequency(ctx, args, root, gather_max, gather_sum)
 
-    dist_group = ctx["gloo"]
     if "dcp_async" in approaches:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    del dist_group
+        gloo_close()
     _quiet_barrier(comm)
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)
-        Path(args.out).write_text(json.dumps(out))
+        write_json(args.out, out)
 
 
 def _frequency(ctx, args, root, gather_max, gather_sum):
@@ -896,56 +830,27 @@ def _frequency(ctx, args, root, gather_max, gather_sum):
 # ------------------------------------------------------------------------------------------
 # parent side
 
-def _mpiexec(args):
-    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
-
-    mpiexec = find_mpiexec(args.mpiexec)
-    flags, label = mpiexec_flags(mpiexec)
-    return mpiexec, flags, label
-
-
-def _torch_available():
-    try:
-        import importlib.util
-
-        return importlib.util.find_spec("torch") is not None
-    except Exception:
-        return False
-
-
 def _run_job(args, model, ranks, approaches, every, nckpt, rounds, freq):
-    fd, out = tempfile.mkstemp(prefix="bench_ckpt_", suffix=".json")
-    os.close(fd)
     run_root = tempfile.mkdtemp(prefix=f"bench_ckpt_{model}_r{ranks}_", dir=args.tmp)
-    mpiexec, extra, _ = _mpiexec(args)
-    command = [mpiexec, "-n", str(ranks), *extra, sys.executable, str(Path(__file__).resolve()), "--worker",
-               "--out", out, "--run-root", run_root, "--hidden", ",".join(map(str, MODELS[model])),
+    worker_args = ["--run-root", run_root, "--hidden", ",".join(map(str, MODELS[model])),
                "--lr", str(LEARNING_RATES[model]),
                "--approaches", ",".join(approaches), "--every", str(every), "--nckpt", str(nckpt),
                "--rounds", str(rounds), "--disk-repeats", str(args.disk_repeats),
                "--freq", freq, "--freq-steps", str(args.freq_steps), "--freq-rounds", str(args.freq_rounds),
                "--freq-steps-every1", str(args.freq_steps_every1)]
     if args.levels:
-        command += ["--levels", args.levels]
+        worker_args += ["--levels", args.levels]
     for setting in args.set or []:
-        command += ["--set", setting]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env = {k: v for k, v in env.items() if not k.startswith("HPCCKPT_")}
-    started = time.perf_counter()
+        worker_args += ["--set", setting]
     try:
         with ForeignLoad() as load:
-            proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
-        elapsed = time.perf_counter() - started
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-5000:])
-            raise SystemExit(f"bench_checkpoint: {model} with {ranks} ranks failed (exit {proc.returncode})")
-        result = json.loads(Path(out).read_text())
+            # The ranks' progress lines go to stderr and stream; stdout is shown only on failure.
+            result, elapsed = run_worker(__file__, ranks, worker_args, f"{model} job with {ranks} ranks",
+                                         mpiexec=args.mpiexec, capture="stdout")
         result["elapsed_s"] = elapsed
         result["load"] = load.summary()
         return result
     finally:
-        os.unlink(out)
         shutil.rmtree(run_root, ignore_errors=True)
 
 
@@ -1110,17 +1015,17 @@ def _plot(result, quick):
 
 def parent(args):
     approaches = [a for a in args.approaches.split(",") if a]
-    if "dcp_async" in approaches and not _torch_available():
+    if "dcp_async" in approaches and not available("torch"):
         print("torch is not installed: dcp_async skipped")
         approaches.remove("dcp_async")
     models = args.models.split(",")
     ranks_list = [int(r) for r in args.ranks.split(",")]
-    _, _, mpi_version = _mpiexec(args)
-    print(f"bench_checkpoint: models {models}, ranks {ranks_list}, approaches {approaches}, "
-          f"{os.cpu_count()} CPUs, {mpi_version}, loadavg {os.getloadavg()[0]:.2f}", flush=True)
-    result = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "cpus": os.cpu_count(),
-                       "mpiexec": mpi_version, "date": time.strftime("%Y-%m-%d %H:%M"),
-                       "loadavg_before": round(os.getloadavg()[0], 2)}, "runs": {}}
+    host = machine(args.mpiexec, args.tmp)
+    print(f"bench_checkpoint: models {models}, ranks {ranks_list}, approaches {approaches}", flush=True)
+    print_machine(host)
+    result = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "cpus": host["cpus"],
+                       "mpiexec": host["mpiexec"], "date": host["date"], "loadavg_before": host["loadavg_start"]},
+              "runs": {}}
     # Most ranks first: the 4-rank runs carry the targets.
     jobs = sorted(((m, r) for m in models for r in ranks_list), key=lambda j: (-j[1], models.index(j[0])))
     for model, ranks in jobs:
@@ -1134,7 +1039,7 @@ def parent(args):
         result["runs"][key] = run
         _print_run(key, run)
         if args.json:  # partial results survive an interrupted run
-            Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+            write_json(args.json, result, host)
     largest = max(result["runs"], key=lambda k: (result["runs"][k]["state_bytes"], result["runs"][k]["ranks"]))
     result["largest_run"] = largest
     result["approaches"] = result["runs"][largest]["approaches"]
@@ -1151,7 +1056,7 @@ def parent(args):
     if written:
         print("figures: " + ", ".join(written))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, result, host)
         print(f"wrote {args.json}")
 
 

@@ -18,37 +18,20 @@ before it is timed. reedsolo is pure Python (~MB/s) and runs on small blocks onl
 
 from __future__ import annotations
 
-import os
+from harness import pin_threads  # perf/ is on sys.path: the scripts run from it
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+pin_threads()  # single-threaded figures: before NumPy loads
 
-import argparse
-import json
-import platform
-import statistics
-import sys
-import time
-from pathlib import Path
+import argparse  # noqa: E402
+import statistics  # noqa: E402
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np  # noqa: E402
+from harness import machine, print_machine, write_json  # noqa: E402
+from harness import time_median as _median_time  # noqa: E402
 
 from hpcckpt.codec import ErasureCode  # noqa: E402
 
 MiB = 1 << 20
-
-
-def _median_time(fn, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _gbs(nbytes: int, seconds: float) -> float:
@@ -200,8 +183,8 @@ def main(argv=None) -> int:
     rs_block = int((args.reedsolo_kib or (2 if args.quick else 16)) * 1024)
     codes = [tuple(int(x) for x in c.split(",")) for c in args.codes]
 
-    print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, numpy {np.__version__}, python {platform.python_version()}")
+    host = machine()
+    print_machine(host)
     print(f"blocks {block / MiB:g} MiB (reedsolo {rs_block // 1024} KiB), median of {repeats}, "
           f"single-threaded")
     res: dict[str, float] = {}
@@ -224,7 +207,7 @@ def main(argv=None) -> int:
             if a and b:
                 print(f"hpcckpt_cpu / zfec  {op:<13} k={k} m={m}: {a / b:5.1f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, res, host)
         print(f"wrote {args.json}")
     return 0
 

@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_checkpoint import write_durably  # perf/ is on sys.path: the scripts run from it
-from harness import REPO, median, run_worker
+from harness import (REPO, machine, median, print_machine, rotated, run_worker,  # perf/ is on sys.path
+                     write_durably, write_json)
 
 ARRAYS = 8
 
@@ -97,7 +97,7 @@ def worker(args) -> None:
     samples: dict[str, list] = {name: [] for name in names}
     checkpoint()  # warm-up: files, buffers and communicators are created on the first one
     for repeat in range(args.repeats):
-        for name in names[repeat % 3:] + names[:repeat % 3]:
+        for name in rotated(names, repeat):
             samples[name].append(measures[name]())
     ckpt.close()
     if rank == 0:
@@ -108,10 +108,12 @@ def worker(args) -> None:
                   "durable_s": {level: median([c[level] for c in samples["checkpoint"]])
                                 for level in samples["checkpoint"][0]},
                   "checkpoints": samples["checkpoint"]}
-        Path(args.out).write_text(json.dumps(result))
+        write_json(args.out, result)
 
 
 def parent(args) -> dict:
+    host = machine(args.mpiexec, args.tmp)
+    print_machine(host)
     run_root = tempfile.mkdtemp(prefix="bench_durability_", dir=args.tmp)
     worker_args = ["--run-root", run_root, "--mib", str(args.mib), "--repeats", str(args.repeats),
                    "--levels", args.levels, "--group", str(args.group), "--parity", str(args.parity)]
@@ -120,10 +122,11 @@ def parent(args) -> dict:
     impl = str(Path(args.impl).resolve()) if args.impl else str(REPO)
     try:
         result, _ = run_worker(__file__, args.ranks, worker_args, f"{args.ranks}-rank job", mpiexec=args.mpiexec,
-                               pythonpath_first=impl, quiet=False)
+                               pythonpath_first=impl, capture="none")
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
     result["impl"] = impl
+    result["machine"] = host
     durable, state_s, written_s = result["durable_s"], result["disk_state_s"], result["disk_written_s"]
     both = max(durable[level] for level in result["levels"])
     result["durable_all_levels_s"] = both
@@ -172,7 +175,7 @@ def main(argv=None) -> None:
         return
     result = parent(args)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import REPO, worker_env, write_json
+from harness import REPO, find_mpiexec, machine, print_machine, worker_env, write_durably, write_json
 
 APPROACHES = ("hpcckpt", "hpcckpt_l4", "dcp", "h5py")
 CLASSES = ("crash", "node", "two_nodes")
@@ -175,7 +175,7 @@ class Job:
     def __init__(self, name: str, env: dict, run_dir: Path, tag: str, ranks: int, nodes: int,
                  restart_delay: float = 0.0):
         self.name, self.run_dir, self.tag, self.ranks, self.nodes = name, run_dir, tag, ranks, nodes
-        self.env = dict(worker_env(), **env, NRANKS=str(ranks), MPIEXEC=str(Path(sys.executable).parent / "mpiexec"),
+        self.env = dict(worker_env(), **env, NRANKS=str(ranks), MPIEXEC=find_mpiexec(),
                         MAX_RESTARTS="1000", EXIT_DIR=str(run_dir), GOODPUT_JOB_TAG=tag,
                         HPCCKPT=f"{sys.executable} -m hpcckpt", RESTART_DELAY=str(restart_delay))
         self.lines: list[tuple[float, str]] = []
@@ -322,10 +322,7 @@ def disk_rate_mbps(directory: Path, nbytes: int = 256 << 20) -> float:
     for i in range(3):
         path = directory / f"disk-{i}.bin"
         started = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
-            for _ in range(nbytes // len(block)):
-                f.write(block)
-            os.fsync(f.fileno())
+        write_durably(path, [block] * (nbytes // len(block)), sync_dir=False)
         rates.append(nbytes / (time.perf_counter() - started) / 1e6)
         path.unlink()
     return statistics.median(rates)
@@ -412,6 +409,8 @@ def main(argv=None) -> int:
     root = Path(args.root)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    host = machine(directory=root)
+    print_machine(host)
     mix = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     if set(mix) - set(CLASSES):
         raise SystemExit(f"--mix: classes are {', '.join(CLASSES)}")
@@ -459,7 +458,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, {"args": vars(args), "disk_mbps": disk, "pfs_mbps": pfs_mbps, "hidden": hidden,
                                "rates_h": rates_h, "baseline_s": baseline_s, "step_s": step_s, "table": table,
-                               "runs": [asdict(o) for o in outcomes]})
+                               "runs": [asdict(o) for o in outcomes]}, host)
     ok = all(row["finished"] and row["weights_equal"] for row in table.values())
     return 0 if ok else 1
 

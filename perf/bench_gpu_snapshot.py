@@ -6,6 +6,9 @@ same shard, measured in the same run.
     python perf/bench_gpu_snapshot.py --quick         # 100 MB, 4 ranks
     python perf/bench_gpu_snapshot.py --json out.json
 
+Without a GPU that CuPy can use it says so and exits 0 (its --json then records the skip and
+the machine).
+
 The parent launches `mpiexec -n R python perf/bench_gpu_snapshot.py --worker ...` per (state,
 ranks). Each worker builds one GPU `Trainer` (MLP on synthetic data, SGD with momentum, float32;
 the state is parameters + momentum) and alternates, over --rounds rounds, a segment without
@@ -35,31 +38,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import alternated, machine, print_machine, run_worker, write_json  # perf/ is on sys.path
+from harness import median as _median  # None/NaN: no such level this time
+from harness import paper_delay
+
 FEATURES = 1024
 MODELS = {"100MB": [2048, 2048, 2048], "1GB": [8192, 8192, 8192]}
-
-
-def _median(values):
-    values = [v for v in values if v is not None and v == v]  # None/NaN: no such level this time
-    return statistics.median(values) if values else None
-
-
-def _paper_overhead(times, flags):
-    hit = {j for i, f in enumerate(flags) if f for j in (i, i + 1) if j < len(flags)}
-    with_ckpt = [t for i, t in enumerate(times) if i in hit]
-    clean = [t for i, t in enumerate(times) if i not in hit]
-    base = statistics.fmean(clean)
-    return statistics.fmean(with_ckpt) - base, base
 
 
 def _bare_copies(ckpt, rank, repeats=7):
@@ -127,8 +118,7 @@ def worker(args):
     raw = {name: [] for name in ["none", *args.modes]}
     bare = None
     for round_index in range(args.rounds):
-        order = ["none", *args.modes]
-        for name in order if round_index % 2 == 0 else order[::-1]:
+        for name in alternated(["none", *args.modes], round_index):
             ckpt = hook = None
             if name != "none":
                 directory = root / name
@@ -201,7 +191,7 @@ def worker(args):
         delays, paper, wall = [], [], []
         rows = [row for seg in raw[name] for row in seg["rows"]]
         for seg in raw[name]:
-            delay, clean = _paper_overhead(seg["times"], seg["flags"])
+            delay, clean = paper_delay(seg["times"], seg["flags"])
             delays.append(delay)
             paper.append(100 * delay / clean)
             wall.append(100 * (statistics.fmean(seg["times"]) - base) / base)
@@ -215,33 +205,32 @@ def worker(args):
             "wall_overhead_pct": statistics.median(wall),
             "durable_s": {lv: _median([r[4 + i] for r in rows]) for i, lv in enumerate(levels)},
         }
-    Path(args.out).write_text(json.dumps(out))
+    write_json(args.out, out)
 
 
 def parent(args):
-    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
+    from hpcckpt.cluster.backend import gpu_available
 
-    mpiexec = find_mpiexec(None)
-    flags, _ = mpiexec_flags(mpiexec)
+    host = machine(args.mpiexec, args.tmp)
+    print_machine(host)
+    if not gpu_available():
+        reason = "no GPU that CuPy can use: nothing to measure"
+        print(f"bench_gpu_snapshot: skipped ({reason})")
+        if args.json:
+            write_json(args.json, {"skipped": reason, "jobs": []}, host)
+        return
     jobs = [("100MB", 4)] if args.quick else [(m, r) for m in args.models for r in args.ranks]
     results = []
     for model, ranks in jobs:
-        fd, out = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
         run_root = tempfile.mkdtemp(prefix=f"bench_gpu_{model}_r{ranks}_", dir=args.tmp)
-        command = [mpiexec, "-n", str(ranks), *flags, sys.executable, str(Path(__file__).resolve()), "--worker",
-                   "--out", out, "--run-root", run_root, "--model", model, "--every", str(args.every),
-                   "--nckpt", str(args.nckpt), "--rounds", str(args.rounds), "--modes", ",".join(args.modes)]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-        started = time.perf_counter()
-        proc = subprocess.run(command, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"bench_gpu_snapshot: {model} on {ranks} ranks failed (exit {proc.returncode})")
-        result = json.loads(Path(out).read_text())
-        result["elapsed_s"] = time.perf_counter() - started
-        os.unlink(out)
-        shutil.rmtree(run_root, ignore_errors=True)
+        worker_args = ["--run-root", run_root, "--model", model, "--every", str(args.every),
+                       "--nckpt", str(args.nckpt), "--rounds", str(args.rounds), "--modes", ",".join(args.modes)]
+        try:
+            result, elapsed = run_worker(__file__, ranks, worker_args, f"{model} job on {ranks} ranks",
+                                         mpiexec=args.mpiexec, capture="none")
+        finally:
+            shutil.rmtree(run_root, ignore_errors=True)
+        result["elapsed_s"] = elapsed
         results.append(result)
         print(f"\n{model} state ({result['state_bytes'] / 1e6:.0f} MB), {ranks} rank(s), levels {result['levels']}, "
               f"every {result['every']} steps; clean step {result['step_ms']:.1f} ms; shard "
@@ -255,7 +244,7 @@ def parent(args):
                   f"{m['begin_wait_ms']:.1f} ms, durable " +
                   ", ".join(f"{lv} {v:.2f} s" for lv, v in m["durable_s"].items() if v is not None))
     if args.json:
-        Path(args.json).write_text(json.dumps({"jobs": results}, indent=1))
+        write_json(args.json, {"jobs": results}, host)
 
 
 def main(argv=None):
@@ -269,6 +258,7 @@ def main(argv=None):
     parser.add_argument("--models", type=lambda s: s.split(","), default=list(MODELS))
     parser.add_argument("--ranks", type=lambda s: [int(r) for r in s.split(",")], default=[1, 4])
     parser.add_argument("--tmp", default=None, help="directory for run files (default: the system's temp)")
+    parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--run-root", help=argparse.SUPPRESS)

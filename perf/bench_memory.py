@@ -44,13 +44,13 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from harness import REPO, run_worker, write_json
+from harness import (Dcp, available, gloo_close, h5py_save, machine, mem_total,  # perf/ is on sys.path
+                     print_machine, run_worker, shard_bounds, write_json)
 
 from hpcckpt.ckpt.memory_forecast import mem_available as _mem_available
 
@@ -270,40 +270,27 @@ def _hpcckpt_saver(comm, state, args):
 
 
 def _h5py_saver(comm, state, args):
-    import h5py
-    import numpy as np
+    import h5py  # noqa: F401  (imported before the baseline)
 
-    bounds = np.linspace(0, state.size, comm.size + 1).astype(np.int64)
-    mine = state[bounds[comm.rank]:bounds[comm.rank + 1]]
+    lo, hi = shard_bounds(state.size, comm.rank, comm.size)
+    mine = state[lo:hi]
 
     def save(step):
         path = Path(args.dir) / f"h5-{step}-r{comm.rank}.h5"
-        with h5py.File(path, "w") as f:
-            f.create_dataset("state", data=mine)
-            f.flush()
-        if comm.rank == 0:
-            os.sync()
+        # Rank 0 syncs every file system once its own file is written, as a plain sharded save does.
+        h5py_save(path, [("state", mine)], durable="os" if comm.rank == 0 else None)
         (Path(args.dir) / f"h5-{step - 1}-r{comm.rank}.h5").unlink(missing_ok=True)
     return save
 
 
 def _dcp_saver(comm, state, args):
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getppid() % 1000))
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
-    tensor = torch.from_numpy(state)
+    dcp = Dcp(comm)
+    tensor = dcp.torch.from_numpy(state)
 
     def save(step):
-        future = dcp.async_save({"state": tensor}, checkpoint_id=str(Path(args.dir) / f"dcp-{step}"))
-        future.result()
+        dcp.async_save({"state": tensor}, checkpoint_id=str(Path(args.dir) / f"dcp-{step}")).result()
 
-    def close():
-        dist.destroy_process_group()
-    save.close = close
+    save.close = gloo_close
     return save
 
 
@@ -333,10 +320,12 @@ def main() -> None:
     if args.restore is not None:
         main_restore(args, args.restore or list(RESTORES))
         return
-    variants = args.variants or [*LEVELS, "h5py"] + (["torch DCP async_save"] if _has_torch() else [])
+    variants = args.variants or [*LEVELS, "h5py"] + (["torch DCP async_save"] if available("torch") else [])
     results = {}
+    host = machine(directory=os.environ.get("BENCH_DIR"))
+    print_machine(host)
     print(f"{args.ranks} ranks, {args.checkpoints} checkpoints each, median of {args.repeats} runs; "
-          f"MemTotal {_mem_total() / GIB:.1f} GiB", flush=True)
+          f"MemTotal {mem_total() / GIB:.1f} GiB", flush=True)
     print("| state | variant | extra per rank | x shard | node extra | MemAvailable drop | durable s |")
     print("|---|---|---|---|---|---|---|")
     for size in args.sizes:
@@ -357,13 +346,15 @@ def main() -> None:
                   + ", ".join(f"{n}: {after[n - 1]:.3f} GiB" for n in marks)
                   + f"; the most after any from the 3rd on: {max(after[2:]):.3f} GiB")
     if args.json:
-        write_json(args.json, results)
+        write_json(args.json, results, host)
 
 
 def main_restore(args, scenarios: list[str]) -> None:
     results = {}
+    host = machine(directory=os.environ.get("BENCH_DIR"))
+    print_machine(host)
     print(f"restarts of a 4-rank checkpoint (all four levels), median of {args.repeats} runs; "
-          f"MemTotal {_mem_total() / GIB:.1f} GiB", flush=True)
+          f"MemTotal {mem_total() / GIB:.1f} GiB", flush=True)
     print("| state | restart | extra per rank | x new shard | node extra | MemAvailable drop | restart s |")
     print("|---|---|---|---|---|---|---|")
     for size in args.sizes:
@@ -379,22 +370,8 @@ def main_restore(args, scenarios: list[str]) -> None:
                       f"{row['node_extra_gib']:.2f} GiB | {row['mem_available_drop_gib']:.2f} GiB | "
                       f"{row['restart_s']:.2f} |", flush=True)
     if args.json:
-        write_json(args.json, results)
-
-
-def _has_torch() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
-
-
-def _mem_total() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        write_json(args.json, results, host)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

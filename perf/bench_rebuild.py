@@ -73,30 +73,24 @@ the lost rank (rank 1) and the slowest survivor; sizes, machine and settings.
 
 from __future__ import annotations
 
-import os
+from harness import pin_threads  # perf/ is on sys.path: the scripts run from it
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+pin_threads()  # before NumPy loads
 
-import argparse
-import filecmp
-import json
-import re
-import shutil
-import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
+import argparse  # noqa: E402
+import filecmp  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from harness import mpiexec_command, run_worker
-from restore_fixtures import (MiB, cold_method_works, digests, evict, fill, machine, proc_io, quiet_barrier,
+import numpy as np  # noqa: E402
+from harness import describe, machine, rotated, run_worker, write_json  # noqa: E402
+from restore_fixtures import (MiB, cold_method_works, digests, evict, fill, proc_io, quiet_barrier,  # noqa: E402
                               state_shapes)
 
 STEP = 1
@@ -209,9 +203,8 @@ def worker_save(args) -> None:
     blocking = comm.allreduce(blocking, op=MPI.MAX)
     ckpt.close()
     if rank == 0:
-        Path(args.out).write_text(json.dumps({
-            "digests": digests(arrays), "state_bytes": sum(a.nbytes for a in arrays),
-            "save_blocking_s": blocking, "save_durable_s": durable}))
+        write_json(args.out, {"digests": digests(arrays), "state_bytes": sum(a.nbytes for a in arrays),
+                              "save_blocking_s": blocking, "save_durable_s": durable})
     quiet_barrier(comm)
 
 
@@ -257,7 +250,7 @@ def worker_restore(args) -> None:
            "rchar": (io1["rchar"] - io0["rchar"]) / MiB}
     rows = comm.gather(row, root=0)
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"rows": rows}))
+        write_json(args.out, {"rows": rows})
     quiet_barrier(comm)
 
 
@@ -374,10 +367,6 @@ def _sample(result: dict) -> dict:
             "lost": lost_parts, "survivors": surv_parts}
 
 
-def _machine(args) -> dict:
-    return machine(mpiexec_command(RANKS, args.mpiexec)[1])
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="64 MiB, 2 repeats (under 1.5 minutes)")
@@ -417,7 +406,7 @@ def main(argv=None) -> None:
     for p in (args.run_dir, pristine):
         shutil.rmtree(p, ignore_errors=True)
     expect = scratch / "expected.json"
-    machine = _machine(args)
+    host = machine(args.mpiexec, scratch)
     started = time.perf_counter()
     samples: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     checks: dict[str, list] = {v: [] for v in VARIANTS}
@@ -436,8 +425,7 @@ def main(argv=None) -> None:
         parity_bytes = pristine_listing[f"{version_dir}/parity-r{LOST_RANK:05d}.hck"]
         names = list(VARIANTS)
         for repeat in range(args.repeats):
-            order = names[repeat % len(names):] + names[:repeat % len(names)]
-            for variant in order:
+            for variant in rotated(names, repeat):
                 _restore_run_dir(args.run_dir, pristine, pristine_listing)
                 if VARIANTS[variant][1]:
                     shutil.rmtree(args.run_dir / "local" / f"node{LOST_NODE}")
@@ -454,7 +442,7 @@ def main(argv=None) -> None:
     finally:
         if owned:
             shutil.rmtree(scratch, ignore_errors=True)
-    machine["loadavg_end"] = round(os.getloadavg()[0], 2)
+    host["loadavg_end"] = round(os.getloadavg()[0], 2)
     elapsed = time.perf_counter() - started
 
     med = statistics.median
@@ -479,7 +467,7 @@ def main(argv=None) -> None:
             "repeats": args.repeats, "quick": args.quick, "cache": cache, "cold_method": args.cold_method,
             "cold_note": cold_note, "save_blocking_s": round(save["save_blocking_s"], 4),
             "save_durable_s": round(save["save_durable_s"], 4), "rebuilt_parity_identical": parity_same,
-            "wall_s": round(elapsed, 1), **machine}
+            "wall_s": round(elapsed, 1)}
     for v, (_, _, _, key) in VARIANTS.items():
         s = stats[v]
         flat[f"{key}_s"] = round(s["median"], 4)
@@ -510,9 +498,7 @@ def main(argv=None) -> None:
           f"state of {args.size_mib:g} MiB ({args.tensors} tensors of {flat['tensor_shape']}), shard "
           f"{flat['shard_mib']:.1f} MiB per rank, erasure group of {RANKS}, parity 2 (parity file "
           f"{flat['parity_file_mib']:.1f} MiB per rank); median of {args.repeats} repeats; {cold_note}")
-    print(f"machine: {machine['cpus']} CPUs, {machine['mem_gib']} GiB, {machine['mpiexec']}, Python "
-          f"{machine['python']}, NumPy {machine['numpy']}; load avg {machine['loadavg_start']:.1f} -> "
-          f"{machine['loadavg_end']:.1f}")
+    print(f"machine: {describe(host)}; load avg at the end {host['loadavg_end']:.1f}")
     print(f"{'variant':54s}{'median s':>9s}{'min':>8s}{'max':>8s}{'rank 1':>8s}{'others':>8s}{'xL1':>6s}"
           f"{'pre-load s':>11s}{'min':>7s}{'max':>7s}{'disk rd':>9s}{'disk wr':>9s}")
     floor = stats["l1_no_loss"]["median"]
@@ -544,7 +530,7 @@ def main(argv=None) -> None:
           f"{'byte-identical' if parity_same else 'DIFFERS from the original (contents verified by checksums)'}")
     print(f"wall time {elapsed:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(flat, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, flat, host)
         print(f"wrote {args.json}")
 
 

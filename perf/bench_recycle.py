@@ -18,7 +18,6 @@ exists, are not counted).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import alternated, machine, print_machine, write_json  # perf/ is on sys.path: the scripts run from it
 
 from hpcckpt.io import direct_io  # noqa: E402
 from hpcckpt.io.atomic import write_bytes_atomically  # noqa: E402
@@ -74,14 +73,15 @@ def main(argv=None) -> int:
     for directory in directories:
         if not directory.is_dir():
             parser.error(f"--dirs: {directory} is not a directory")
+    host = machine()
+    print_machine(host)
     data = direct_io.aligned_empty(args.mb * 1_000_000)
     data[:] = 0x5A  # touched before the clock starts, like the long-lived snapshot buffer
     results = {}
     for directory in directories:
         samples = {"new_file": ([], []), "recycled": ([], [])}
         for repeat in range(args.repeats):
-            order = ("new_file", "recycled") if repeat % 2 == 0 else ("recycled", "new_file")
-            for way in order:
+            for way in alternated(("new_file", "recycled"), repeat):
                 cpu, wall = chain(directory / f"hpcckpt-bench-recycle-{way}", memoryview(data), args.chain,
                                   way == "recycled", not args.no_direct)
                 samples[way][0].extend(cpu)
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
               f"recycled {row['recycled']['cpu_ms']:.1f} ms (x{row['cpu_ratio']:.2f}); wall "
               f"{row['new_file']['wall_ms']:.1f} / {row['recycled']['wall_ms']:.1f} ms")
     if args.json:
-        Path(args.json).write_text(json.dumps({"mb": args.mb, "direct": not args.no_direct, "dirs": results}, indent=1))
+        write_json(args.json, {"mb": args.mb, "direct": not args.no_direct, "dirs": results}, host)
     return 0
 
 

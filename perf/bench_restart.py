@@ -61,29 +61,23 @@ write-side timings of the one save (informational).
 
 from __future__ import annotations
 
-import os
+from harness import pin_threads  # perf/ is on sys.path: the scripts run from it
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+pin_threads()  # before NumPy loads
 
-import argparse
-import json
-import shutil
-import socket
-import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
+import argparse  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from harness import mpiexec_command, run_worker
-from restore_fixtures import MiB, cold_method_works, digests, evict, fill, machine, proc_io, quiet_barrier, state_shapes
+import numpy as np  # noqa: E402
+from harness import (Dcp, bcast_arrays, describe, gloo_close, h5py_load, h5py_save, machine,  # noqa: E402
+                     run_worker, write_json)
+from restore_fixtures import (MiB, cold_method_works, digests, evict, fill, proc_io, quiet_barrier,  # noqa: E402
+                              state_shapes)
 
 STEP = 1
 
@@ -112,8 +106,7 @@ class Worker:
         self.dcp_dir = self.run_dir / "dcp"
         self.samples: dict[str, list[dict]] = {}
         self.notes: list[str] = []
-        self.torch = None
-        self.dist = None
+        self.dcp = None  # harness.Dcp once torch's process group is up
 
     # -- helpers -------------------------------------------------------------------------
     def config(self, local_dir: str | None = None):
@@ -202,18 +195,11 @@ class Worker:
         quiet_barrier(self.comm)
         t0 = time.perf_counter()
         if self.rank == 0:
-            import h5py
-
-            with h5py.File(self.h5_path, "w") as f:
-                for name, a in zip(self.names, self.arrays):
-                    f.create_dataset(name, data=a)
-            fd = os.open(self.h5_path, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+            h5py_save(self.h5_path, zip(self.names, self.arrays), durable="file")
         quiet_barrier(self.comm)
         info["h5py_save_durable_s"] = time.perf_counter() - t0
         # DCP save (fsyncs its files by default).
-        if self.dist is not None:
+        if self.dcp is not None:
             quiet_barrier(self.comm)
             t0 = time.perf_counter()
             self.dcp.save(self.torch_state(), checkpoint_id=str(self.dcp_dir))
@@ -290,24 +276,15 @@ class Worker:
         extra["setup_s"] = setup
 
     def h5py_all_ranks(self, extra: dict) -> None:
-        import h5py
-
-        with h5py.File(self.h5_path, "r") as f:
-            for name, a in zip(self.names, self.arrays):
-                f[name].read_direct(a)
+        h5py_load(self.h5_path, zip(self.names, self.arrays))
 
     def h5py_rank0_bcast(self, extra: dict) -> None:
         if self.rank == 0:
-            import h5py
-
-            with h5py.File(self.h5_path, "r") as f:
-                for name, a in zip(self.names, self.arrays):
-                    f[name].read_direct(a)
-        for a in self.arrays:
-            self.comm.Bcast(a, root=0)
+            h5py_load(self.h5_path, zip(self.names, self.arrays))
+        bcast_arrays(self.comm, self.arrays)
 
     def torch_state(self) -> dict:
-        return {name: self.torch.from_numpy(a) for name, a in zip(self.names, self.arrays)}
+        return self.dcp.views(zip(self.names, self.arrays))
 
     def dcp_load(self, extra: dict) -> None:
         state = self.torch_state()  # aliases the NumPy arrays: DCP loads in place
@@ -321,16 +298,9 @@ class Worker:
         if self.args.no_dcp:
             return
         try:
-            import torch
-            import torch.distributed as dist
-            import torch.distributed.checkpoint as dcp
+            self.dcp = Dcp(self.comm, threads=1)
         except ImportError as exc:
             self.notes.append(f"DCP skipped: torch not importable ({exc})")
-            return
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{self.args.port}",
-                                rank=self.rank, world_size=self.size)
-        self.torch, self.dist, self.dcp = torch, dist, dcp
 
     def run(self) -> dict:
         args = self.args
@@ -351,7 +321,7 @@ class Worker:
                     (f"hpcckpt_{args.from_ranks}to{self.size}_nodelocal",
                      lambda e: self.hpcckpt_restore(e, step=STEP)),
                     ("h5py_all_ranks" + suffix, self.h5py_all_ranks)]
-        if self.dist is not None:
+        if self.dcp is not None:
             plan.append(("dcp_load" if args.phase == "save" else "dcp_load" + suffix, self.dcp_load))
         caches = ["cold", "warm"] if args.cold_method != "none" else ["warm"]
         for cache in caches:
@@ -363,8 +333,8 @@ class Worker:
                 for key, fn in plan:
                     self.timed(key, cache, fn)
         out["samples"] = self.samples
-        if self.dist is not None:
-            self.dist.destroy_process_group()
+        if self.dcp is not None:
+            gloo_close()
         return out
 
     def l4_restore(self, extra: dict, step: int | None = None) -> None:
@@ -382,7 +352,7 @@ def worker_main(args) -> None:
     worker = Worker(args)
     out = worker.run()
     if worker.rank == 0:
-        Path(args.out).write_text(json.dumps(out))
+        write_json(args.out, out)
     quiet_barrier(worker.comm)
 
 
@@ -390,16 +360,10 @@ def worker_main(args) -> None:
 # parent side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(args, ranks: int, phase: str, run_dir: Path) -> dict:
     worker_args = ["--phase", phase, "--run-dir", str(run_dir), "--size-mib", str(args.size_mib),
                    "--tensors", str(args.tensors), "--repeats", str(args.repeats), "--cold-method", args.cold_method,
-                   "--port", str(_free_port()), "--from-ranks", str(args.ranks), "--layout", args.layout]
+                   "--from-ranks", str(args.ranks), "--layout", args.layout]
     if args.no_dcp:
         worker_args.append("--no-dcp")
     result, _ = run_worker(__file__, ranks, worker_args, f"{phase} job on {ranks} ranks", mpiexec=args.mpiexec)
@@ -415,19 +379,6 @@ def _summarise(samples: dict) -> dict:
         out[(key, cache)] = {f: statistics.median(r[f] for r in rows) for f in fields}
         out[(key, cache)]["all_seconds"] = [round(r["seconds"], 4) for r in rows]
     return out
-
-
-def _machine(args) -> dict:
-    import h5py
-
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = None
-    _, mpi_version = mpiexec_command(1, args.mpiexec)
-    return machine(mpi_version, h5py=h5py.__version__, torch=torch_version)
 
 
 LABELS = [
@@ -463,7 +414,6 @@ def main(argv=None) -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--phase", default="save", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--from-ranks", type=int, default=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.size_mib is None:
@@ -486,7 +436,7 @@ def main(argv=None) -> None:
     owned = args.run_dir is None
     run_dir = Path(tempfile.mkdtemp(prefix="hpcckpt-bench-restart-", dir="/tmp")) if owned else Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    machine = _machine(args)
+    host = machine(args.mpiexec, run_dir)
     started = time.perf_counter()
     try:
         cold_ok, cold_note = cold_method_works(args.cold_method, run_dir)
@@ -497,7 +447,7 @@ def main(argv=None) -> None:
     finally:
         if owned:
             shutil.rmtree(run_dir, ignore_errors=True)
-    machine["loadavg_end"] = os.getloadavg()[0]
+    host["loadavg_end"] = round(os.getloadavg()[0], 2)
     elapsed = time.perf_counter() - started
 
     stats = _summarise(save["samples"])
@@ -512,7 +462,7 @@ def main(argv=None) -> None:
     flat = {"size_mib": args.size_mib, "tensors": args.tensors, "layout": args.layout,
             "tensor_shape": list(state_shapes(args.size_mib, args.tensors, args.layout)[0]), "ranks": args.ranks, "to_ranks": args.to_ranks,
             "repeats": args.repeats, "cache": primary, "cold_method": args.cold_method if cold_ok else "none",
-            "cold_note": cold_note, "quick": args.quick, "wall_s": round(elapsed, 1), **machine}
+            "cold_note": cold_note, "quick": args.quick, "wall_s": round(elapsed, 1)}
     flat.update({k: round(v, 4) for k, v in save["write"].items()})
     for key, out_key, _ in LABELS:
         for cache in caches:
@@ -551,9 +501,7 @@ def main(argv=None) -> None:
     print(f"\nRestore of a replicated float32 state of {args.size_mib:g} MiB ({args.tensors} tensors of "
           f"{flat['tensor_shape']}, layout {args.layout}), "
           f"N={args.ranks} ranks, M={args.to_ranks}; median of {args.repeats} repeats; {cold_note}")
-    print(f"machine: {machine['cpus']} CPUs, {machine['mem_gib']} GiB, {machine['mpiexec']}, "
-          f"torch {machine['torch']}, h5py {machine['h5py']}; load avg {machine['loadavg_start']:.1f} -> "
-          f"{machine['loadavg_end']:.1f}")
+    print(f"machine: {describe(host)}; load avg at the end {host['loadavg_end']:.1f}")
     head = f"{'approach':52s}" + "".join(f"{c + ' s':>9s}{'GB/s':>7s}{'xh5py':>7s}{'xDCP':>7s}" for c in caches)
     print(head + f"{'MiB read/rank':>14s}{'disk MiB':>10s}")
     for key, out_key, label in LABELS:
@@ -602,7 +550,7 @@ def main(argv=None) -> None:
         print("note:", note)
     print(f"wall time {elapsed:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(flat, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, flat, host)
         print(f"wrote {args.json}")
 
 

@@ -34,7 +34,7 @@ import argparse
 import gc
 import time
 
-from harness import median, write_json
+from harness import machine, median, print_machine, write_json  # perf/ is on sys.path: the scripts run from it
 
 import copyreg
 import io
@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()
+    host = machine()
+    print_machine(host)
     rows = [(ranks, args.tensors) for ranks in args.ranks]
     if args.wide[0]:
         rows.append(tuple(args.wide))
@@ -202,7 +204,7 @@ def main() -> None:
         print(f"{row['ranks']:>7,d} {row['tensors']:>8,d} {row['holdings_mib']:>13.2f} {row['root_mib']:>9.2f} "
               f"{row['outlook_kib']:>12.1f} {row['l4_mib']:>10.1f} {row['table_kib']:>10.1f} {row['decide_s']:>9.3f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "rows": results})
+        write_json(args.json, {"args": vars(args), "rows": results}, host)
 
 
 if __name__ == "__main__":

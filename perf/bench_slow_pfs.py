@@ -20,12 +20,11 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from harness import median, mpiexec_command, worker_env, write_json
+from harness import machine, median, print_machine, rotated, run_mpi, write_json  # perf/ is on sys.path
 
 JOB = """
 [run]
@@ -64,10 +63,9 @@ def run_variant(root: Path, args, slow: float | None, pfs_async: bool) -> dict:
     config = root / "job.toml"
     config.write_text(JOB.format(run=run, steps=args.steps, every=args.every, ranks=args.ranks,
                                  pfs_async=str(pfs_async).lower()))
-    prefix, _ = mpiexec_command(args.ranks)
     inject = ["--inject", f"slow-level:level=pfs:seconds={slow}"] if slow else []
-    proc = subprocess.run([*prefix, sys.executable, "-m", "hpcckpt", "train", "-c", str(config), *inject],
-                          cwd=root, env=worker_env(), capture_output=True, text=True, timeout=1800)
+    proc = run_mpi(args.ranks, [sys.executable, "-m", "hpcckpt", "train", "-c", str(config), *inject],
+                   cwd=root, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"the job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -96,9 +94,10 @@ def main() -> None:
                 f"L4 +{args.slow:g} s, waited": (args.slow, False)}
     results: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="bench-slow-pfs-") as tmp:
-        names = list(variants)
+        host = machine(directory=tmp)
+        print_machine(host)
         for repeat in range(args.repeats):
-            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            for name in rotated(variants, repeat):
                 results[name].append(run_variant(Path(tmp), args, *variants[name]))
     keys = ("interval_s", "interval_max_s", "blocking_median_s", "blocking_max_s", "train_s", "l4_versions",
             "checkpoints")
@@ -113,7 +112,7 @@ def main() -> None:
               f"{row['l4_versions']:>8.0f} of "
               f"{row['checkpoints']:.0f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "summary": summary, "runs": results})
+        write_json(args.json, {"args": vars(args), "summary": summary, "runs": results}, host)
 
 
 if __name__ == "__main__":

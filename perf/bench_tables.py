@@ -28,9 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from harness import median, run_worker, worker_env, write_json  # noqa: E402
+from harness import machine, median, print_machine, run_worker, worker_env, write_json  # perf/ is on sys.path
 
 RANKS = 4
 WAYS = {"incremental": 8, "whole": 1}  # checkpoint.table_full_every
@@ -146,6 +144,8 @@ def main() -> None:
               str(args.changed), "--added", str(args.added), "--seed", str(args.seed)]
     results = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory(prefix="bench_tables_") as tmp:
+        host = machine(directory=tmp)
+        print_machine(host)
         for repeat in range(args.repeats):
             for way, full_every in WAYS.items():
                 run_dir = Path(tmp) / f"{way}-{repeat}"
@@ -170,7 +170,7 @@ def main() -> None:
     summary = summarise(results, args)
     print(json.dumps(summary, indent=1))
     if args.json:
-        write_json(args.json, {"summary": summary, "runs": results, "args": vars(args)})
+        write_json(args.json, {"summary": summary, "runs": results, "args": vars(args)}, host)
 
 
 def summarise(results: dict, args) -> dict:

@@ -39,7 +39,6 @@ default, needed for bit-identical CPU runs).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -48,12 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from foreign_load import ForeignLoad  # perf/ is on sys.path: the scripts run from it
-from harness import median, mpiexec_command, run_worker
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from harness import ForeignLoad, machine, median, print_machine, run_worker, write_json  # perf/ is on sys.path
 
 MODELS = {
     # The default job (jobs/local.toml): MLP 64-128-64-10 on the 8x8 digits.
@@ -322,7 +316,7 @@ def worker(args):
         if comm.Get_rank() == 0:
             shutil.rmtree(run_dir, ignore_errors=True)
     if comm.Get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results))
+        write_json(args.out, results)
 
 
 # ------------------------------------------------------------------------------------------
@@ -360,12 +354,12 @@ def parent(args):
         if gpu_available():
             devices.append("gpu")
     ranks_list = [int(r) for r in args.ranks.split(",")]
-    _, mpi_version = mpiexec_command(1, args.mpiexec)
+    host = machine(args.mpiexec)
     print(f"bench_train: devices {devices}, ranks {ranks_list}, models {args.models}, "
-          f"{args.warmup} warm-up + {args.steps} steps x {args.repeats} repeats, "
-          f"{os.cpu_count()} CPUs, {mpi_version}", flush=True)
+          f"{args.warmup} warm-up + {args.steps} steps x {args.repeats} repeats", flush=True)
+    print_machine(host)
     flat = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-                     "cpus": os.cpu_count(), "mpiexec": mpi_version, "devices": devices,
+                     "cpus": host["cpus"], "mpiexec": host["mpiexec"], "devices": devices,
                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
                      "date": time.strftime("%Y-%m-%d")}}
     flat["meta"]["loadavg_before"] = round(os.getloadavg()[0], 2)
@@ -389,7 +383,7 @@ def parent(args):
     flat["meta"]["loadavg_after"] = round(os.getloadavg()[0], 2)
     _print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(flat, indent=1, sort_keys=True) + "\n")
+        write_json(args.json, flat, host)
         print(f"wrote {args.json}")
 
 

@@ -6,24 +6,19 @@ like the persist thread does (Testall, 0.5 ms sleeps), into either a fresh page-
 round. Reports the median thread CPU per transfer over all ranks and rounds (the first two
 rounds are warm-up). Runs itself under mpiexec:
 
-    PYTHONPATH=. python perf/bench_transfer.py [--ranks 4] [--mb 25] [--rounds 8] [--repeats 2]
+    PYTHONPATH=. python perf/bench_transfer.py [--ranks 4] [--mb 25] [--rounds 8] [--repeats 2] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import machine, print_machine, run_worker, write_json  # perf/ is on sys.path: the scripts run from it
 
 
-def worker(mode: str, nbytes: int, rounds: int) -> None:
+def worker(mode: str, nbytes: int, rounds: int, out: str) -> None:
     import numpy as np
     from mpi4py import MPI
 
@@ -46,7 +41,7 @@ def worker(mode: str, nbytes: int, rounds: int) -> None:
         del receive
     gathered = comm.gather(cpu[2:], root=0)
     if rank == 0:
-        print(json.dumps({"mode": mode, "cpu_ms": 1000 * statistics.median(c for r in gathered for c in r)}))
+        write_json(out, {"mode": mode, "cpu_ms": 1000 * statistics.median(c for r in gathered for c in r)})
 
 
 def main() -> None:
@@ -56,30 +51,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, alternated")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
-    parser.add_argument("--worker", choices=("fresh", "kept"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the result to this file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("fresh", "kept"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3: the first two are warm-up")
     nbytes = int(args.mb * 1e6)
     if args.worker:
-        worker(args.worker, nbytes, args.rounds)
+        worker(args.mode, nbytes, args.rounds, args.out)
         return
-    sys.path.insert(0, str(REPO))
-    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
-
-    mpiexec = find_mpiexec(args.mpiexec)
-    flags, _ = mpiexec_flags(mpiexec)
+    host = machine(args.mpiexec)
+    print_machine(host)
     results = {"fresh": [], "kept": []}
     for _ in range(args.repeats):
         for mode in ("fresh", "kept"):
-            out = subprocess.run([mpiexec, "-n", str(args.ranks), *flags, sys.executable, __file__, "--worker", mode,
-                                  "--mb", str(args.mb), "--rounds", str(args.rounds)],
-                                 check=True, capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
-            results[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms"])
+            result, _ = run_worker(__file__, args.ranks, ["--mode", mode, "--mb", str(args.mb), "--rounds",
+                                                          str(args.rounds)], f"{mode} job", mpiexec=args.mpiexec)
+            results[mode].append(result["cpu_ms"])
     for mode, values in results.items():
         print(f"{mode:>5}: {statistics.median(values):.1f} ms CPU per {args.mb:g} MB received "
               f"(runs: {', '.join(f'{v:.1f}' for v in values)})")
+    if args.json:
+        write_json(args.json, {"ranks": args.ranks, "mb": args.mb, "rounds": args.rounds,
+                               "cpu_ms": {mode: statistics.median(values) for mode, values in results.items()},
+                               "runs": results}, host)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ or a hypervisor descheduling them: on a VM, disk I/O can show up as steal).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
@@ -32,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import alternated, machine, print_machine, write_json  # perf/ is on sys.path: the scripts run from it
 
 from hpcckpt.io import direct_io  # noqa: E402
 from hpcckpt.io.atomic import write_bytes_atomically  # noqa: E402
@@ -148,6 +147,8 @@ def main(argv=None) -> int:
     if not is_direct:
         directory.rmdir()
         parser.error(f"{args.dir} refuses O_DIRECT, so both ways would be buffered; pick another --dir")
+    host = machine(directory=args.dir)
+    print_machine(host)
     result = {"mib_per_writer": mib, "repeats": repeats, "dir": str(args.dir), "load": args.load, "runs": {}}
     load = Load(args.load) if args.load else None
     try:
@@ -156,8 +157,7 @@ def main(argv=None) -> int:
                 samples = {"buffered": [], "direct": []}
                 window_s = 1.0
                 for repeat in range(repeats):
-                    order = ["buffered", "direct"] if repeat % 2 == 0 else ["direct", "buffered"]
-                    for way in order:
+                    for way in alternated(["buffered", "direct"], repeat):
                         sample = measure(directory, mib, writers, way == "direct", pool, load, window_s)
                         samples[way].append(sample)
                         window_s = max(1.0, sample["durable_s"])
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
             leftover.unlink()
         directory.rmdir()
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, host)
     return 0
 
 

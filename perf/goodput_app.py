@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from harness import gloo_group  # perf/ is on sys.path: the script runs from it
+from harness import Dcp, bcast_arrays, fsync_path, h5py_load, h5py_save  # perf/ is on sys.path
 
 from hpcckpt.levels.base import hold_to_bandwidth
 
@@ -87,15 +87,7 @@ def write_throttled(path: Path, data: bytes, rate: float, chunk: int = 4 << 20) 
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path.parent)
 
 
 def versions(root: Path) -> list[int]:
@@ -117,12 +109,8 @@ class H5pyFromRankZero:
     def save(self, step: int, state: dict) -> None:
         started = time.perf_counter()
         if self.comm.Get_rank() == 0:
-            import h5py
-
-            image = io.BytesIO()
-            with h5py.File(image, "w") as f:
-                for name, array in self.arrays:
-                    f.create_dataset(name, data=array)
+            image = io.BytesIO()  # whole, then written through the PFS's throttle
+            h5py_save(image, self.arrays)
             directory = self.root / f"step-{step}"
             directory.mkdir(parents=True, exist_ok=True)
             write_throttled(directory / "state.h5", image.getbuffer(), self.rate)
@@ -136,13 +124,9 @@ class H5pyFromRankZero:
     def load(self, step: int) -> dict:
         directory = self.root / f"step-{step}"
         if self.comm.Get_rank() == 0:
-            import h5py
-
-            with open(directory / "state.h5", "rb") as raw, h5py.File(ThrottledStream(raw, self.rate), "r") as f:
-                for name, array in self.arrays:
-                    array[...] = f[name][()]
-        for _, array in self.arrays:
-            self.comm.Bcast(array, root=0)
+            with open(directory / "state.h5", "rb") as raw:
+                h5py_load(ThrottledStream(raw, self.rate), self.arrays, read_direct=False)
+        bcast_arrays(self.comm, (array for _, array in self.arrays))
         return pickle.loads((directory / DONE).read_bytes())
 
     def in_flight(self) -> bool:
@@ -153,8 +137,6 @@ class DcpAsync:
     """torch DCP async_save; a version is complete once rank 0's marker follows the save."""
 
     def __init__(self, comm, arrays, root: Path, pfs_rate: float):
-        import torch
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.filesystem import FileSystem
 
         class ThrottledFileSystem(FileSystem):
@@ -163,16 +145,15 @@ class DcpAsync:
                 with super().create_stream(path, mode) as stream:
                     yield ThrottledStream(stream, pfs_rate / comm.Get_size())
 
-        self.comm, self.root, self.dcp = comm, root, dcp
+        self.comm, self.root, self.dcp = comm, root, Dcp(comm)
         self.ThrottledFileSystem = ThrottledFileSystem
-        self.group = gloo_group(comm)
-        self.state = {"state": {name: torch.from_numpy(array) for name, array in arrays}}
+        self.state = {"state": self.dcp.views(arrays)}
         self.future = None
         self.pending = None
         self.last_durable = None  # seconds from a save's start until it was written everywhere
 
     def _writer(self, path: Path):
-        writer = self.dcp.FileSystemWriter(str(path))
+        writer = self.dcp.dcp.FileSystemWriter(str(path))
         writer.fs = self.ThrottledFileSystem()
         return writer
 
@@ -190,8 +171,7 @@ class DcpAsync:
         self._mark_previous()
         path = self.root / f"step-{step}"
         started = time.perf_counter()
-        response = self.dcp.async_save(self.state, storage_writer=self._writer(path), process_group=self.group)
-        self.future = getattr(response, "upload_completion", response)
+        self.future = self.dcp.async_save(self.state, storage_writer=self._writer(path))
         self.future.add_done_callback(lambda _: setattr(self, "last_durable", time.perf_counter() - started))
         self.pending = (path, state)
 
@@ -207,9 +187,9 @@ class DcpAsync:
 
     def load(self, step: int) -> dict:
         path = self.root / f"step-{step}"
-        reader = self.dcp.FileSystemReader(str(path))
+        reader = self.dcp.dcp.FileSystemReader(str(path))
         reader.fs = self.ThrottledFileSystem()
-        self.dcp.load(self.state, storage_reader=reader, process_group=self.group)
+        self.dcp.load(self.state, storage_reader=reader)
         return pickle.loads((path / DONE).read_bytes())
 
 

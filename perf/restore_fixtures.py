@@ -1,5 +1,6 @@
 """What bench_rebuild.py and bench_restart.py share: the synthetic state they save and check,
-making the run directory cold before a timed restart, and the machine description.
+and making the run directory cold before a timed restart (the machine description, the
+launch and the baselines are in harness/).
 
 Imported by those scripts only (they run as `python perf/<script>.py`, so this directory is
 on sys.path); mpi4py is imported inside functions, as the scripts require.
@@ -8,7 +9,6 @@ on sys.path); mpi4py is imported inside functions, as the scripts require.
 from __future__ import annotations
 
 import os
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -110,15 +110,3 @@ def cold_method_works(method: str, probe_dir: Path) -> tuple[bool, str]:
     if read < 48 * MiB:
         return False, f"{method} did not evict (read {read / MiB:.0f} of 64 MiB from disk): warm page cache only"
     return True, f"cold page cache ({method} before each restart; probe read {read / MiB:.0f} of 64 MiB from disk)"
-
-
-def machine(mpiexec_label: str, **extra) -> dict:
-    mem = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) * 1024
-    except OSError:
-        pass
-    return {"host": platform.node(), "cpus": os.cpu_count(), "mem_gib": round(mem / 2**30, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "numpy": np.__version__,
-            **extra, "mpiexec": mpiexec_label, "loadavg_start": round(os.getloadavg()[0], 2)}

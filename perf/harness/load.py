@@ -1,7 +1,7 @@
 """How busy the machine was during a benchmark: other runnable processes and the load average.
 
 Shared development machines run other jobs; benchmarks report this next to their numbers so a
-disturbed run is recognisable (imported by the perf scripts, which run from this folder).
+disturbed run is recognisable.
 """
 
 from __future__ import annotations
