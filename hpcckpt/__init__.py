@@ -1,4 +1,5 @@
-"""hpcckpt: multi-level checkpoint/restart for SPMD data-parallel training.
+"""hpcckpt: multi-level checkpoint/restart for SPMD applications: HPC solvers, data-parallel and
+sharded training.
 
 Library use: ``from hpcckpt import Checkpointer, load_config`` (see README).
 """

@@ -95,7 +95,7 @@ class CheckpointConfig:
     # buffer the size of a shard.
     chunk_mib: float = 8.0
     # The persist thread's nice value. 0 by default: a niced thread that holds the GIL or
-    # MPICH's lock when it is preempted makes training wait for it (perf/RESULTS.md).
+    # MPICH's lock when it is preempted makes training wait for it (perf/log/2026-11-23.md).
     persist_nice: int = 0
     # Linux scheduling policy of the copy and persist threads: "batch" (SCHED_BATCH) keeps
     # their many wake-ups from preempting training, at an unchanged share of the CPU.

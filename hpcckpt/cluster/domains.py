@@ -126,8 +126,3 @@ def number_domains(names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ..
     numbering: dict[str, int] = {}
     ids = tuple(numbering.setdefault(name, len(numbering)) for name in names)
     return ids, tuple(numbering)
-
-
-def short_domain_name(name: str) -> str:
-    """The last part of a scheduler address ("top.s2" -> "s2") for log lines."""
-    return name.rsplit(".", 1)[-1] or name

@@ -864,7 +864,7 @@ _TILE = 256
 def copy_strided(destination: np.ndarray, source: np.ndarray) -> None:
     """np.copyto, tiled when `source` is a transposed view (a piece cut along an axis other
     than 0): NumPy walks such a copy with cache misses on every element, an order of magnitude
-    below a contiguous copy; 256 x 256 tiles keep both sides in cache (perf/RESULTS.md has the
+    below a contiguous copy; 256 x 256 tiles keep both sides in cache (perf/log/2026-11-23.md has the
     speed-up)."""
     if source.ndim < 2 or source.flags.c_contiguous or destination.shape[0] * destination.shape[1] < 4 * _TILE * _TILE:
         np.copyto(destination, source)

@@ -10,13 +10,13 @@ Header and table are small and everything else depends on them, so they carry
 Reed-Solomon parity: a few flipped bytes there are corrected on read instead of costing the
 whole shard. An xxh3_64 of the decoded header and table catches what RS cannot fix
 (or miscorrects). Payload bytes are large; each piece has its own xxh3_64 instead, and a
-mismatch sends recovery to another copy (invariant 4).
+mismatch sends recovery to another copy (every piece carries a checksum; a mismatch is a missing piece).
 
 The header codeword's size, and the position of magic and format version inside it, stay
 the same in every format version, so any later reader can tell "not a shard" from
 "a shard of a version I do not know".
 
-Files are written once and never overwritten (invariant 3): bytes go to `path + ".tmp"`,
+Files are written once and never overwritten: bytes go to `path + ".tmp"`,
 are fsynced, then published under `path`, and the directory is fsynced.
 """
 

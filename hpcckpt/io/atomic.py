@@ -1,6 +1,6 @@
 """Publishing a file all at once: temp name, fsync, link into place, fsync the directory.
 
-Checkpoint files are written once and never overwritten (invariant 3): a reader sees the
+Checkpoint files are written once and never overwritten: a reader sees the
 whole file under its name or no file. Pointer-like records (ledgers) may ask to replace.
 """
 
@@ -31,7 +31,7 @@ def write_bytes_atomically(path: str | os.PathLike, data: bytes, fsync: bool = T
     """Publish `data` under `path` all at once: temp name, fsync, rename, fsync directory.
 
     Refuses to replace an existing file unless `overwrite` (for pointer-like records, not
-    checkpoint data: invariant 3). `recycle`: a retired file to overwrite in place if it
+    checkpoint data, which is never overwritten in place). `recycle`: a retired file to overwrite in place if it
     exists (levels/spares.py).
     """
     path = os.fspath(path)
@@ -92,7 +92,7 @@ def write_buffers_atomically(path: str, buffers: Sequence, fsync: bool, overwrit
 class AtomicFile:
     """A new file written at offsets as its bytes arrive (chunks received or computed one at a
     time) and published whole: a temporary name until publish(), which fsyncs it and links it
-    into place, so it is never seen half-written and never replaces a file (invariant 3).
+    into place, so it is never seen half-written and never replaces a file.
 
     With `direct` (the caller's promise that every write starts at an ALIGNMENT-aligned offset
     and that the bytes after a write's end, up to the next aligned offset, are padding or past

@@ -3,7 +3,7 @@
 A buffered write of checkpoint data costs the CPU far more than the copy suggests: the kernel
 allocates a page-cache page per 4 KiB, ext4 books each one for delayed allocation, and the
 fsync then walks them all into block requests: tens of times the CPU of an O_DIRECT write,
-which is also durable sooner (perf/bench_write.py; the numbers are in perf/RESULTS.md).
+which is also durable sooner (perf/bench_write.py; the numbers are in perf/log/2026-11-23.md).
 Those cycles come out of training, which shares the cores with the persist. The page cache
 would rarely serve these bytes again: L2-L4 take the snapshot's bytes from memory, and a
 restart mostly follows a crash. (Draining L1 to L4 and verifying files do read them back, now
@@ -42,7 +42,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     goes. From malloc they could land inside a thread's heap (glibc raises its mmap threshold
     after the first large free), and a long-lived buffer such as the bounce buffer then kept
     the freed receive buffers of every later checkpoint resident: RSS rose by ~27 MiB per rank
-    over the first checkpoints (perf/RESULTS.md).
+    over the first checkpoints (perf/log/2026-11-23.md).
     """
     nbytes = int(nbytes)
     if nbytes >= MIN_DIRECT_BYTES:

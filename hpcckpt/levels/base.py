@@ -349,10 +349,18 @@ class NodeLocalFiles:
 
 class ShardFileLevel:
     """What the levels that keep whole shard files (L1, L4) share: this rank's shard of a
-    version under <root>/v<step>/, written from the planned image or copied as bytes."""
+    version under <root>/v<step>/, written from the planned image or copied as bytes. Mixed
+    into a level class (NodeLocalLevel's or PFS's), which provides what is declared here."""
 
     keeps_shards = True
     serves = staticmethod(served_by_holders)
+    root: Path  # the level's directory
+    rank: int
+    config_key: str  # the setting naming `root`, for errors (storage.local_dir, storage.pfs_dir)
+    direct_io: bool  # shard files written with O_DIRECT (io/direct_io.py)
+    spares: SpareFiles  # retired files overwritten instead of new ones (levels/spares.py)
+    bandwidth_bytes: float  # bytes/s the level's writes are held to; 0: as fast as they go
+    version_dir: Callable[[int], Path]  # <root>/v<step>
 
     def shard_path(self, step: int, rank: int | None = None) -> Path:
         return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)

@@ -32,7 +32,7 @@ class LocalLevel(ShardFileLevel, NodeLocalFiles):
 
     def commit(self, manifest) -> None:
         """This rank's commit record of the version; an existing one (a stale record of a
-        step written again) is refused, never silently kept (invariant 3)."""
+        step written again) is refused, never silently kept: no checkpoint file is overwritten."""
         manifest.for_rank(self.rank).write(self.commit_path(manifest.step), self.file_mode)
 
     def own_files(self, step: int) -> list[Path]:

@@ -11,7 +11,7 @@ a file in place does neither. So a rank moves each of its retired data files int
 `<pfs_dir>/.spare/`), and the next write of that name renames the spare to its temporary name
 and overwrites it (PostgreSQL recycles its WAL segments for the same reason): an overwrite costs
 a fraction of the CPU of a new file plus an unlink, and is durable sooner
-(perf/bench_recycle.py; the numbers are in perf/RESULTS.md).
+(perf/bench_recycle.py; the numbers are in perf/log/2026-11-23.md).
 
 A spare is never a version: restart, listing and verification only look into version
 directories (v<step>), and an interrupted overwrite leaves only a temporary file behind.
@@ -26,7 +26,7 @@ A spare is overwritten in place, so whatever still reads the retired file sees t
 (checksums catch it in hpcckpt's readers), and a spare with other names (hard links of a
 backup) is never reused. On L4, where users copy and archive versions while a job runs, it is
 off unless `storage.pfs_recycle_files` turns it on; there it also saved time only while
-training was idle (perf/RESULTS.md).
+training was idle (perf/log/2026-11-23.md).
 """
 
 from __future__ import annotations
