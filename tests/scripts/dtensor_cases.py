@@ -17,23 +17,18 @@ A RESULT line per rank; the process exits with the error's exit code.
 """
 
 import json
-import socket
 import sys
 
 import torch
 from mpi4py import MPI
 
+from gloo_over_mpi import init_gloo
 from hpcckpt import Checkpointer, load_config
 from hpcckpt.errors import HpcckptError
 
 run_dir, mode = sys.argv[1], sys.argv[2]
 comm = MPI.COMM_WORLD
-port = None
-if comm.rank == 0:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-port = comm.bcast(port, root=0)
+init_gloo(comm)
 
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
@@ -42,7 +37,6 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from hpcckpt.ckpt.dtensors import local_shape_and_offset  # noqa: E402
 
-dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size, init_method=f"tcp://127.0.0.1:{port}")
 torch.set_num_threads(1)
 line = init_device_mesh("cpu", (comm.size,))
 square = init_device_mesh("cpu", (2, comm.size // 2), mesh_dim_names=("a", "b"))

@@ -22,23 +22,10 @@ import signal
 import torch
 from mpi4py import MPI
 
+from gloo_over_mpi import init_gloo
 from hpcckpt import Checkpointer, load_config, run_main
 
 D_MODEL, HEADS, HIDDEN, OUT, LAYERS = 12, 2, 20, 5, 2
-
-
-def gloo(comm) -> None:
-    import socket
-
-    import torch.distributed as dist
-
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size, init_method=f"tcp://127.0.0.1:{port}")
 
 
 class Model(torch.nn.Module):
@@ -91,7 +78,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
-    gloo(comm)
+    init_gloo(comm)
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
