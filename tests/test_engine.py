@@ -13,10 +13,10 @@ from hpcckpt import EXIT_HALTED
 from hpcckpt.errors import CheckpointError, DivergenceError
 
 
-def loop(ckpt, app, last, first=1, on_step=None):
+def loop(ckpt, app, last, on_step=None):
     """The library's loop: a checkpoint when due() says so, out on a stop. The last step done."""
-    step = first - 1
-    for step in range(first, last + 1):
+    step = 0
+    for step in range(1, last + 1):
         app.step(step)
         if on_step is not None:
             on_step(step)

@@ -90,7 +90,7 @@ def test_a_failing_node_local_level_hands_the_version_to_l4_though_l4_was_not_du
     held, _ = take(tmp_path, 5, "storage.pfs_every=4", "checkpoint.keep_local=5", "checkpoint.keep_pfs=5",
                    faults=["storage-error:level=node-local:step=2"])
     assert held == {"local": [1, 3, 4, 5], "pfs": [2, 4]}
-    assert [(r["step"]) for r in records(tmp_path, "level_failing")] == [2]
+    assert [r["step"] for r in records(tmp_path, "level_failing")] == [2]
     assert [(r["step"], r["failing_since"]) for r in records(tmp_path, "level_recovered")] == [(3, 2)]
 
 

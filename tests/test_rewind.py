@@ -10,6 +10,13 @@ from hpcckpt.run.ledger import RestartLedger, ledger_path
 from hpcckpt.schedule.rewind import RewindPlan, mark_versions_bad, plan_rewind, versions_held
 
 
+@pytest.fixture
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
 @pytest.mark.parametrize("held, before, rewound_to, plan", [
     # Every version from the step that diverged on is bad; the newest older one is restored.
     ([10, 20, 30], 25, None, RewindPlan((30,), 20, None)),
@@ -53,10 +60,3 @@ def test_versions_marked_bad_are_in_the_restart_ledger_with_the_reason(world, tm
 def test_marking_no_version_bad_leaves_no_ledger(world, tmp_path):
     mark_versions_bad(world, tmp_path, [], "nothing")
     assert not ledger_path(tmp_path).exists()
-
-
-@pytest.fixture
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
