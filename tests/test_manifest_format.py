@@ -211,3 +211,24 @@ def test_a_writing_travels_with_its_groups_as_a_rule():
     assert len(data) < 1024, len(data)
     irregular = Writing("id", 1.0, 6, "run", ((0, 5), (1, 2, 3), (4,)), 1)
     assert pickle.loads(pickle.dumps(irregular)) == irregular
+
+
+def _manifest():
+    layout = plan_layout([TensorSpec("a", "float64", (10, 4)), TensorSpec("b", "int64", ())], 3, 64)
+    return Manifest(7, 3, layout, tuple(ShardRecord(r, 100 + r, {"a": f"{r:016x}"}) for r in range(3)),
+                    state={"trainer": {"step": 7}}, metrics={"val_loss": 0.25}, node_of_rank=(0, 0, 1),
+                    local_dirs=("x", "x", "y"))
+
+
+def test_manifest_round_trip(tmp_path):
+    manifest = _manifest()
+    manifest.write(tmp_path / "m.json")
+    assert Manifest.read(tmp_path / "m.json") == manifest
+
+
+def test_manifest_edit_is_detected(tmp_path):
+    path = tmp_path / "m.json"
+    _manifest().write(path)
+    path.write_text(path.read_text().replace("0.25", "0.35"))
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        Manifest.read(path)

@@ -149,3 +149,17 @@ def test_the_per_level_choice_survives_a_restart():
     restored.load_state(policy.state())
     assert (restored.interval, restored.every, restored.level_durable) == \
         (policy.interval, policy.every, policy.level_durable)
+
+
+def test_levels_due_every_nth_and_always_the_last():
+    from hpcckpt.schedule.policy import levels_due
+
+    def due(ordinal, final=False):
+        return levels_due(("local", "partner", "erasure", "pfs"), ordinal, final,
+                          {"partner": 1, "erasure": 2, "pfs": 3})
+
+    assert due(1) == ("local", "partner")
+    assert due(2) == ("local", "partner", "erasure")
+    assert due(3) == ("local", "partner", "pfs")
+    assert due(6) == ("local", "partner", "erasure", "pfs")
+    assert due(5, final=True) == ("local", "partner", "erasure", "pfs")

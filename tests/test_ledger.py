@@ -1,0 +1,64 @@
+"""The restart ledger (run/ledger.py): which versions a run's crashed restarts count against."""
+
+import json
+
+
+def test_restart_ledger_marks_a_version_failed_only_after_two_crashed_restarts_in_a_row(tmp_path):
+    from hpcckpt.run.ledger import RestartLedger
+
+    ledger = RestartLedger(tmp_path / "restarts.json")
+    assert ledger.settle_pending() is None and ledger.failed_steps() == {}
+    ledger.begin(300)
+    step, reason, failed, _ = ledger.settle_pending()  # one restart from 300 never confirmed: a node may have died
+    assert (step, failed) == (300, False) and "crashed" in reason and ledger.failed_steps() == {}
+    ledger.begin(300)
+    ledger.confirm()  # the next one from 300 worked: the crash before is forgotten
+    ledger.begin(300)
+    assert ledger.settle_pending()[2] is False
+    ledger.begin(300)
+    step, reason, failed, _ = ledger.settle_pending()  # a second crash in a row: failed
+    assert failed and reason.startswith("2 restarts from it in a row") and list(ledger.failed_steps()) == [300]
+    assert ledger.settle_pending() is None  # settled only once
+    ledger.begin(250)
+    ledger.confirm()
+    assert ledger.settle_pending() is None and list(ledger.failed_steps()) == [300]
+    # Its files set aside, version 300 no longer counts as failed: a new writing of step 300
+    # must be loadable; the reason stays on record.
+    ledger.set_aside(300, "v000000000300.failed")
+    assert ledger.failed_steps() == {}
+    assert "crashed" in json.loads((tmp_path / "restarts.json").read_text())["set_aside"]["v000000000300.failed"]
+    # The ranks' own verdict marks a version at once.
+    ledger.begin(400)
+    ledger.mark_failed(400, "its loss is not finite")
+    assert ledger.failed_steps() == {400: "its loss is not finite"} and ledger.settle_pending() is None
+
+
+def test_a_damaged_restart_ledger_is_set_aside_with_a_warning_and_restarts_go_on(tmp_path):
+    from hpcckpt.run.ledger import RestartLedger
+
+    said = []
+    ledger = RestartLedger(tmp_path / "restarts.json", said.append)
+    (tmp_path / "restarts.json").write_text('{"pending": {"step": 3')  # cut short
+    assert ledger.settle_pending() is None and ledger.failed_steps() == {}
+    assert len(said) == 1 and "restarts.json is damaged" in said[0] and "set aside as restarts.json.damaged" in said[0]
+    assert (tmp_path / "restarts.json.damaged").read_text() == '{"pending": {"step": 3'
+    ledger.begin(20)
+    assert json.loads((tmp_path / "restarts.json").read_text())["pending"]["step"] == 20
+
+
+def test_a_crashed_restart_under_which_a_node_was_lost_is_not_counted_against_its_version(tmp_path):
+    from hpcckpt.run.ledger import RestartLedger
+
+    ledger = RestartLedger(tmp_path / "restarts.json")
+    for nodes in (4, 3, 2):  # nodes dying under restarts one after the other
+        ledger.begin(300, nodes_with_files=nodes)
+        settled = ledger.settle_pending(nodes_with_files=nodes - 1)
+        assert (settled.step, settled.failed, settled.counted) == (300, False, False)
+        assert "1 node(s) of" in settled.reason and "not counted" in settled.reason
+    assert ledger.failed_steps() == {}
+    # As many nodes with files as before: the crash is the version's to answer for, twice.
+    ledger.begin(300, nodes_with_files=3)
+    assert ledger.settle_pending(nodes_with_files=3).counted
+    ledger.begin(300, nodes_with_files=3)
+    assert ledger.settle_pending(nodes_with_files=4).failed  # a node more (a spare) explains nothing
+    assert list(ledger.failed_steps()) == [300]
