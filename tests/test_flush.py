@@ -81,6 +81,9 @@ def test_a_version_offered_while_a_copy_runs_is_skipped_and_the_next_takes_its_p
     flush.wait()
     assert copier.copied == [10, 30] and not flush.owed
     assert (flush.stats.offered, flush.stats.skipped) == (2, 1)  # owed, not due: not counted as offered
+    # The summary counts the due versions L4 took apart from the newer one it took instead.
+    assert flush.stats.describe().startswith("L4 took 1 of 2 version(s) due at its own pace (1 skipped while a "
+                                              "copy ran, 1 newer one(s) taken in their place)")
 
 
 def test_the_final_version_waits_for_the_copy_in_flight_and_goes_now(flush, world, copier):

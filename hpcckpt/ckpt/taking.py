@@ -47,7 +47,7 @@ class CheckpointTaking:
         self.faults.strike(step, "snapshot")
         job.capture.open(step, copy_in_background and job.pipeline.threaded)
         job.tally.opened(previous, time.perf_counter() - opened, waited, job.pipeline.flush)
-        return previous
+        return previous.as_of_now() if previous is not None else None
 
     def end(self, metrics: dict | None, final: bool | None) -> PersistReport:
         """(all ranks) Close the open snapshot and hand it to the pipeline; its report (still filling)."""

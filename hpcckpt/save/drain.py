@@ -16,11 +16,12 @@ from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import VersionImage
 
 
-def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log) -> list[int]:
+def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log, stored: dict) -> list[int]:
     """(all ranks) Copy to the global level `target` the versions `source` (the landing
     level, L1) committed that `target`'s retention would keep; `skip`: versions made room
     for on `target` by dropping them (not copied back). `stage(step, label, action)`
-    runs one agreed stage. Returns the steps copied."""
+    runs one agreed stage; `stored` (level -> bytes this rank stored) counts the copies.
+    Returns the steps copied."""
     rank, world_size = comm.Get_rank(), comm.Get_size()
     # Versions every rank holds with a readable record (a damaged one is not copied from).
     readable = {step: m for step in source.committed_steps() if (m := records.manifest(source, step))}
@@ -46,7 +47,7 @@ def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log
         log.warning(f"version(s) {incomplete} not copied to {target.number}: their tables need version(s) that "
                     f"neither node-local storage nor {target.number} holds")
     for step in copied:
-        copy_version(comm, source, target, manifests[step], stage, log)
+        copy_version(comm, source, target, manifests[step], stage, log, stored)
     if copied and target.prunes_here:
         for step in pruner.deletable(target, keep, max(copied)):
             target.remove(step)
@@ -66,7 +67,7 @@ def with_chains(kept: list[int], chains: dict, on_target: set, available: set) -
     return sorted(copied), incomplete
 
 
-def copy_version(comm, source, target, manifest, stage: Callable, log) -> None:
+def copy_version(comm, source, target, manifest, stage: Callable, log, stored: dict) -> None:
     """(all ranks) One version: every rank's shard copied and verified, then the commit."""
     step = manifest.step
     # The target's one record lists every shard; each rank's node-local copy lists its node's part.
@@ -80,6 +81,7 @@ def copy_version(comm, source, target, manifest, stage: Callable, log) -> None:
         problems = verify_shard(target.shard_path(step))
         if problems:
             raise CheckpointError(f"{target.number} copy of {source.shard_path(step)}: {problems[0]}")
+        stored[target.name] = stored.get(target.name, 0) + int(data.nbytes)
     stage(step, f"drain to {target.number}", copy_shard)
     manifest = dataclasses.replace(manifest, levels=manifest.levels + (target.name,))
     stage(step, f"{target.number} commit", lambda: target.commit(manifest))

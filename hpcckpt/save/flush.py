@@ -29,9 +29,10 @@ from hpcckpt.save.threads import Worker
 class FlushStats:
     """What L4 did at its own pace this run, for the summary."""
 
-    offered: int = 0  # versions L4 was due for or owed
+    offered: int = 0  # versions L4 was due for
     skipped: int = 0  # of those, passed over while a copy ran
     copied: list = field(default_factory=list)  # (step, seconds from node-local commit to L4 durable)
+    owed: set = field(default_factory=set)  # versions started as owed, not due: in place of skipped ones
 
     def describe(self) -> str | None:
         if not self.offered:
@@ -39,8 +40,10 @@ class FlushStats:
         lags = [lag for _, lag in self.copied]
         lag = f"; durable there {statistics.median(lags):.2f} s (median), {max(lags):.2f} s (max) after " \
               "node-local storage" if lags else ""
-        return (f"L4 took {len(self.copied)} of {self.offered} version(s) due at its own pace "
-                f"({self.skipped} skipped while a copy ran){lag}")
+        in_place = sum(1 for step, _ in self.copied if step in self.owed)
+        newer = f", {in_place} newer one(s) taken in their place" if in_place else ""
+        return (f"L4 took {len(self.copied) - in_place} of {self.offered} version(s) due at its own pace "
+                f"({self.skipped} skipped while a copy ran{newer}){lag}")
 
 
 class AsyncFlush:
@@ -78,6 +81,8 @@ class AsyncFlush:
             return False
         self.owed = False
         self.raise_error()
+        if not due:
+            self.stats.owed.add(step)
         self.idle.clear()
         self.flushing = step
         committed_at = time.perf_counter()

@@ -329,4 +329,4 @@ class SavePipeline:
     def drain(self, source, target) -> list[int]:
         """(all ranks) The end-of-run drain of `source`'s versions to `target` (save/drain.py)."""
         return drain(self.comm, source, target, self.records, self.pruner, self.runner.run,
-                     self.room.dropped.get(target.name, set()), self.log)
+                     self.room.dropped.get(target.name, set()), self.log, self.runner.bytes_stored)

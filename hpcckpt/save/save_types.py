@@ -4,6 +4,8 @@ the version's shards."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 from dataclasses import dataclass, field
 
@@ -55,6 +57,12 @@ class PersistReport:
     cpu_s: dict = field(default_factory=dict)
     failed: dict = field(default_factory=dict)  # level -> why it could not take this version (others hold it)
     held: bool = True  # some level holds the version (False: none could take it)
+
+    def as_of_now(self) -> "PersistReport":
+        """A copy as the report stands now, for the application: L4's thread, copying at its
+        own pace, may still add to this one."""
+        return dataclasses.replace(self, durable_s=dict(self.durable_s), started_s=dict(self.started_s),
+                                   cpu_s=dict(self.cpu_s), failed=dict(self.failed))
 
 
 @dataclass(frozen=True)
