@@ -233,20 +233,25 @@ def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, s
 
 
 def test_a_slow_pfs_never_holds_back_node_local_checkpoints(tmp_path, reference):
-    """Every L4 store takes 1.5 s longer while checkpoints come every ~0.1 s of training:
-    snapshots never wait for L4 (it copies from L1 on a thread of its own), L4 skips the
-    versions that come while it copies and takes the newest one after, the final version
-    reaches it, and the summary says how it kept up. Same weights as the fault-free run."""
+    """Every L4 store takes 1.5 s longer (the first, of version 10, 4.5 s: far longer than
+    the next checkpoint takes to come, however busy the machine) while checkpoints come every
+    ~0.1 s of training: snapshots never wait for L4 (it copies from L1 on a thread of its
+    own), L4 skips the versions that come while it copies and takes the newest one after,
+    the final version reaches it, and the summary says how it kept up. Same weights as the
+    fault-free run."""
     config = job(tmp_path)
-    proc = train(tmp_path, config, "--set", "storage.pfs_async=true", "--inject", "slow-level:level=pfs:seconds=1.5")
+    proc = train(tmp_path, config, "--set", "storage.pfs_async=true", "--inject", "slow-level:level=pfs:seconds=1.5",
+                 "--inject", "slow-level:level=pfs:seconds=3:step=10:until=10")
     assert_ok(proc)
     out = proc.stdout + proc.stderr
     summary = next(r for r in read_metrics(tmp_path / "run") if r.get("event") == "checkpoint_summary")
-    # A snapshot that waited for L4 would have blocked for its 1.5 s at least.
-    assert summary["blocking_max_s"] < 1.0, out
+    # Had snapshots waited for L4, no version would have come while a copy ran: none skipped.
+    # How many were skipped, and which the copies took, is the machine's speed.
     copied, offered = summary["l4_async"]["copied"], summary["l4_async"]["offered"]
-    assert offered == 10 and 2 <= len(copied) < 10 and summary["l4_async"]["skipped"] > 0, summary
-    assert copied[-1] == 100 and all(lag >= 1.5 for lag in summary["l4_async"]["lag_s"]), summary
+    assert summary["checkpoints"] == 10 and offered == 10 and summary["l4_async"]["skipped"] > 0, summary
+    assert len(copied) + summary["l4_async"]["skipped"] == offered and copied[0] == 10 and copied[-1] == 100, summary
+    lags = dict(zip(copied, summary["l4_async"]["lag_s"]))
+    assert lags[10] >= 4.5 and all(lag >= 1.5 for lag in lags.values()), summary
     assert re.search(rf"L4 took {len(copied)} of 10 version\(s\) due at its own pace \(\d+ skipped while a copy "
                      r"ran\); durable there [\d.]+ s \(median\)", out), out
     # The end-of-run drain adds what L4's retention keeps of the versions still on L1 (90).
