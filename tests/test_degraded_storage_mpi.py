@@ -204,8 +204,10 @@ def test_a_really_full_pfs_degrades_and_recovers_once_space_is_freed(tmp_path, s
     command = [*mpiexec_prefix(), "-n", "4", sys.executable, "-m", "hpcckpt", "train", "-c", str(config),
                "--set", f"storage.pfs_dir={small_disk / 'pfs'}", "--set", "storage.pfs_async=true",
                "--set", "storage.pfs_every=3",
-               # Paces training (0.3 s per checkpoint) so the filler goes while it runs.
-               "--inject", "slow-level:level=local:seconds=0.3"]
+               # Paces training (0.5 s per checkpoint) so the filler goes while it runs, and so
+               # L4's copy of version 30 is over, however busy the machine, long before version
+               # 60 comes (else 60 is skipped while it runs, and L4 first fails at 70).
+               "--inject", "slow-level:level=local:seconds=0.5"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     heartbeat = tmp_path / "run" / "heartbeat"
