@@ -20,11 +20,12 @@ def train(tmp_path, config, *extra):
 
 
 def versions_per_level(tmp_path) -> dict:
-    """Versions each level took on rank 0, from its log ("step N: LEVEL done after ...")."""
-    counts = dict.fromkeys(ALL_LEVELS, 0)
-    for level in re.findall(r"step \d+: (\w+) done after", (tmp_path / "run" / "log" / "rank0.log").read_text()):
-        counts[level] += 1
-    return counts
+    """The steps of the versions each level took on rank 0, from its log ("step N: LEVEL done
+    after ...")."""
+    steps = {level: [] for level in ALL_LEVELS}
+    for step, level in re.findall(r"step (\d+): (\w+) done after", (tmp_path / "run" / "log" / "rank0.log").read_text()):
+        steps[level].append(int(step))
+    return steps
 
 
 def test_levels_that_cover_no_failure_set_take_only_the_first_and_final_versions(tmp_path):
@@ -32,13 +33,18 @@ def test_levels_that_cover_no_failure_set_take_only_the_first_and_final_versions
     config = job(tmp_path, mtbf_crash_hours=0.0002)
     done = train(tmp_path, config)
     assert_ok(done)
-    counts = versions_per_level(tmp_path)
-    # The first checkpoint measures every level; after it only L1, until the final version.
-    assert counts["local"] >= 3, counts
-    assert all(counts[level] <= 2 for level in ("partner", "erasure", "pfs")), counts
     said = (tmp_path / "run" / "log" / "rank0.log").read_text()
-    assert "partner every 64, erasure every 64, pfs every 64" in said
+    chosen = re.findall(r"checkpoint interval now \d+ steps: (.*?); per-level intervals", said)
+    assert chosen and set(chosen) == {"partner every 64, erasure every 64, pfs every 64"}, chosen
     assert "rank crash from local" in said
+    # The first checkpoint measures every level; after it only L1, until the final version (or
+    # a 64th version, had the measured costs made the interval that short). How many versions
+    # L1 took in 300 steps is the interval the measured costs gave.
+    steps = versions_per_level(tmp_path)
+    local = steps["local"]
+    assert local == sorted(set(local)) and local[-1] == 300, steps
+    rarest = [step for number, step in enumerate(local, 1) if number == 1 or number % 64 == 0 or step == 300]
+    assert all(steps[level] == rarest for level in ("partner", "erasure", "pfs")), steps
 
 
 def test_a_crash_restarts_from_l1_onto_the_uninterrupted_weights(tmp_path):
