@@ -156,15 +156,15 @@ def _version_records(run_dir: Path, version: str) -> list[Path]:
     return sorted((run_dir / "local").glob(f"node*/run-*/{version}/commit-r*.json"))
 
 
-def test_64_ranks_lose_a_node_and_restart_bit_identical_with_records_that_do_not_grow(tmp_path):
-    """64 ranks on 16 nodes (and 16 ranks on the same 16 nodes, groups of 4 both): each
+def test_32_ranks_lose_a_node_and_restart_bit_identical_with_records_that_do_not_grow(tmp_path):
+    """32 ranks on 8 nodes (and 8 ranks on the same 8 nodes, groups of 4 both): each
     node-local record lists the same number of shards and is the same size within a few
     digits; after losing node 5 and version 60, the restart takes version 40 from the
     survivors' L1 files and node 5's ranks from their replicas or their groups' parity, and
     ends with the array of the uninterrupted run."""
     small, large = tmp_path / "small" / "run", tmp_path / "run"
-    assert_ok(run_script(16, SCALE_SCRIPT, [str(small), "run"], cwd=tmp_path))
-    ran = run_script(64, SCALE_SCRIPT, [str(large), "run"], cwd=tmp_path)
+    assert_ok(run_script(8, SCALE_SCRIPT, [str(small), "run"], cwd=tmp_path))
+    ran = run_script(32, SCALE_SCRIPT, [str(large), "run"], cwd=tmp_path)
     assert_ok(ran)
     uninterrupted = {r["digest"] for r in script_results(ran)}
     assert len(uninterrupted) == 1
@@ -179,7 +179,7 @@ def test_64_ranks_lose_a_node_and_restart_bit_identical_with_records_that_do_not
     for version in list(large.rglob("v000000000060")):
         shutil.rmtree(version)
     shutil.rmtree(large / "local" / "node5")
-    resumed = run_script(64, SCALE_SCRIPT, [str(large), "resume"], cwd=tmp_path)
+    resumed = run_script(32, SCALE_SCRIPT, [str(large), "resume"], cwd=tmp_path)
     assert_ok(resumed)
     results = script_results(resumed)
     assert {r["restored"] for r in results} == {40}

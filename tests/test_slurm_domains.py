@@ -26,7 +26,7 @@ from test_slurm_jobs import SLURM, SLURM_RUN, _run, fail_node, job_info, submit,
 
 NODES, SWITCH_SIZE = 8, 4
 HEAT2D = REPO / "examples" / "heat2d.py"
-HEAT2D_ARGS = ("--run-dir run --shape 160 160 --iterations 3000 --tol 0 --every 100 --dump grids "
+HEAT2D_ARGS = ("--run-dir run --shape 160 160 --iterations 2000 --tol 0 --every 100 --dump grids "
                "--set resilience.group_size=4 --set resilience.parity=1")
 
 
@@ -56,7 +56,7 @@ def cluster(switches):
                   if len(line.split()) >= 2)
     healthy = all(re.fullmatch(r"(idle|mix|alloc|comp)", states.get(f"n{i}", "missing")) and
                   (SLURM_RUN / f"slurmd-n{i}.pid").exists() for i in range(1, NODES + 1))
-    if not healthy:
+    if not healthy and _run(["bash", str(SLURM / "revive.sh"), str(NODES)], timeout=120).returncode != 0:
         up = _up()
         assert up.returncode == 0, up.stdout + up.stderr
 
@@ -130,16 +130,18 @@ def test_a_failed_batch_node_requeues_the_job_which_restarts_from_what_survived(
     directory = workdir(tmp_path)
     job = heat2d_job(directory, "--nodes=4", GUARD_INTERVAL=1)
     wait_for_step(directory, job, 600)
-    assert job_info(job)["BatchHost"] == "n1"
-    fail_node("n1", job, directory)
-    code, out = wait_for(job, directory, timeout=300)
+    # Which of the 8 nodes Slurm gives a 4-node job is its choice: the one running the batch
+    # script is the one to fail.
+    batch_host = job_info(job)["BatchHost"]
+    fail_node(batch_host, job, directory)
+    code, out = wait_for(job, directory, timeout=300, completing_is_done=False)
     assert code == 0, out
-    assert re.search(r"guard job \d+ watches the batch node n1 from another node: if it fails, this job is requeued",
-                     out), out
-    assert f"the node running the batch script (n1) failed: requeueing job {job}" in out
+    assert re.search(rf"guard job \d+ watches the batch node {batch_host} from another node: if it fails, this job is "
+                     "requeued", out), out
+    assert f"the node running the batch script ({batch_host}) failed: requeueing job {job}" in out
     assert "requeued (1 time(s)): restarting from the surviving checkpoint levels" in out
     # Where the requeued job runs is Slurm's choice (topology/tree prefers one whole switch):
     # the surviving nodes' files, or L4 where it got other nodes.
     assert re.search(r"restored version \d+", out), out
-    assert job_info(job)["BatchHost"] != "n1"
+    assert job_info(job)["BatchHost"] != batch_host
     assert same_grid(directory, straight)

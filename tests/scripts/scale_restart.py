@@ -1,10 +1,12 @@
-"""#27 at scale on 16 simulated nodes (16 or 64 ranks), all four levels (groups of 4, parity 2):
+"""Many ranks on NODES simulated nodes (default 8; the suite runs 8 and 32 ranks, by hand
+`mpiexec -n 64 ... RUN_DIR run 16` goes further), all four levels (groups of 4, parity 2):
 checkpoints at steps 20, 40 and 60 of a deterministic update of a replicated array cut over
 every rank.
 
-    scale_restart.py RUN_DIR run       steps 1-60, a checkpoint every 20; prints the digest at 60
-    scale_restart.py RUN_DIR resume    restart (from what the test left), then on to 60; prints
-                                       the step restored, where shards came from and the digest
+    scale_restart.py RUN_DIR run [NODES]     steps 1-60, a checkpoint every 20; prints the digest at 60
+    scale_restart.py RUN_DIR resume [NODES]  restart (from what the test left), then on to 60;
+                                             prints the step restored, where shards came from
+                                             and the digest
 """
 
 import json
@@ -25,8 +27,9 @@ def advance(weights: np.ndarray, step: int) -> None:
 
 def main():
     run_dir, action = Path(sys.argv[1]), sys.argv[2]
+    nodes = int(sys.argv[3]) if len(sys.argv) > 3 else 8
     comm = MPI.COMM_WORLD
-    config = load_config(None, [f"run.dir={run_dir}", "cluster.simulated_nodes=16", "checkpoint.keep_local=3",
+    config = load_config(None, [f"run.dir={run_dir}", f"cluster.simulated_nodes={nodes}", "checkpoint.keep_local=3",
                                 "checkpoint.split_threshold_kb=1",
                                 "checkpoint.keep_pfs=3", 'resilience.levels=["local","partner","erasure","pfs"]',
                                 "resilience.group_size=4", "resilience.parity=2", "storage.pfs_async=false"],
