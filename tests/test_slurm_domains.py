@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, mpi_env, mpiexec_prefix
-from test_slurm_jobs import SLURM, SLURM_RUN, _run, fail_node, job_info, submit, wait_for, wait_for_step
+from test_slurm_jobs import SLURM, _run, ensure_all_nodes_up, fail_node, job_info, submit, wait_for, wait_for_step
 
 NODES, SWITCH_SIZE = 8, 4
 HEAT2D = REPO / "examples" / "heat2d.py"
@@ -51,14 +51,8 @@ def switches():
 
 @pytest.fixture
 def cluster(switches):
-    yield
-    states = dict(line.split()[:2] for line in _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.splitlines()
-                  if len(line.split()) >= 2)
-    healthy = all(re.fullmatch(r"(idle|mix|alloc|comp)", states.get(f"n{i}", "missing")) and
-                  (SLURM_RUN / f"slurmd-n{i}.pid").exists() for i in range(1, NODES + 1))
-    if not healthy and _run(["bash", str(SLURM / "revive.sh"), str(NODES)], timeout=120).returncode != 0:
-        up = _up()
-        assert up.returncode == 0, up.stdout + up.stderr
+    """Every test starts with all nodes up, whatever the test before did to them."""
+    ensure_all_nodes_up(NODES, _up)
 
 
 @pytest.fixture(scope="module")

@@ -75,19 +75,25 @@ def slurm():
     _run(["bash", str(SLURM / "down.sh")], timeout=120)
 
 
-@pytest.fixture
-def cluster(slurm):
-    """Every test starts with all nodes up (a test that failed one brings it back after)."""
-    yield
+def ensure_all_nodes_up(nodes: int, start_cluster) -> None:
+    """All `nodes` nodes idle (or finishing a job) with their slurmd alive: nodes a test failed
+    come back with revive.sh, nodes Slurm drained are resumed, and only if that fails is the
+    cluster started again (`start_cluster()`, an up.sh run)."""
     # Every node listed and usable, and its slurmd alive (fail-node.sh removes the pid file):
     # an sinfo that did not answer must not pass for a healthy cluster.
     states = dict(line.split()[:2] for line in _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.splitlines()
                   if len(line.split()) >= 2)
     healthy = all(re.fullmatch(r"(idle|mix|alloc|comp)", states.get(f"n{i}", "missing")) and
-                  (SLURM_RUN / f"slurmd-n{i}.pid").exists() for i in range(1, NODES + 1))
-    if not healthy and _run(["bash", str(SLURM / "revive.sh"), str(NODES)], timeout=120).returncode != 0:
-        up = _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=300)
+                  (SLURM_RUN / f"slurmd-n{i}.pid").exists() for i in range(1, nodes + 1))
+    if not healthy and _run(["bash", str(SLURM / "revive.sh"), str(nodes)], timeout=120).returncode != 0:
+        up = start_cluster()
         assert up.returncode == 0, up.stdout + up.stderr
+
+
+@pytest.fixture
+def cluster(slurm):
+    """Every test starts with all nodes up, whatever the test before did to them."""
+    ensure_all_nodes_up(NODES, lambda: _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=300))
 
 
 def workdir(tmp_path: Path, name: str = "submit") -> Path:
@@ -134,7 +140,23 @@ def wait_for(job: int, directory: Path, timeout: float = 240, completing_is_done
             return int(info["ExitCode"].split(":")[0]), output(job, directory)
         time.sleep(0.5)
     _run(["scancel", str(job)])
-    raise AssertionError(f"job {job} still running after {timeout} s (a hang):\n{output(job, directory)}")
+    raise AssertionError(f"job {job} still running after {timeout} s (a hang):\n{output(job, directory)}"
+                         f"{cluster_state(job)}")
+
+
+def job_nodes(job: int) -> list[str]:
+    """The job's nodes in Slurm's order (rank r of a --ntasks-per-node=1 job runs on the r-th):
+    tests name nodes by what Slurm allocated, not by which nodes they expect it to pick."""
+    nodes = _run(["scontrol", "show", "hostnames", job_info(job)["NodeList"]]).stdout.split()
+    assert nodes, job_info(job)
+    return nodes
+
+
+def cluster_state(job: int) -> str:
+    """Why a job may be waiting: its state and reason, and the nodes Slurm has taken out."""
+    info = job_info(job)
+    return (f"\n(job {job}: {info.get('JobState')}, reason {info.get('Reason')}; nodes down or drained:\n"
+            f"{_run(['sinfo', '-N', '-R']).stdout})")
 
 
 def output(job: int, directory: Path) -> str:
@@ -152,7 +174,8 @@ def wait_for_step(directory: Path, job: int, step: int, timeout: float = 120) ->
             pass
         assert job_info(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING"), output(job, directory)
         time.sleep(0.1)
-    raise AssertionError(f"job {job} did not reach step {step} in {timeout} s:\n{output(job, directory)}")
+    raise AssertionError(f"job {job} did not reach step {step} in {timeout} s:\n{output(job, directory)}"
+                         f"{cluster_state(job)}")
 
 
 def finished_after_one_restart(out: str) -> bool:
@@ -202,7 +225,7 @@ def test_the_readme_example_trains_the_default_job_on_the_cluster(cluster, tmp_p
     assert not [request for request in requests if "-seg-" in request], "segmented PMI-1 puts:\n" + out
     assert max(len(request) + 1 for request in requests) < 1024, out
     assert "uses its ofi netmod (MPIR_CVAR_CH4_NETMOD=ofi)" in out
-    assert "placement: 4 rank(s) on 4 host(s) (n1, n2, n3, n4)" in out
+    assert f"placement: 4 rank(s) on 4 host(s) ({', '.join(job_nodes(job)[:4])})" in out
     assert "finished after 1 attempt(s)" in out
 
 
@@ -232,12 +255,13 @@ def test_a_failed_node_is_replaced_by_a_spare(cluster, tmp_path, uninterrupted):
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=5", "--ntasks-per-node=1", SPARE_NODES=1)
     wait_for_step(directory, job, 600)
-    fail_node("n3", job, directory)
+    nodes = job_nodes(job)
+    fail_node(nodes[2], job, directory)
     code, out = wait_for(job, directory)
     assert code == 0, out
-    assert "running on n1 n2 n3 n4; spare node(s): n5" in out
-    assert "node n3 failed or left the allocation: spare node n5 takes its place" in out
-    assert "next attempt on 4 node(s): n1 n2 n5 n4" in out
+    assert f"running on {' '.join(nodes[:4])}; spare node(s): {nodes[4]}" in out
+    assert f"node {nodes[2]} failed or left the allocation: spare node {nodes[4]} takes its place" in out
+    assert f"next attempt on 4 node(s): {nodes[0]} {nodes[1]} {nodes[4]} {nodes[3]}" in out
     restored = re.search(r"restored version (\d+): 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
                          out)
     assert restored, out
@@ -245,7 +269,7 @@ def test_a_failed_node_is_replaced_by_a_spare(cluster, tmp_path, uninterrupted):
     assert final_record(directory / "run")["weights_digest"] == uninterrupted
     # The spare took rank 2, whose node was lost; every other rank stayed with its files.
     scratch = directory / "scratch" / "hpcckpt-root" / str(job)
-    assert sorted(p.name for p in scratch.iterdir()) == ["n1", "n2", "n4", "n5"]
+    assert sorted(p.name for p in scratch.iterdir()) == sorted(set(nodes) - {nodes[2]})
 
 
 def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
@@ -255,11 +279,12 @@ def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1")
     wait_for_step(directory, job, 600)
-    fail_node("n3", job, directory)
+    nodes = job_nodes(job)
+    fail_node(nodes[2], job, directory)
     code, out = wait_for(job, directory)
     assert code == 0, out
-    assert "node n3 failed or left the allocation and no spare node is left: going on without it" in out
-    assert "next attempt on 3 node(s): n1 n2 n4" in out
+    assert f"node {nodes[2]} failed or left the allocation and no spare node is left: going on without it" in out
+    assert f"next attempt on 3 node(s): {nodes[0]} {nodes[1]} {nodes[3]}" in out
     assert "hpcckpt train: 3 ranks on 3 node(s)" in out
     assert "erasure groups of 3+ ranks with parity 1 instead" in out
     assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
@@ -272,10 +297,11 @@ def test_a_failed_node_without_a_spare_stops_the_job_with_allow_shrink_0(cluster
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1", ALLOW_SHRINK=0)
     wait_for_step(directory, job, 600)
-    fail_node("n3", job, directory)
+    lost = job_nodes(job)[2]
+    fail_node(lost, job, directory)
     code, out = wait_for(job, directory, timeout=120)
     assert code != 0, out
-    assert "node n3 failed or left the allocation, no spare node is left and ALLOW_SHRINK=0: stopping" in out
+    assert f"node {lost} failed or left the allocation, no spare node is left and ALLOW_SHRINK=0: stopping" in out
     assert "attempt 2" not in out
 
 
@@ -311,7 +337,7 @@ CLICKS_CONFIG = JOB_CONFIG.replace(f"steps = {STEPS}", f"steps = {CLICKS_STEPS}"
 
 def test_the_embedding_model_loses_a_node_and_ends_bit_identical_on_a_spare(cluster, tmp_path):
     """Keyed tables under the real scheduler: the embedding model (rows placed by id hash,
-    saved whole and as deltas) loses n3 mid-run; the spare takes its place, the newest version
+    saved whole and as deltas) loses a node mid-run; the spare takes its place, the newest version
     and its tables' chain come back from the node-local levels, and the run ends on the weights
     and table of a run without the failure."""
     straight = workdir(tmp_path, "straight")
@@ -323,10 +349,11 @@ def test_the_embedding_model_loses_a_node_and_ends_bit_identical_on_a_spare(clus
     (directory / "job.toml").write_text(CLICKS_CONFIG)
     job = submit(directory, "--nodes=5", "--ntasks-per-node=1", SPARE_NODES=1)
     wait_for_step(directory, job, 300)
-    fail_node("n3", job, directory)
+    nodes = job_nodes(job)
+    fail_node(nodes[2], job, directory)
     code, out = wait_for(job, directory)
     assert code == 0, out
-    assert "node n3 failed or left the allocation: spare node n5 takes its place" in out
+    assert f"node {nodes[2]} failed or left the allocation: spare node {nodes[4]} takes its place" in out
     assert re.search(r"restored version \d+: 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
                      out), out
     assert finished_after_one_restart(out), out
@@ -353,20 +380,21 @@ def heat2d_uninterrupted(tmp_path_factory) -> Path:
 
 
 def test_an_application_survives_a_failed_node_on_the_nodes_that_are_left(cluster, tmp_path, heat2d_uninterrupted):
-    """APP: heat2d through jobs/slurm.sbatch on 4 real nodes; n3 fails mid-run; the loop starts
-    it again on n1, n2 and n4, it restores its newest version from the node-local levels
-    (n3's shard from its partner copy or an erasure rebuild) and ends on the same grid."""
+    """APP: heat2d through jobs/slurm.sbatch on 4 real nodes; the third fails mid-run; the loop
+    starts it again on the other three, it restores its newest version from the node-local levels
+    (the lost rank's shard from its partner copy or an erasure rebuild) and ends on the same grid."""
     import numpy as np
 
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1",
                  APP=f"{sys.executable} {HEAT2D} {HEAT2D_ARGS} --nodes 0")
     wait_for_step(directory, job, 600)
-    fail_node("n3", job, directory)
+    nodes = job_nodes(job)
+    fail_node(nodes[2], job, directory)
     code, out = wait_for(job, directory)
     assert code == 0, out
     assert f"exec -- {sys.executable} {HEAT2D}" in out
-    assert "next attempt on 3 node(s): n1 n2 n4" in out
+    assert f"next attempt on 3 node(s): {nodes[0]} {nodes[1]} {nodes[3]}" in out
     assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
                      r"1 from (L2 partner|L3 erasure)", out), out
     assert finished_after_one_restart(out), out
@@ -391,7 +419,7 @@ def test_a_second_job_on_a_running_run_is_refused(cluster, tmp_path):
     second = submit(directory, "--nodes=4", "--ntasks-per-node=1")
     code, out = wait_for(second, directory)
     assert code == 2, out
-    assert re.search(rf"run.dir '.*run' is in use by job {first} \(host n1", out), out
+    assert re.search(rf"run.dir '.*run' is in use by job {first} \(host {job_info(first)['BatchHost']}", out), out
     assert "attempt 2" not in out
     # The first job never noticed: it stops cleanly when asked, with its checkpoints intact.
     assert job_info(first).get("JobState") == "RUNNING"
@@ -405,18 +433,19 @@ def test_real_nodes_hold_their_own_files_and_redundancy_spans_hosts(cluster, tmp
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1", TRAIN_ARGS="--set run.steps=500")
     code, out = wait_for(job, directory)
     assert code == 0, out
-    assert ("placement: 4 rank(s) on 4 host(s) (n1, n2, n3, n4); L2 partner copies on another node for 4 of 4 "
+    nodes = job_nodes(job)
+    assert (f"placement: 4 rank(s) on 4 host(s) ({', '.join(nodes)}); L2 partner copies on another node for 4 of 4 "
             "rank(s); L3 1 erasure group(s), each across 4+ node(s)") in out
     scratch = directory / "scratch" / "hpcckpt-root" / str(job)
     for rank in range(4):
-        host = f"n{rank + 1}"
+        host = nodes[rank]
         line = next(line for line in (directory / "run" / "log" / f"rank{rank}.log").read_text().splitlines()
                     if "placement: node-local" in line)
         run_subdir = "run-" + json.loads((directory / "run" / "run.json").read_text())["run_id"]
         assert f"node-local directory {scratch / host / run_subdir} on host {host}" in line, line
         partner = (rank + 1) % 4
-        assert f"L2 partner copy on rank {partner} (host n{partner + 1})" in line, line
-        assert "L3 erasure group [0, 1, 2, 3] on ['host n1', 'host n2', 'host n3', 'host n4']" in line, line
+        assert f"L2 partner copy on rank {partner} (host {nodes[partner]})" in line, line
+        assert f"L3 erasure group [0, 1, 2, 3] on {[f'host {node}' for node in nodes]}" in line, line
         # Each host's directory holds its rank's shards, the replica it keeps for its left
         # neighbour, and its parity: nothing of any other rank.
         version = sorted(p for p in (scratch / host / run_subdir).iterdir() if p.name.startswith("v"))[-1]

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Brings the up.sh cluster back to all nodes idle after a test failed some: cancels what is
-# left of its jobs and starts again the slurmd of each node fail-node.sh killed (its pid
-# file gone), in a namespace of its own as up.sh starts it; ReturnToService=2 lets it back in
-# once it registers. Much quicker than up.sh, which restarts every daemon. Exit 1 if the
-# nodes are not all idle within 30 s (then run up.sh).
+# left of its jobs, starts again the slurmd of each node fail-node.sh killed (its pid file
+# gone), in a namespace of its own as up.sh starts it (ReturnToService=2 lets it back in once
+# it registers), and resumes nodes Slurm drained. Much quicker than up.sh, which restarts
+# every daemon. Exit 1 if the nodes are not all idle within 30 s (then run up.sh).
 #
 #   bash tests/slurm/revive.sh [NODES]
 set -u
@@ -18,9 +18,13 @@ for n in $(seq 1 "$NODES"); do
     scontrol update nodename="n$n" state=resume 2>/dev/null || true
 done
 for _ in $(seq 1 150); do
-    idle=$(sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    idle=$(sinfo -h -N -o %t 2>/dev/null | grep -cx idle || true)  # not idle+drain, which -t idle counts
     [ "$idle" -ge "$NODES" ] && exit 0
+    # Drained by Slurm itself: a step that would not die ("Kill task failed").
+    for node in $(sinfo -h -N -t drain -o %N 2>/dev/null); do
+        scontrol update nodename="$node" state=resume 2>/dev/null
+    done
     sleep 0.2
 done
-sinfo -N >&2
+sinfo -N -R >&2
 exit 1

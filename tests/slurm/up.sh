@@ -84,9 +84,17 @@ for n in $(seq 1 "$NODES"); do
     mkdir -p "/var/spool/slurmd/n$n"
     unshare --uts bash -c "hostname n$n; exec slurmd -N n$n"
 done
-for _ in $(seq 1 30); do
-    idle=$(sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}')
-    [ "$idle" -ge "$NODES" ] && break
+# Every node idle, or exit 1 saying why: a cluster short of a node would leave jobs pending
+# until their tests time out. A node drained meanwhile (a step of an earlier cluster reporting
+# in) is resumed.
+for _ in $(seq 1 60); do
+    idle=$(sinfo -h -N -o %t 2>/dev/null | grep -cx idle || true)  # not idle+drain, which -t idle counts
+    [ "$idle" -ge "$NODES" ] && { sinfo; exit 0; }
+    for node in $(sinfo -h -N -t drain -o %N 2>/dev/null); do
+        scontrol update nodename="$node" state=resume 2>/dev/null || true
+    done
     sleep 1
 done
-sinfo
+sinfo -N; sinfo -R
+echo "up.sh: not all $NODES nodes idle after 60 s (sinfo above)" >&2
+exit 1
