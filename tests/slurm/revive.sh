@@ -9,22 +9,15 @@
 set -u
 NODES=${1:-${SLURM_TEST_NODES:-4}}
 RUN=/run/hpcckpt-slurm
+. "$(dirname "$0")/common.sh"
 scancel --quiet --full -u root 2>/dev/null || true
 for n in $(seq 1 "$NODES"); do
     pidfile="$RUN/slurmd-n$n.pid"
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then continue; fi
     rm -f "$pidfile"
-    unshare --uts bash -c "hostname n$n; exec slurmd -N n$n"
+    start_slurmd "n$n"
     scontrol update nodename="n$n" state=resume 2>/dev/null || true
 done
-for _ in $(seq 1 150); do
-    idle=$(sinfo -h -N -o %t 2>/dev/null | grep -cx idle || true)  # not idle+drain, which -t idle counts
-    [ "$idle" -ge "$NODES" ] && exit 0
-    # Drained by Slurm itself: a step that would not die ("Kill task failed").
-    for node in $(sinfo -h -N -t drain -o %N 2>/dev/null); do
-        scontrol update nodename="$node" state=resume 2>/dev/null
-    done
-    sleep 0.2
-done
+wait_nodes_idle "$NODES" 150 0.2 && exit 0
 sinfo -N -R >&2
 exit 1

@@ -80,21 +80,17 @@ chmod 600 /etc/munge/munge.key
 munged --force --pid-file="$RUN/munged.pid" 2>/dev/null || munged --force
 rm -rf /var/spool/slurmctld/*
 slurmctld
+. "$(dirname "$0")/common.sh"
 for n in $(seq 1 "$NODES"); do
     mkdir -p "/var/spool/slurmd/n$n"
-    unshare --uts bash -c "hostname n$n; exec slurmd -N n$n"
+    start_slurmd "n$n"
 done
 # Every node idle, or exit 1 saying why: a cluster short of a node would leave jobs pending
-# until their tests time out. A node drained meanwhile (a step of an earlier cluster reporting
-# in) is resumed.
-for _ in $(seq 1 60); do
-    idle=$(sinfo -h -N -o %t 2>/dev/null | grep -cx idle || true)  # not idle+drain, which -t idle counts
-    [ "$idle" -ge "$NODES" ] && { sinfo; exit 0; }
-    for node in $(sinfo -h -N -t drain -o %N 2>/dev/null); do
-        scontrol update nodename="$node" state=resume 2>/dev/null || true
-    done
-    sleep 1
-done
+# until their tests time out.
+if wait_nodes_idle "$NODES" 60 1; then
+    sinfo
+    exit 0
+fi
 sinfo -N; sinfo -R
 echo "up.sh: not all $NODES nodes idle after 60 s (sinfo above)" >&2
 exit 1
