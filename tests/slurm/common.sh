@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by up.sh and revive.sh: what both do to a node of the test cluster.
 
 # slurmd for node $1 in a UTS namespace of its own, so its processes see their own host name.

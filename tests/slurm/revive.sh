@@ -9,6 +9,7 @@
 set -u
 NODES=${1:-${SLURM_TEST_NODES:-4}}
 RUN=/run/hpcckpt-slurm
+# shellcheck source=tests/slurm/common.sh
 . "$(dirname "$0")/common.sh"
 scancel --quiet --full -u root 2>/dev/null || true
 for n in $(seq 1 "$NODES"); do

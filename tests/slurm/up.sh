@@ -80,6 +80,7 @@ chmod 600 /etc/munge/munge.key
 munged --force --pid-file="$RUN/munged.pid" 2>/dev/null || munged --force
 rm -rf /var/spool/slurmctld/*
 slurmctld
+# shellcheck source=tests/slurm/common.sh
 . "$(dirname "$0")/common.sh"
 for n in $(seq 1 "$NODES"); do
     mkdir -p "/var/spool/slurmd/n$n"
