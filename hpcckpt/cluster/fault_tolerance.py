@@ -1,0 +1,127 @@
+"""Process failures survived inside the job: MPI's fault-tolerance extension (ULFM).
+
+A rank that dies (a crash, an OOM kill, a GPU fault that takes its process) surfaces in the
+survivors as an MPI error in whatever operation touched it: class ERR_PROC_FAILED, or
+ERR_REVOKED where another survivor got there first. Not every survivor sees it in the same
+call (a collective can finish on some ranks and fail on others), so whoever sees it revokes
+the communicator, which fails every pending and later operation on it on every rank; then the
+survivors shrink it into a communicator of their own, which MPI builds by agreement, so every
+survivor gets the same one and the same list of the lost.
+
+    reason = in_job_recovery_unavailable()        # None where this MPI can do it
+    try:
+        ...collectives on comm...
+    except MPI.Exception as exc:
+        if not is_process_failure(exc):
+            raise
+        survivors = shrink(comm, timeout=60)      # survivors.comm, survivors.lost
+        comm = survivors.comm
+
+Where it cannot work (the mpich wheel, Open MPI launched without `--with-ft ulfm`), the
+failure ends the job as it always did and the job script relaunches it. ULFM's own known
+faults (Shrink occasionally never returning, a second failure during the shrink) are bounded
+by a watchdog: a recovery step that overruns its time ends this rank with RELAUNCH_EXIT_CODE,
+recorded for the job script's loop, so a stuck recovery costs a relaunch, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from hpcckpt.exit_record import record_exit
+
+# What a rank exits with when the job cannot go on in place: the restart loop retries any
+# code but 2 (bad input); 1 is what an unexpected error exits with too.
+RELAUNCH_EXIT_CODE = 1
+
+
+def in_job_recovery_unavailable(environ=None) -> str | None:
+    """Why this process cannot survive a peer's death inside the job, or None where it can:
+    an MPI with ULFM (Open MPI 5) started with fault tolerance on, and an mpi4py that has
+    its calls. Needs MPI imported (not necessarily initialized)."""
+    from mpi4py import MPI
+
+    environ = os.environ if environ is None else environ
+    if not hasattr(MPI.Comm, "Shrink"):
+        return "this mpi4py has no ULFM calls (Revoke, Shrink): install mpi4py 4 or newer"
+    library = MPI.Get_library_version()
+    if "Open MPI" not in library:
+        name = library.splitlines()[0].strip() if library.strip() else "this MPI"
+        return (f"{name} is not Open MPI: only Open MPI 5's ULFM survives a dead rank here (MPICH's is "
+                f"experimental); install the ULFM MPI (docs/in-job-recovery.md) or rely on the relaunch")
+    if environ.get("OMPI_MCA_mpi_ft_enable", "0").lower() not in ("1", "true", "yes", "on"):
+        return "Open MPI was started without fault tolerance: launch with `mpiexec --with-ft ulfm`"
+    return None
+
+
+def is_process_failure(exc: BaseException) -> bool:
+    """An MPI error that means a rank of the communicator died (or another survivor already
+    revoked it because one did), as opposed to a usage error."""
+    from mpi4py import MPI
+
+    if not isinstance(exc, MPI.Exception):
+        return False
+    return exc.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+
+
+@dataclass(frozen=True)
+class Survivors:
+    """The communicator of the ranks still alive and what the shrink took."""
+
+    comm: object
+    lost: tuple[int, ...]  # ranks of the old communicator that are gone
+    old_rank: int  # this rank's rank in the old communicator
+    seconds: float  # from the revoke to a working communicator
+
+
+class RecoveryWatchdog:
+    """A recovery step that must end in `timeout` seconds, or this rank exits with
+    RELAUNCH_EXIT_CODE (recorded for the job script) so that the job relaunches instead of
+    hanging: ULFM's Shrink can wait for ever on a second failure or one of its known faults."""
+
+    def __init__(self, what: str, timeout: float, rank: int, log=None):
+        self.what, self.timeout, self.rank, self.log = what, timeout, rank, log
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"hpcckpt-watchdog-{what}", daemon=True)
+
+    def __enter__(self) -> RecoveryWatchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        if self._done.wait(self.timeout):
+            return
+        message = (f"in-job recovery: {self.what} did not finish in {self.timeout:g} s; ending this rank "
+                   f"with exit code {RELAUNCH_EXIT_CODE} so the job is relaunched from its checkpoints")
+        if self.log is not None:
+            self.log.error(message)
+        print(f"hpcckpt: rank {self.rank}: {message}", file=sys.stderr, flush=True)
+        record_exit(RELAUNCH_EXIT_CODE, self.rank, message)
+        os._exit(RELAUNCH_EXIT_CODE)
+
+
+def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:
+    """(all survivors) Revoke `comm` and every communicator in `also_revoke` (duplicates the
+    library made of it, whose pending operations must fail too), and shrink `comm` to the
+    ranks still alive. Every survivor gets the same communicator and the same `lost`."""
+    from mpi4py import MPI
+
+    started = time.perf_counter()
+    old_rank = comm.Get_rank()
+    with RecoveryWatchdog("the shrink after a process failure", timeout, old_rank, log):
+        for other in (comm, *also_revoke):
+            if other != MPI.COMM_NULL and not other.Is_revoked():
+                other.Revoke()
+        new = comm.Shrink()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
+    lost = tuple(sorted(set(range(comm.Get_size())) - set(kept)))
+    return Survivors(new, lost, old_rank, time.perf_counter() - started)

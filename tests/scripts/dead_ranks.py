@@ -1,0 +1,67 @@
+"""Ranks that go on after others die: every step is an allreduce of ones (which counts the
+ranks alive); `--kill STEP:RANK[+RANK...]` makes those ranks (numbered in the communicator of
+that moment) SIGKILL themselves just before that step's allreduce, and may repeat (a second
+failure after the first recovery). Survivors shrink and go on from the earliest step one of
+them had not finished. Prints one JSON
+line per recovery ("recovered") and one per rank at the end ("final"); with --why, only why
+in-job recovery is or is not available here.
+
+    mpiexec --with-ft ulfm -n 4 python dead_ranks.py --steps 20 --kill 5:2 --kill 12:0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcckpt.cluster.fault_tolerance import in_job_recovery_unavailable, is_process_failure, shrink
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--kill", action="append", default=[], help="STEP:RANK[+RANK...]")
+    parser.add_argument("--why", action="store_true")
+    args = parser.parse_args()
+    if args.why:
+        print(json.dumps({"unavailable": in_job_recovery_unavailable()}), flush=True)
+        return
+    kills = {}
+    for spec in args.kill:
+        step, ranks = spec.split(":")
+        kills[int(step)] = {int(r) for r in ranks.split("+")}
+    comm = MPI.COMM_WORLD
+    world_rank = comm.Get_rank()
+    ones, counted = np.ones(1), np.zeros(1)
+    step = 0
+    while step < args.steps:
+        if comm.Get_rank() in kills.get(step, ()):
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            comm.Allreduce(ones, counted)
+        except MPI.Exception as exc:
+            if not is_process_failure(exc):
+                raise
+            survivors = shrink(comm, timeout=60)
+            comm = survivors.comm
+            kills.pop(step, None)
+            # A collective can finish on some ranks and fail on others: those that finished it
+            # are a step ahead. All go on from the earliest step any survivor has not finished.
+            earliest = np.array([step])
+            comm.Allreduce(MPI.IN_PLACE, earliest, op=MPI.MIN)
+            step = int(earliest[0])
+            print(json.dumps({"recovered": step, "world_rank": world_rank, "lost": list(survivors.lost),
+                              "size": comm.Get_size(), "seconds": survivors.seconds}), flush=True)
+            continue
+        step += 1
+    print(json.dumps({"final": step, "world_rank": world_rank, "rank": comm.Get_rank(), "size": comm.Get_size(),
+                      "counted": int(counted[0])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

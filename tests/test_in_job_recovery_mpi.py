@@ -1,0 +1,85 @@
+"""Ranks that die inside the job and survivors that go on (hpcckpt/cluster/fault_tolerance.py),
+on real ranks of the ULFM MPI (Open MPI 5 with fault tolerance on) and, for what must not
+change, of the mpich wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import REPO, mpi_env, run_script, run_ulfm_script
+
+DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
+
+
+def lines(proc: subprocess.CompletedProcess, key: str) -> list[dict]:
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [r for r in records if key in r]
+
+
+def test_survivors_of_two_failures_one_after_the_other_go_on_in_the_same_job(tmp_path):
+    """Rank 2 dies, then the new rank 0 (world rank 0): each time every survivor gets the same
+    communicator of the rest and the same list of the lost, and the one mpiexec ends with 0."""
+    proc = run_ulfm_script(4, DEAD_RANKS, ["--steps", "20", "--kill", "5:2", "--kill", "12:0"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recovered = lines(proc, "recovered")
+    first = [r for r in recovered if r["recovered"] == 5]
+    second = [r for r in recovered if r["recovered"] == 12]
+    assert sorted(r["world_rank"] for r in first) == [0, 1, 3], proc.stdout
+    assert {(tuple(r["lost"]), r["size"]) for r in first} == {((2,), 3)}, proc.stdout
+    # Numbered in the shrunk communicator: rank 0 there is world rank 0.
+    assert sorted(r["world_rank"] for r in second) == [1, 3], proc.stdout
+    assert {(tuple(r["lost"]), r["size"]) for r in second} == {((0,), 2)}, proc.stdout
+    final = lines(proc, "final")
+    assert sorted((r["world_rank"], r["rank"], r["size"], r["counted"], r["final"]) for r in final) == [
+        (1, 0, 2, 2, 20), (3, 1, 2, 2, 20)], proc.stdout
+
+
+def test_two_ranks_lost_at_once_shrink_in_one_recovery(tmp_path):
+    proc = run_ulfm_script(4, DEAD_RANKS, ["--steps", "8", "--kill", "3:1+2"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {(tuple(r["lost"]), r["size"]) for r in lines(proc, "recovered")} == {((1, 2), 2)}, proc.stdout
+    assert sorted(r["world_rank"] for r in lines(proc, "final")) == [0, 3], proc.stdout
+
+
+def test_the_ulfm_mpi_says_in_job_recovery_is_available(tmp_path):
+    proc = run_ulfm_script(2, DEAD_RANKS, ["--why"], tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["unavailable"] for r in lines(proc, "unavailable")] == [None, None]
+
+
+def test_the_mpich_wheel_says_why_not_and_a_dead_rank_still_ends_the_job(tmp_path):
+    """Nothing changes under the mpich wheel: no recovery offered, and a rank's death ends the
+    whole job (the job script's relaunch is what goes on)."""
+    why = run_script(2, DEAD_RANKS, ["--why"], tmp_path, timeout=60)
+    assert why.returncode == 0, why.stdout + why.stderr
+    reasons = [r["unavailable"] for r in lines(why, "unavailable")]
+    assert len(reasons) == 2 and all("is not Open MPI" in r for r in reasons), reasons
+    killed = run_script(4, DEAD_RANKS, ["--steps", "8", "--kill", "3:1"], tmp_path, timeout=120)
+    assert killed.returncode != 0, killed.stdout + killed.stderr
+    assert not lines(killed, "final") and not lines(killed, "recovered"), killed.stdout
+
+
+def test_a_recovery_that_overruns_its_watchdog_ends_the_rank_for_a_relaunch(tmp_path):
+    """A stuck recovery step (ULFM's Shrink can wait for ever) must cost a relaunch, not a
+    hang: the rank exits with the relaunch code and records it for the job script's loop."""
+    exit_file = tmp_path / "exit"
+    code = textwrap.dedent("""
+        import time
+        from hpcckpt.cluster.fault_tolerance import RecoveryWatchdog
+        with RecoveryWatchdog("the shrink after a process failure", 0.5, rank=3):
+            time.sleep(30)
+        print("not reached")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], env=mpi_env({"HPCCKPT_EXIT_FILE": str(exit_file)}),
+                          capture_output=True, text=True, timeout=60)
+    from hpcckpt.cluster.fault_tolerance import RELAUNCH_EXIT_CODE
+
+    assert proc.returncode == RELAUNCH_EXIT_CODE != 2, proc.stdout + proc.stderr
+    assert "not reached" not in proc.stdout
+    assert "the shrink after a process failure did not finish in 0.5 s" in proc.stderr
+    record = exit_file.read_text()
+    assert f"exit_code={RELAUNCH_EXIT_CODE}\nrank=3\n" in record, record
