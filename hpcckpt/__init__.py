@@ -6,7 +6,7 @@ Library use: ``from hpcckpt import Checkpointer, load_config`` (see README).
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "KeyedTable", "load_config", "run_main", "EXIT_HALTED", "__version__"]
+__all__ = ["Checkpointer", "KeyedTable", "load_config", "run_main", "run_surviving", "EXIT_HALTED", "__version__"]
 
 
 def __getattr__(name):
@@ -27,6 +27,10 @@ def __getattr__(name):
         from hpcckpt.application import run_main
 
         return run_main
+    if name == "run_surviving":
+        from hpcckpt.run.in_job import run_surviving
+
+        return run_surviving
     if name == "EXIT_HALTED":
         from hpcckpt.schedule.stopping import EXIT_HALTED
 

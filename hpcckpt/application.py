@@ -29,7 +29,18 @@ from hpcckpt.exit_record import record_exit
 
 
 def run_main(main: Callable[[], int | None]) -> int:
-    """Call main() and return the process's exit code (its return value, None being 0)."""
+    """Call main() and return the process's exit code (its return value, None being 0). A
+    process that survived ranks' deaths inside the job (run/in_job.py) exits here with that
+    code without MPI_Finalize, which can hang on the survivors of a failure (a known fault of
+    Open MPI's ULFM)."""
+    code = _run_main(main)
+    from hpcckpt.run.in_job import exit_if_survived_failures
+
+    exit_if_survived_failures(code)
+    return code
+
+
+def _run_main(main: Callable[[], int | None]) -> int:
     prepare_mpi_startup()
     try:
         code = _exit_code(main())

@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -303,6 +304,9 @@ class FaultInjector:
         sys.stderr.flush()
         if fault.kind == "node-loss" and self.local_dir is not None:
             self._reap_node(lost_nodes)
+        # A crash is a signal: Open MPI's launcher ends the whole job when a rank exits with
+        # a non-zero code, but lets fault-tolerant survivors go on after a rank killed.
+        os.kill(os.getpid(), signal.SIGKILL)
         os._exit(CRASH_EXIT_CODE)
 
     def _reap_node(self, lost_nodes: set[int]) -> None:

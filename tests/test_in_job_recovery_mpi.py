@@ -10,7 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import REPO, mpi_env, run_script, run_ulfm_script
+import pytest
+from conftest import REPO, mpi_env, read_metrics, run_script, run_ulfm_script, script_results
 
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
@@ -83,3 +84,62 @@ def test_a_recovery_that_overruns_its_watchdog_ends_the_rank_for_a_relaunch(tmp_
     assert "the shrink after a process failure did not finish in 0.5 s" in proc.stderr
     record = exit_file.read_text()
     assert f"exit_code={RELAUNCH_EXIT_CODE}\nrank=3\n" in record, record
+
+
+SURVIVING_APP = REPO / "tests" / "scripts" / "surviving_app.py"
+APP_ARGS = ["2", "60", "--set", "checkpoint.every_steps=10"]
+DIGESTS = ("weights", "field", "residuals", "step")
+
+
+def app_result(proc: subprocess.CompletedProcess) -> dict:
+    results = script_results(proc)
+    assert len(results) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    """The solver's end on 4 ranks of the ULFM MPI without a failure."""
+    directory = tmp_path_factory.mktemp("straight")
+    proc = run_ulfm_script(4, SURVIVING_APP, [str(directory / "run"), *APP_ARGS], directory)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return app_result(proc)
+
+
+def failures_recorded(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if r.get("event") == "process_failure"]
+
+
+def test_a_rank_killed_mid_step_costs_the_survivors_no_relaunch(tmp_path, straight):
+    """Rank 2 dies in step 25, before the step's allreduce: the survivors shrink to 3 ranks in
+    the same mpiexec, restore the newest version all of them can get onto 3 ranks (one that
+    finished: at most step 20) and end on the state of the run without the failure."""
+    proc = run_ulfm_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--kill", "25:2"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    first, second = result["entries"]
+    assert first == {"restored": None, "ranks": 4} and second["ranks"] == 3, result
+    assert second["restored"] in (10, 20), result
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    assert "rank(s) 2 of 4 died: going on in the job on the 3 left" in proc.stderr
+    [failure] = failures_recorded(tmp_path / "run")
+    assert (failure["lost_ranks"], failure["ranks_left"]) == ([2], 3), failure
+
+
+def test_rank_0_and_then_another_rank_die_and_the_job_goes_on_twice(tmp_path, straight):
+    """Rank 0 (the run's lease holder, the one that writes the run's records) dies in step 15;
+    later world rank 3 dies too: two recoveries, 4 -> 3 -> 2 ranks, the state unchanged."""
+    proc = run_ulfm_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--kill", "15:0", "--kill", "45:3"],
+                           tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert [entry["ranks"] for entry in result["entries"]] == [4, 3, 2], result
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures_recorded(tmp_path / "run")] == [([0], 3), ([2], 2)]
+
+
+def test_under_the_mpich_wheel_the_same_kill_still_ends_the_job_for_a_relaunch(tmp_path):
+    proc = run_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--kill", "25:2"], tmp_path)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert not script_results(proc) and "going on in the job" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not failures_recorded(tmp_path / "run")

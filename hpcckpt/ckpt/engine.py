@@ -36,6 +36,7 @@ becomes the same CheckpointError on every rank (carrying the failures by rank) a
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Callable, Sequence
 
 from hpcckpt.ckpt.foreign_arrays import protectable
@@ -58,6 +59,14 @@ __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXI
 
 # Errors that end a run whatever version it loaded (run/ledger.py: they never mark it).
 NOT_THE_VERSIONS_DOING = (StorageError, ConfigError)  # a LeaseError is a ConfigError
+
+# The checkpointers of this process not yet closed: what a process failure abandons
+# (run/in_job.py) before the survivors build new ones.
+_open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+def open_checkpointers() -> list["Checkpointer"]:
+    return list(_open_checkpointers)
 
 
 class Checkpointer:
@@ -88,6 +97,11 @@ class Checkpointer:
                                        self.confirm_restart)
         self.resuming = Resuming(self.job, self.table_chain, self.divergence, config, self.log, faults, read_only,
                                  self._finish_in_flight)
+        _open_checkpointers.add(self)
+        from hpcckpt.run.in_job import take_unrecorded
+
+        for record in take_unrecorded():  # the process failures this one follows
+            self.log.metrics(record)
 
     # -- what the rest of the package reads --------------------------------------------------
     run = property(lambda self: self.job.run, doc="The run's identity (run/run_identity.py).")
@@ -282,9 +296,31 @@ class Checkpointer:
                 job.report_stop(drained=drain)
         finally:
             job.close()
+            # Only now: a close that a process failure cut short leaves it to be abandoned.
+            _open_checkpointers.discard(self)
             if self._own_log:
                 self.log.close()
         return self.exit_code
+
+    def abandon(self) -> None:
+        """(this rank alone) Ranks of the job died and the survivors go on without this
+        checkpointer: its communicators are revoked (run/in_job.py), its threads stopped;
+        nothing collective, nothing saved. A new Checkpointer over the survivors' communicator
+        takes the run on. What failed on the way is logged by abandoned()."""
+        if self not in _open_checkpointers:
+            return
+        self._closed = True
+        _open_checkpointers.discard(self)
+        self.job.capture.abandon()
+        self._abandon_failures = self.job.abandon()
+
+    def abandoned(self) -> None:
+        """After abandon() and the shrink: what failed while abandoning goes to the log, which
+        is then closed."""
+        for failure in getattr(self, "_abandon_failures", []):
+            self.log.warning(f"abandoning the checkpointer after a process failure: {failure}")
+        if self._own_log:
+            self.log.close()
 
     # -- going back: restart, rewind, another run's arrays ----------------------------------
     def restart(self, mode: str = "auto", step: int | None = None) -> int | None:

@@ -178,6 +178,32 @@ class CommJob:
         if removed:
             self.log.info(f"removed the halt file {removed}: the next job of this run goes on", console=True)
 
+    def communicators(self) -> list:
+        """Every communicator derived from the application's: what a process failure must
+        revoke so that no survivor stays blocked in one of the library's collectives (its
+        threads' included)."""
+        schedule, erasure, flush = self.schedule, self.levels.erasure, self.pipeline.flush
+        found = [self.comm, schedule.comm if schedule else None, schedule.stops.comm if schedule else None,
+                 erasure.comm if erasure is not None else None, flush.comm if flush is not None else None,
+                 *self.arrays.copy_groups.communicators()]
+        return [comm for comm in found if comm is not None]
+
+    def abandon(self) -> list[str]:
+        """After ranks died, once communicators() are revoked: stop the threads (what they were
+        doing fails on the revoked communicators) and give back the signals and the run's lease,
+        with no collective and without freeing the revoked communicators. The version in flight
+        is not trusted by anyone: its commit records never completed. Returns what failed on
+        the way, for the log."""
+        failures = []
+        for what, step in (("the save pipeline", self.pipeline.stop), ("the stop signals", self.schedule.stops.close),
+                           ("the run's lease", self.claim.release)):
+            try:
+                step()
+            except Exception as exc:  # the survivors go on; what this left behind is logged
+                failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        self.comm = None
+        return failures
+
     def close(self) -> None:
         """Stop the threads, release the storage, the schedule, the communicators and the run."""
         try:

@@ -101,6 +101,9 @@ class CopyGroups:
             self._split[arrangement] = (sub, int(owner[0]))
         return self._split[arrangement]
 
+    def communicators(self) -> list:
+        return [sub for sub, _ in self._split.values()]
+
     def check_alike(self, held: list[tuple[str, BlockCopies]]) -> None:
         """(all ranks) Every group's copies of each block the same, refused naming it otherwise."""
         by_arrangement: dict[tuple, list] = {}

@@ -76,14 +76,23 @@ from hpcckpt.format.compact import pack_ints, unpack_ints
 T = TypeVar("T")
 
 POLL_S = 0.0005
+POLLS_PER_FAILURE_CHECK = 100  # every 50 ms of waiting
 
 
 def wait_all(requests) -> None:
+    """Every request complete; a rank's death reported meanwhile raises it as a process
+    failure where the job can survive one (cluster/fault_tolerance.py)."""
     from mpi4py import MPI
 
+    from hpcckpt.cluster.fault_tolerance import raise_if_a_rank_died
+
     requests = [r for r in requests if r is not None]
+    polls = 0
     while requests and not MPI.Request.Testall(requests):
         time.sleep(POLL_S)
+        polls += 1
+        if polls % POLLS_PER_FAILURE_CHECK == 0:
+            raise_if_a_rank_died()
 
 
 def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, np.ndarray]], tag: int) -> None:

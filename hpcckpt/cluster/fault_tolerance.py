@@ -65,7 +65,52 @@ def is_process_failure(exc: BaseException) -> bool:
 
     if not isinstance(exc, MPI.Exception):
         return False
-    return exc.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+    if exc.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED):
+        return True
+    # A wait on several requests says only that one of them failed; the failure detector says
+    # whether a rank died meanwhile.
+    return exc.Get_error_class() == MPI.ERR_IN_STATUS and a_rank_died()
+
+
+# Failures MPI had reported when the survivors last recovered: only a new one is news.
+_failures_handled = 0
+_watching: bool | None = None  # whether this process can survive failures (decided once)
+
+
+def _failures_known() -> int:
+    from mpi4py import MPI
+
+    failed = MPI.COMM_WORLD.Get_failed()
+    try:
+        return failed.Get_size()
+    finally:
+        failed.Free()
+
+
+def a_rank_died() -> bool:
+    """MPI has learnt of a dead rank since the survivors last recovered (always False where
+    the job cannot survive one)."""
+    global _watching
+    if _watching is None:
+        _watching = in_job_recovery_unavailable() is None
+    return bool(_watching) and _failures_known() > _failures_handled
+
+
+def raise_if_a_rank_died() -> None:
+    """For a wait on nonblocking requests: raise a process failure if MPI has learnt of a dead
+    rank since the last recovery. Open MPI never completes some nonblocking collectives with a
+    dead member (its libnbc schedules wait on for ever), so a wait that only tests its
+    requests would hang the survivors instead of letting them recover."""
+    if a_rank_died():
+        from mpi4py import MPI
+
+        raise MPI.Exception(MPI.ERR_PROC_FAILED)
+
+
+def failures_handled() -> None:
+    """The survivors have recovered from every failure MPI knows of so far."""
+    global _failures_handled
+    _failures_handled = _failures_known()
 
 
 @dataclass(frozen=True)
@@ -108,6 +153,16 @@ class RecoveryWatchdog:
         os._exit(RELAUNCH_EXIT_CODE)
 
 
+def revoke(*comms) -> None:
+    """Revoke each communicator not revoked yet: every pending and later operation on it fails,
+    on every rank, which is how the survivors that did not see the failure learn of it."""
+    from mpi4py import MPI
+
+    for comm in comms:
+        if comm is not None and comm != MPI.COMM_NULL and not comm.Is_revoked():
+            comm.Revoke()
+
+
 def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:
     """(all survivors) Revoke `comm` and every communicator in `also_revoke` (duplicates the
     library made of it, whose pending operations must fail too), and shrink `comm` to the
@@ -117,11 +172,10 @@ def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:
     started = time.perf_counter()
     old_rank = comm.Get_rank()
     with RecoveryWatchdog("the shrink after a process failure", timeout, old_rank, log):
-        for other in (comm, *also_revoke):
-            if other != MPI.COMM_NULL and not other.Is_revoked():
-                other.Revoke()
+        revoke(comm, *also_revoke)
         new = comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
+    failures_handled()
     kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
     lost = tuple(sorted(set(range(comm.Get_size())) - set(kept)))
     return Survivors(new, lost, old_rank, time.perf_counter() - started)

@@ -46,6 +46,9 @@ class RunClaim:
     def __init__(self, comm, config, pfs_dir: str, log, read_only: bool):
         self.lease = None
         self.identity: RunIdentity = self._claim(comm, config, pfs_dir, log, read_only)
+        # Every rank knows who holds the lease, so that survivors of its death can take it.
+        self.holder: tuple[str, int] | None = comm.bcast(
+            (self.lease.me.host, self.lease.me.pid) if self.lease is not None else None, root=0)
 
     def _claim(self, comm, config, pfs_dir: str, log, read_only: bool) -> RunIdentity:
         run_dir = Path(config.run_dir)

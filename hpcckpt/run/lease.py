@@ -36,6 +36,15 @@ from hpcckpt.errors import ConfigError
 from hpcckpt.io.first_write import write_if_absent
 
 LEASE_NAME = "lease.json"
+
+# Holders (host, pid) this process knows to be dead: ranks of this very job that MPI reported
+# failed (cluster/fault_tolerance.py). Their lease is taken over at once, as a later attempt of
+# the same batch job takes it, instead of waiting for it to expire.
+_lost_holders: set[tuple[str, int]] = set()
+
+
+def mark_holder_lost(host: str, pid: int) -> None:
+    _lost_holders.add((host, pid))
 RENEW_S = 10.0
 EXPIRE_S = 60.0
 
@@ -124,6 +133,8 @@ class RunLease:
         me = self.me
         if holder.job == me.job and me.job != "local":
             return "take"  # an earlier attempt of this batch job
+        if (holder.host, holder.pid) in _lost_holders:
+            return "take"  # a rank of this job that died; the survivors go on
         if holder.host == me.host:
             if holder.pid == me.pid:
                 return "mine"

@@ -1,0 +1,167 @@
+"""Going on inside the job when ranks die: the application's main entered again on the
+survivors, with no relaunch (no launcher, MPI start, imports or run claim to pay again).
+
+    def main(comm):
+        ckpt = Checkpointer(comm, config)
+        ...protect what comm's ranks hold...
+        start = ckpt.restart() or 0              # after a failure: the newest version the
+        ...the loop...                           # survivors can get, onto their rank count
+        return ckpt.close()
+
+    sys.exit(run_main(lambda: run_surviving(main)))
+
+A rank's death reaches the survivors as an MPI error in whatever call touched it (main's
+collectives on `comm` or the library's, its threads' included). Each survivor then abandons
+the checkpointers main made (their communicators revoked, so nobody stays blocked in one;
+their threads stopped; the version in flight dropped: its commit records never completed, so
+no restore trusts it), the survivors shrink `comm` to themselves (cluster/fault_tolerance.py)
+and main runs again on that communicator: its Checkpointer is built from it (topology,
+partners, erasure groups, pipeline) and restart() loads the newest version every survivor can
+get, as a relaunch onto fewer ranks would: the survivors' own shards, the lost ranks' from
+their node's other ranks, their partners' copies or an erasure rebuild, or L4.
+
+Where the MPI cannot survive a dead rank (the mpich wheel; Open MPI without fault tolerance
+on), or the error is not a process failure, it propagates as before and the job script's
+relaunch is the second tier; a recovery step that overruns `timeout` ends the rank with the
+relaunch exit code rather than hang.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, TypeVar
+
+from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, a_rank_died, in_job_recovery_unavailable,
+                                             is_process_failure, revoke, shrink)
+
+T = TypeVar("T")
+
+_recoveries = 0  # in this process, by run_surviving
+# What each recovery records for the run's metrics, written by the next Checkpointer's log,
+# since the rank that wrote them may be among the lost.
+_unrecorded: list[dict] = []
+
+
+def take_unrecorded() -> list[dict]:
+    taken = list(_unrecorded)
+    _unrecorded.clear()
+    return taken
+
+
+def exit_if_survived_failures(code: int) -> None:
+    """If this process went on after ranks died, end it now with `code`, without MPI_Finalize,
+    which hangs on the survivors of a failure (a known fault of Open MPI's ULFM; seen here in
+    most runs); a survivor that exits without it still ends the job cleanly. run_main calls it;
+    an application with a main of its own calls it last."""
+    if _recoveries:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not before every survivor is through: one that leaves while a message it sent is
+        # still on its way counts as one more failure to the ranks still receiving it.
+        try:
+            _survivors.Barrier()
+        except Exception as exc:  # a failure at the very end: the exit code says the rest
+            print(f"hpcckpt: the survivors' last barrier failed: {exc}", file=sys.stderr, flush=True)
+        # The barrier's own last messages may still be in flight when it returns here.
+        time.sleep(LINGER_S)
+        os._exit(code)
+
+
+LINGER_S = 0.5
+_survivors = None  # the communicator of the last recovery's survivors
+
+
+def caused_by_process_failure(exc: BaseException) -> bool:
+    """`exc` or an error it was raised from or while handling is an MPI error that says a
+    rank died, or MPI's failure detector knows of a death the survivors have not recovered
+    from: then whatever failed (the library's agreed error about a transfer, say) failed
+    because of it."""
+    from mpi4py import MPI
+
+    from hpcckpt.errors import CheckpointError
+
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        chain.append(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    if any(is_process_failure(error) for error in chain):
+        return True
+    # An error about communication (an MPI error of another class, an agreed checkpoint
+    # error) may be a death the failure detector has not confirmed yet: wait for its verdict.
+    if any(isinstance(error, (MPI.Exception, CheckpointError)) for error in chain):
+        deadline = time.monotonic() + DETECTION_S
+        while time.monotonic() < deadline:
+            if a_rank_died():
+                return True
+            time.sleep(0.05)
+    return a_rank_died()
+
+
+DETECTION_S = 7.0  # the failure detector's timeout (cluster/launcher.py) and then some
+
+
+def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60.0,
+                  max_recoveries: int | None = None) -> T:
+    """(all ranks) main(comm), entered again on the survivors' communicator each time ranks
+    die, at most `max_recoveries` times (None: as long as ranks are left). Returns what the
+    last main returned."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    unavailable = in_job_recovery_unavailable()
+    recoveries = 0
+    while True:
+        try:
+            return main(comm)
+        except BaseException as exc:
+            if unavailable is not None:
+                raise
+            if not caused_by_process_failure(exc):
+                print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
+                      f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
+                raise
+            if max_recoveries is not None and recoveries >= max_recoveries:
+                raise
+            recoveries += 1
+            global _recoveries, _survivors
+            _recoveries += 1
+            comm = _survivors = recover(comm, timeout)
+
+
+def recover(comm, timeout: float):
+    """(all survivors) Abandon this process's checkpointers, shrink `comm` to the survivors and
+    return their communicator."""
+    from mpi4py import MPI
+
+    from hpcckpt.ckpt.engine import open_checkpointers
+    from hpcckpt.run.lease import mark_holder_lost
+
+    abandoned = open_checkpointers()
+    # Every communicator revoked and the library's threads stopped before the shrink: Open
+    # MPI's Shrink is not safe beside threads still working on communicators of the job.
+    revoke(comm, *[derived for ckpt in abandoned for derived in ckpt.job.communicators()])
+    holders = {}
+    with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):
+        for ckpt in abandoned:
+            if ckpt.job.claim.holder is not None and ckpt.job.comm is not None:
+                # The lease's holder is rank 0 of that checkpointer's communicator.
+                holder_rank = MPI.Group.Translate_ranks(ckpt.job.comm.Get_group(), [0], comm.Get_group())[0]
+                holders[holder_rank] = ckpt.job.claim.holder
+            ckpt.abandon()
+    survivors = shrink(comm, timeout=timeout)
+    lost = set(survivors.lost)
+    for rank in lost & set(holders):
+        mark_holder_lost(*holders[rank])
+    record = {"event": "process_failure", "lost_ranks": sorted(lost), "ranks_left": survivors.comm.Get_size(),
+              "shrink_s": round(survivors.seconds, 6)}
+    for ckpt in abandoned:
+        ckpt.abandoned()
+    _unrecorded.append(record)
+    if survivors.comm.Get_rank() == 0:
+        print(f"hpcckpt: rank(s) {', '.join(map(str, sorted(lost)))} of {comm.Get_size()} died: going on in the job "
+              f"on the {survivors.comm.Get_size()} left (shrunk in {survivors.seconds:.3f} s)",
+              file=sys.stderr, flush=True)
+    return survivors.comm

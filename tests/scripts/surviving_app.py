@@ -1,0 +1,88 @@
+"""A solver that goes on inside the job when ranks die (hpcckpt.run_surviving), for the tests
+of in-job recovery on real ranks.
+
+    mpiexec --with-ft ulfm -n N python surviving_app.py RUN_DIR NODES STEPS [--set KEY=VALUE ...]
+        [--kill STEP:RANK] [--inject rank-kill:rank=R:step=S:phase=P]
+
+Protects replicated weights, a block of a global field (partitioned over the ranks there are)
+and the loop's state; each step adds to them and ends with an allreduce of the field's sum,
+as a solver's residual. --kill STEP:RANK: that rank SIGKILLs itself at STEP, before the
+allreduce (repeatable); --inject: the library's fault injection (a kill inside a checkpoint's
+phase). Ranks in both are COMM_WORLD's, so a fault strikes once: its rank dies with it. Rank 0
+prints one RESULT line: each entry of main's restored step and rank count, the last step, the
+exit code, and digests of the weights, the field and the residuals, which do not depend on the
+rank count: a run that lost ranks must end on the digests of one that did not.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcckpt import Checkpointer, load_config, run_main, run_surviving
+from hpcckpt.faults import FaultInjector, parse_fault
+
+N = 1200
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("nodes", type=int)
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--kill", action="append", default=[])
+    parser.add_argument("--inject", action="append", default=[])
+    return parser.parse_args(argv)
+
+
+def solve(comm, args, entries: list) -> int:
+    world_rank = MPI.COMM_WORLD.Get_rank()
+    kills = {int(step): int(rank) for step, rank in (spec.split(":") for spec in args.kill)}
+    config = load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={args.nodes}", *args.set])
+    weights = np.zeros((128, 17))
+    low, high = comm.rank * N // comm.size, (comm.rank + 1) * N // comm.size
+    block = np.zeros(high - low)
+    loop = {"step": 0, "residuals": 0.0}
+    faults = FaultInjector([parse_fault(text) for text in args.inject], world_rank, 0, None)
+    ckpt = Checkpointer(comm, config, faults=faults)
+    try:
+        ckpt.protect("weights", weights)
+        ckpt.protect("field", block, global_shape=(N,), offset=(low,))
+        ckpt.register_state("loop", lambda: dict(loop), loop.update)
+        restored = ckpt.restart()
+        entries.append({"restored": restored, "ranks": comm.size})
+        for step in range(loop["step"] + 1, args.steps + 1):
+            if kills.get(step) == world_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            weights += step
+            block += step * (1 + np.arange(low, high))
+            total = np.array([block.sum()])
+            comm.Allreduce(MPI.IN_PLACE, total)
+            loop.update(step=step, residuals=loop["residuals"] + float(total[0]) % 1000.0)
+            if ckpt.due(step, last=step == args.steps):
+                ckpt.checkpoint(step)
+    finally:
+        code = ckpt.close()
+    blocks = comm.gather(block.copy(), root=0)
+    if comm.rank == 0:
+        print("RESULT " + json.dumps({
+            "entries": entries, "step": loop["step"], "code": code, "ranks": comm.size,
+            "weights": hashlib.sha256(weights.tobytes()).hexdigest()[:16],
+            "field": hashlib.sha256(np.concatenate(blocks).tobytes()).hexdigest()[:16],
+            "residuals": loop["residuals"]}), flush=True)
+    return code
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    entries: list = []
+    return run_surviving(lambda comm: solve(comm, args, entries))
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))
