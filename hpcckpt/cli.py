@@ -125,8 +125,15 @@ def _command_train(args) -> int:
         from hpcckpt.errors import ConfigError
 
         raise ConfigError("--init-optimizer needs --init-from RUN_DIR_OR_VERSION")
-    summary = run_training(config, comm, restart=args.restart, faults=faults, init_from=args.init_from,
-                           init_optimizer=args.init_optimizer)
+    from hpcckpt.run.in_job import recoveries_in_job, run_surviving
+
+    def train(comm):
+        # After ranks died, the survivors go on from the newest version they can get.
+        restart = "require" if recoveries_in_job() else args.restart
+        return run_training(config, comm, restart=restart, faults=faults, init_from=args.init_from,
+                            init_optimizer=args.init_optimizer)
+
+    summary = run_surviving(train, comm)
     if summary.halted:
         from hpcckpt.schedule.stopping import EXIT_HALTED
 

