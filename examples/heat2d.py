@@ -49,7 +49,9 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt import Checkpointer, load_config, run_main
+from hpcckpt import Checkpointer, load_config, run_main, run_surviving
+from hpcckpt.faults import current_attempt
+from hpcckpt.run.in_job import revoke_on_failure
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -147,13 +149,20 @@ class Block:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    comm = MPI.COMM_WORLD
+    # With an MPI that survives a dead rank, solve() is entered again on the survivors: the
+    # grid is cut anew for their number and the newest version restored onto it.
+    return run_surviving(lambda comm: solve(comm, args))
+
+
+def solve(comm, args) -> int:
     config = load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={args.nodes}",
                                 'resilience.levels=["local", "partner", "erasure", "pfs"]',
                                 f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *args.set])
     block = Block(comm, tuple(args.shape))
+    revoke_on_failure(block.cart)
     solver = {"iteration": 0, "change": float("inf")}
-    first_attempt = os.environ.get("HPCCKPT_ATTEMPT", "1") == "1"  # a job script's loop counts its attempts
+    # A job script's loop counts its attempts, and a recovery in the job counts as one.
+    first_attempt = current_attempt() == 1
     poisoned = False
     ckpt = Checkpointer(comm, config)
     try:
@@ -174,7 +183,9 @@ def main(argv=None) -> int:
                 poisoned = True  # the next sweep spreads it, and its change is not finite
             # NaN does not order under MAX: a block that is not finite reports inf.
             change = change if np.isfinite(change) else float("inf")
-            solver["change"] = comm.allreduce(change, op=MPI.MAX)
+            largest = np.array([change])
+            comm.Allreduce(MPI.IN_PLACE, largest, op=MPI.MAX)  # a buffer collective: Revoke reaches it
+            solver["change"] = float(largest[0])
             if ckpt.observe(solver["iteration"], solver["change"]) is not None:
                 continue  # diverged and rewound: the grid and the solver state are the older version's
             iteration = solver["iteration"]

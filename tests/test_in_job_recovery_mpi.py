@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, mpi_env, read_metrics, run_mpi, run_script, run_ulfm, run_ulfm_script, script_results
+from conftest import REPO, assert_ok, mpi_env, read_metrics, run_mpi, run_script, run_ulfm, run_ulfm_script, script_results
 
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
@@ -193,3 +193,28 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     again = run_mpi(3, ["train", "-c", "job.toml", "--restart", "require"], relaunched, env={"HPCCKPT_ATTEMPT": "2"})
     assert f"restored version {restored.group(1)} (written by 4 ranks) onto 3 rank(s)" in again.stdout, again.stdout
     assert final_weights(out) == final_weights(again.stdout + again.stderr)
+
+
+HEAT2D = REPO / "examples" / "heat2d.py"
+HEAT2D_ARGS = ["--run-dir", "run", "--shape", "64", "60", "--iterations", "300", "--tol", "0", "--every", "50",
+               "--dump", "grids", "--nodes", "2", "--set", "resilience.group_size=2", "--set", "resilience.parity=1"]
+
+
+def test_heat2d_goes_on_in_the_job_on_a_grid_cut_for_the_survivors_and_ends_on_the_same_grid(tmp_path):
+    """heat2d's last rank killed at iteration 175 (after version 150 is durable): the survivors
+    cut the grid into 3 blocks, fill them from the 4 old ones and end on the grid of a run
+    without the failure, bit for bit (Jacobi and a max-reduction are exact on any
+    decomposition)."""
+    import numpy as np
+
+    straight, in_job = tmp_path / "straight", tmp_path / "in-job"
+    straight.mkdir()
+    in_job.mkdir()
+    assert_ok(run_script(4, HEAT2D, HEAT2D_ARGS, straight))
+    proc = run_ulfm_script(4, HEAT2D, [*HEAT2D_ARGS, "--crash-at", "175"], in_job)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert (result["ranks"], result["restored"], result["iteration"]) == (3, 150, 300), result
+    assert "rank(s) 3 of 4 died: going on in the job on the 3 left" in proc.stderr
+    final = np.load(in_job / "grids" / "final.npy")
+    assert final.tobytes() == np.load(straight / "grids" / "final.npy").tobytes()

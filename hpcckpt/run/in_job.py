@@ -44,6 +44,16 @@ _recoveries = 0  # in this process, by run_surviving
 _unrecorded: list[dict] = []
 
 
+_application_comms: list = []  # what the application derived from its communicator
+
+
+def revoke_on_failure(*comms) -> None:
+    """(in main) Communicators main derived from the one it was given (a Cartesian grid, a
+    split): revoked with it when ranks die, so that no survivor stays blocked in one waiting
+    for a survivor that has gone on to recover. Forgotten after each recovery."""
+    _application_comms.extend(comms)
+
+
 def recoveries_in_job() -> int:
     return _recoveries
 
@@ -146,7 +156,8 @@ def recover(comm, timeout: float):
     abandoned = open_checkpointers()
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
-    revoke(comm, *[derived for ckpt in abandoned for derived in ckpt.job.communicators()])
+    revoke(comm, *_application_comms, *[derived for ckpt in abandoned for derived in ckpt.job.communicators()])
+    _application_comms.clear()
     holders = {}
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):
         for ckpt in abandoned:
