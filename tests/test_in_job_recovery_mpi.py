@@ -175,9 +175,11 @@ def final_weights(out: str) -> str:
 
 
 def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivors_would(tmp_path):
-    """hpcckpt train under the ULFM MPI: rank 1 killed in step 70; the survivors restore the
-    newest version onto 3 ranks in the same mpiexec and end on the weights, byte for byte, of
-    the same kill followed by a relaunch onto 3 ranks (mpich wheel, the job script's tier)."""
+    """hpcckpt train under the ULFM MPI: rank 1 killed in step 70, and in another run a whole
+    simulated node lost in step 70; each time the survivors restore the newest version onto 3
+    ranks in the same mpiexec and end on the weights, byte for byte, of the same kill followed
+    by a relaunch onto 3 ranks (mpich wheel, the job script's tier). The survivors keep their
+    nodes and node-local directories."""
     in_job, relaunched = tmp_path / "in-job", tmp_path / "relaunched"
     for directory in (in_job, relaunched):
         directory.mkdir()
@@ -192,6 +194,19 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     assert first.returncode != 0
     again = run_mpi(3, ["train", "-c", "job.toml", "--restart", "require"], relaunched, env={"HPCCKPT_ATTEMPT": "2"})
     assert f"restored version {restored.group(1)} (written by 4 ranks) onto 3 rank(s)" in again.stdout, again.stdout
+    assert final_weights(out) == final_weights(again.stdout + again.stderr)
+    # A whole simulated node lost (its rank killed, its node-local directory deleted): the lost
+    # shard comes from its partner's copy, and the weights are those of the same relaunch.
+    node_lost = tmp_path / "node-lost"
+    node_lost.mkdir()
+    (node_lost / "job.toml").write_text(TRAIN_CONFIG.replace("simulated_nodes = 2", "simulated_nodes = 4") +
+                                        '[resilience]\nlevels = ["local", "partner", "pfs"]\n')
+    proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "node-loss:node=2:step=70:attempt=1"], node_lost)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert re.search(rf"restored version {restored.group(1)} \(written by 4 ranks\) onto 3 rank\(s\): old shards "
+                     r"3 from L1 local, 1 from L2 partner", out), out[-3000:]
+    assert sorted(p.name for p in (node_lost / "run" / "local").iterdir()) == ["node0", "node1", "node3"]
     assert final_weights(out) == final_weights(again.stdout + again.stderr)
 
 

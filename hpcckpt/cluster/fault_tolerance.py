@@ -119,6 +119,7 @@ class Survivors:
 
     comm: object
     lost: tuple[int, ...]  # ranks of the old communicator that are gone
+    kept: tuple[int, ...]  # the survivors' ranks in the old communicator, in their new order
     old_rank: int  # this rank's rank in the old communicator
     seconds: float  # from the revoke to a working communicator
 
@@ -178,4 +179,22 @@ def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:
     failures_handled()
     kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
     lost = tuple(sorted(set(range(comm.Get_size())) - set(kept)))
-    return Survivors(new, lost, old_rank, time.perf_counter() - started)
+    return Survivors(new, lost, tuple(kept), old_rank, time.perf_counter() - started)
+
+
+# Simulated nodes are numbered from rank blocks, which a shrink renumbers: the survivors keep
+# the nodes (and so the node-local directories) they had, as real hosts keep their names.
+_survivors_topology = None
+
+
+def inherit_topology(topology) -> None:
+    global _survivors_topology
+    _survivors_topology = topology
+
+
+def inherited_topology(world_size: int):
+    """The survivors' simulated topology after the last recovery, for a communicator of their
+    number; None otherwise."""
+    if _survivors_topology is not None and _survivors_topology.world_size == world_size:
+        return _survivors_topology
+    return None

@@ -30,6 +30,11 @@ def discover_topology(comm, simulated_nodes: int = 0, failure_domains: str = "au
     """
     rules = parse_domain_rules(failure_domains)
     if simulated_nodes:
+        from hpcckpt.cluster.fault_tolerance import inherited_topology
+
+        inherited = inherited_topology(comm.Get_size())
+        if inherited is not None:
+            return inherited
         node_of_rank = simulated_node_of_rank(comm.Get_size(), simulated_nodes)
         if not simulated_domains:
             return Topology(node_of_rank)

@@ -168,6 +168,13 @@ def recover(comm, timeout: float):
             ckpt.abandon()
     survivors = shrink(comm, timeout=timeout)
     lost = set(survivors.lost)
+    if abandoned:
+        from hpcckpt.cluster.fault_tolerance import inherit_topology
+        from hpcckpt.cluster.topology import Topology
+
+        old = abandoned[0].job.topology
+        inherit_topology(Topology(tuple(old.node_of_rank[rank] for rank in survivors.kept), old.domain_of_node,
+                                  old.domain_names))
     for rank in lost & set(holders):
         mark_holder_lost(*holders[rank])
     record = {"event": "process_failure", "lost_ranks": sorted(lost), "ranks_left": survivors.comm.Get_size(),
