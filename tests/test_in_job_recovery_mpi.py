@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,8 +18,10 @@ from conftest import REPO, assert_ok, mpi_env, read_metrics, run_mpi, run_script
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
 
-def lines(proc: subprocess.CompletedProcess, key: str) -> list[dict]:
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+def lines(run_dir: Path, key: str) -> list[dict]:
+    """What dead_ranks.py's ranks recorded under `key` in run_dir (each rank its own file)."""
+    records = [json.loads(line) for path in sorted(run_dir.glob("records-*.jsonl"))
+               for line in path.read_text().splitlines()]
     return [r for r in records if key in r]
 
 
@@ -27,7 +30,7 @@ def test_survivors_of_two_failures_one_after_the_other_go_on_in_the_same_job(tmp
     communicator of the rest and the same list of the lost, and the one mpiexec ends with 0."""
     proc = run_ulfm_script(4, DEAD_RANKS, ["--steps", "20", "--kill", "5:2", "--kill", "12:0"], tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    recovered = lines(proc, "recovered")
+    recovered = lines(tmp_path, "recovered")
     first = [r for r in recovered if r["recovered"] == 5]
     second = [r for r in recovered if r["recovered"] == 12]
     assert sorted(r["world_rank"] for r in first) == [0, 1, 3], proc.stdout
@@ -35,7 +38,7 @@ def test_survivors_of_two_failures_one_after_the_other_go_on_in_the_same_job(tmp
     # Numbered in the shrunk communicator: rank 0 there is world rank 0.
     assert sorted(r["world_rank"] for r in second) == [1, 3], proc.stdout
     assert {(tuple(r["lost"]), r["size"]) for r in second} == {((0,), 2)}, proc.stdout
-    final = lines(proc, "final")
+    final = lines(tmp_path, "final")
     assert sorted((r["world_rank"], r["rank"], r["size"], r["counted"], r["final"]) for r in final) == [
         (1, 0, 2, 2, 20), (3, 1, 2, 2, 20)], proc.stdout
 
@@ -43,26 +46,28 @@ def test_survivors_of_two_failures_one_after_the_other_go_on_in_the_same_job(tmp
 def test_two_ranks_lost_at_once_shrink_in_one_recovery(tmp_path):
     proc = run_ulfm_script(4, DEAD_RANKS, ["--steps", "8", "--kill", "3:1+2"], tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert {(tuple(r["lost"]), r["size"]) for r in lines(proc, "recovered")} == {((1, 2), 2)}, proc.stdout
-    assert sorted(r["world_rank"] for r in lines(proc, "final")) == [0, 3], proc.stdout
+    assert {(tuple(r["lost"]), r["size"]) for r in lines(tmp_path, "recovered")} == {((1, 2), 2)}, proc.stdout
+    assert sorted(r["world_rank"] for r in lines(tmp_path, "final")) == [0, 3], proc.stdout
 
 
 def test_the_ulfm_mpi_says_in_job_recovery_is_available(tmp_path):
     proc = run_ulfm_script(2, DEAD_RANKS, ["--why"], tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r["unavailable"] for r in lines(proc, "unavailable")] == [None, None]
+    assert [r["unavailable"] for r in lines(tmp_path, "unavailable")] == [None, None]
 
 
 def test_the_mpich_wheel_says_why_not_and_a_dead_rank_still_ends_the_job(tmp_path):
     """Nothing changes under the mpich wheel: no recovery offered, and a rank's death ends the
     whole job (the job script's relaunch is what goes on)."""
-    why = run_script(2, DEAD_RANKS, ["--why"], tmp_path, timeout=60)
+    (tmp_path / "why").mkdir()
+    (tmp_path / "killed").mkdir()
+    why = run_script(2, DEAD_RANKS, ["--why"], tmp_path / "why", timeout=60)
     assert why.returncode == 0, why.stdout + why.stderr
-    reasons = [r["unavailable"] for r in lines(why, "unavailable")]
+    reasons = [r["unavailable"] for r in lines(tmp_path / "why", "unavailable")]
     assert len(reasons) == 2 and all("is not Open MPI" in r for r in reasons), reasons
-    killed = run_script(4, DEAD_RANKS, ["--steps", "8", "--kill", "3:1"], tmp_path, timeout=120)
+    killed = run_script(4, DEAD_RANKS, ["--steps", "8", "--kill", "3:1"], tmp_path / "killed", timeout=120)
     assert killed.returncode != 0, killed.stdout + killed.stderr
-    assert not lines(killed, "final") and not lines(killed, "recovered"), killed.stdout
+    assert not lines(tmp_path / "killed", "final") and not lines(tmp_path / "killed", "recovered"), killed.stdout
 
 
 def test_a_recovery_that_overruns_its_watchdog_ends_the_rank_for_a_relaunch(tmp_path):
@@ -163,6 +168,8 @@ batch_size = 32
 every_steps = 0
 [checkpoint]
 every_steps = 20
+keep_local = 8
+keep_pfs = 8
 [cluster]
 simulated_nodes = 2
 """
@@ -177,8 +184,8 @@ def final_weights(out: str) -> str:
 def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivors_would(tmp_path):
     """hpcckpt train under the ULFM MPI: rank 1 killed in step 70, and in another run a whole
     simulated node lost in step 70; each time the survivors restore the newest version onto 3
-    ranks in the same mpiexec and end on the weights, byte for byte, of the same kill followed
-    by a relaunch onto 3 ranks (mpich wheel, the job script's tier). The survivors keep their
+    ranks in the same mpiexec and end on the weights, byte for byte, of a relaunch onto 3 ranks
+    from that version (mpich wheel, the job script's tier). The survivors keep their
     nodes and node-local directories."""
     in_job, relaunched = tmp_path / "in-job", tmp_path / "relaunched"
     for directory in (in_job, relaunched):
@@ -190,8 +197,15 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     out = proc.stdout + proc.stderr
     restored = re.search(r"restored version (\d+) \(written by 4 ranks\) onto 3 rank\(s\)", out)
     assert restored and int(restored.group(1)) in (40, 60), out[-3000:]
-    first = run_mpi(4, ["train", "-c", "job.toml", *kill], relaunched)
+    # Which version a kill leaves durable depends on how far the writes behind training got,
+    # so the relaunch is killed later and its versions newer than the one restored in the job
+    # are deleted: it then restarts from that same version, as a relaunch after the in-job
+    # kill would have.
+    first = run_mpi(4, ["train", "-c", "job.toml", "--inject", "rank-kill:rank=1:step=110:attempt=1"], relaunched)
     assert first.returncode != 0
+    for version in list((relaunched / "run").rglob("v0*")):
+        if version.is_dir() and int(version.name[1:]) > int(restored.group(1)):
+            shutil.rmtree(version)
     again = run_mpi(3, ["train", "-c", "job.toml", "--restart", "require"], relaunched, env={"HPCCKPT_ATTEMPT": "2"})
     assert f"restored version {restored.group(1)} (written by 4 ranks) onto 3 rank(s)" in again.stdout, again.stdout
     assert final_weights(out) == final_weights(again.stdout + again.stderr)

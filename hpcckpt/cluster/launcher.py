@@ -64,10 +64,10 @@ def ulfm_launch(ranks: int, prefix: Path) -> tuple[list[str], dict[str, str]]:
     mpiexec = str(prefix / "bin" / "mpiexec")
     flags, _ = mpiexec_flags(mpiexec)
     env = {"MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"), "MPI4PY_MPIABI": "openmpi",
-           # Open MPI 5.0's ULFM with MPI_THREAD_MULTIPLE lost messages between survivors
-           # after a recovery while the save pipeline's threads communicated beside the
-           # application (a hang in most runs); serialized, the pipeline's MPI runs on the
-           # calling thread and every recovery went through.
+           # Open MPI 5.0's ULFM with MPI_THREAD_MULTIPLE can lose messages between
+           # survivors after a recovery while the save pipeline's threads communicate beside
+           # the application, and a lost message is a hang; serialized, the pipeline's MPI
+           # runs on the calling thread.
            "MPI4PY_RC_THREAD_LEVEL": "serialized"}
     forwarded = [arg for name in env for arg in ("-x", name)]
     return [mpiexec, *flags, "--with-ft", "ulfm", "--mca", "coll", "^han", *FAILURE_DETECTOR, *forwarded,
@@ -77,7 +77,7 @@ def ulfm_launch(ranks: int, prefix: Path) -> tuple[list[str], dict[str, str]]:
 # Without Open MPI's own failure detector a survivor learns of a dead rank only from an
 # operation with it, and some never end (a nonblocking collective with a dead member, a
 # receive from a live rank that waits on the dead one): heartbeats every second, a rank
-# silent for 5 s suspected. Sent from MPI calls (the detector's own thread crashed MPI_Init
-# now and then), so a rank that makes none for 5 s is taken for dead.
+# silent for 5 s suspected. Sent from MPI calls (the detector's own thread can crash
+# MPI_Init), so a rank that makes none for 5 s is taken for dead.
 FAILURE_DETECTOR = ("--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "false",
                     "--mca", "mpi_ft_detector_period", "1", "--mca", "mpi_ft_detector_timeout", "5")

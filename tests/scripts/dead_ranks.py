@@ -2,9 +2,10 @@
 ranks alive); `--kill STEP:RANK[+RANK...]` makes those ranks (numbered in the communicator of
 that moment) SIGKILL themselves just before that step's allreduce, and may repeat (a second
 failure after the first recovery). Survivors shrink and go on from the earliest step one of
-them had not finished. Prints one JSON
-line per recovery ("recovered") and one per rank at the end ("final"); with --why, only why
-in-job recovery is or is not available here.
+them had not finished. Each rank writes one JSON line per recovery ("recovered") and one at
+the end ("final") to records-WORLDRANK.jsonl in the working directory (lines that ranks print
+at the same moment can come out of the launcher interleaved); with --why, only why in-job
+recovery is or is not available here.
 
     mpiexec --with-ft ulfm -n 4 python dead_ranks.py --steps 20 --kill 5:2 --kill 12:0
 """
@@ -23,6 +24,11 @@ from mpi4py import MPI
 from hpcckpt.cluster.fault_tolerance import in_job_recovery_unavailable, is_process_failure, shrink
 
 
+def record(**fields) -> None:
+    with open(f"records-{MPI.COMM_WORLD.Get_rank()}.jsonl", "a") as out:
+        out.write(json.dumps(fields) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
@@ -30,7 +36,7 @@ def main() -> None:
     parser.add_argument("--why", action="store_true")
     args = parser.parse_args()
     if args.why:
-        print(json.dumps({"unavailable": in_job_recovery_unavailable()}), flush=True)
+        record(unavailable=in_job_recovery_unavailable())
         return
     kills = {}
     for spec in args.kill:
@@ -56,12 +62,12 @@ def main() -> None:
             earliest = np.array([step])
             comm.Allreduce(MPI.IN_PLACE, earliest, op=MPI.MIN)
             step = int(earliest[0])
-            print(json.dumps({"recovered": step, "world_rank": world_rank, "lost": list(survivors.lost),
-                              "size": comm.Get_size(), "seconds": survivors.seconds}), flush=True)
+            record(recovered=step, world_rank=world_rank, lost=list(survivors.lost),
+                   size=comm.Get_size(), seconds=survivors.seconds)
             continue
         step += 1
-    print(json.dumps({"final": step, "world_rank": world_rank, "rank": comm.Get_rank(), "size": comm.Get_size(),
-                      "counted": int(counted[0])}), flush=True)
+    record(final=step, world_rank=world_rank, rank=comm.Get_rank(), size=comm.Get_size(),
+           counted=int(counted[0]))
     if comm.Get_size() < MPI.COMM_WORLD.Get_size():
         # MPI_Finalize hangs on survivors (a known ULFM fault): leave as run_main does.
         comm.Barrier()
