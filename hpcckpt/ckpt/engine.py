@@ -275,8 +275,12 @@ class Checkpointer:
         run went wrong confirm=False. `drain`: False keeps the newest version where it is."""
         if self._closed:
             return self.exit_code
-        self._closed = True
+        from hpcckpt.run.in_job import close_waits_for_the_verdict
+
         in_flight = sys.exc_info()[1]
+        if confirm is not True and close_waits_for_the_verdict(in_flight):
+            return self.exit_code  # a dead rank's recovery abandons it; else run_surviving closes it
+        self._closed = True
         clean = confirm if confirm is not None else in_flight is None
         drain = clean if drain is None else drain
         job = self.job

