@@ -232,6 +232,11 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     out = proc.stdout + proc.stderr
     restored = re.search(r"restored version (\d+) \(written by 4 ranks\) onto 3 rank\(s\)", out)
     assert restored and int(restored.group(1)) in (40, 60), out[-3000:]
+    report = subprocess.run([sys.executable, "-m", "hpcckpt", "report", "-c", "job.toml"], cwd=in_job,
+                            env=mpi_env(), capture_output=True, text=True)
+    assert "attempts: 2 (1 of them in the job, after ranks died: no relaunch; 0 relaunch(es))" in report.stdout, \
+        report.stdout + report.stderr
+    assert "attempt 2: in the job after rank(s) 1 died (3 rank(s) left, shrunk in" in report.stdout, report.stdout
     # Which version a kill leaves durable depends on how far the writes behind training got,
     # so the relaunch is killed later and its versions newer than the one restored in the job
     # are deleted: it then restarts from that same version, as a relaunch after the in-job

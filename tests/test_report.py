@@ -22,3 +22,25 @@ def test_report_tells_attempts_sources_and_work_lost():
     assert "work lost to failures: 30 step(s)" in text
     crashed = summarise(records[:-1])
     assert any("not finished" in line for line in crashed)
+
+
+def test_report_tells_an_attempt_begun_in_the_job_from_a_relaunch():
+    """An attempt that follows a process_failure record is the survivors going on in the job,
+    with the ranks lost and left and the shrink's time; the others are relaunches."""
+    from hpcckpt.tools.report import summarise
+
+    records = [
+        {"event": "restart", "attempt": 1, "step": 0, "sources": []},
+        {"step": 60, "checkpoint_blocking_s": 0.002},
+        {"event": "process_failure", "lost_ranks": [1], "ranks_left": 3, "shrink_s": 0.0123},
+        {"event": "restart", "attempt": 2, "step": 60, "ranks": 3, "sources": ["local"] * 4,
+         "reached_before": 70, "lost_steps": 10},
+        {"event": "restart", "attempt": 3, "step": 60, "ranks": 3, "sources": ["local"] * 3,
+         "reached_before": 65, "lost_steps": 5},
+    ]
+    lines = summarise(records)
+    assert lines[0] == "attempts: 3 (1 of them in the job, after ranks died: no relaunch; 1 relaunch(es))"
+    assert lines[2].startswith("  attempt 2: in the job after rank(s) 1 died (3 rank(s) left, shrunk in 0.012 s): "
+                               "resumed from step 60"), lines
+    assert "in the job" not in lines[3]
+    assert any(line == "work lost to failures: 15 step(s)" for line in lines)

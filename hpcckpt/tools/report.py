@@ -1,8 +1,10 @@
 """`hpcckpt report`: the story of a run.dir across all its attempts, from metrics.jsonl.
 
-Each attempt (one `hpcckpt train`) leaves a restart record (where each rank's shard came
-from, how far the previous attempt had got), a checkpoint summary and a final or halted
-record; this module only reads them back.
+Each attempt (one `hpcckpt train`, or the survivors of dead ranks going on in the job) leaves
+a restart record (where each rank's shard came from, how far the previous attempt had got), a
+checkpoint summary and a final or halted record; an attempt in the job follows a
+process_failure record (the ranks lost, the ranks left, the shrink's time). This module only
+reads them back.
 """
 
 from __future__ import annotations
@@ -35,12 +37,28 @@ def read_records(run_dir, damaged: list | None = None) -> list[dict]:
     return records
 
 
+def _attempts(records: list[dict]) -> list[tuple[dict, dict | None]]:
+    """Each restart record with the process_failure record just before it: an attempt that the
+    survivors of dead ranks began in the job (the record is written by their new Checkpointer,
+    before its restart), not a relaunch."""
+    attempts, failure = [], None
+    for record in records:
+        if record.get("event") == "process_failure":
+            failure = record
+        elif record.get("event") == "restart":
+            attempts.append((record, failure))
+            failure = None
+    return attempts
+
+
 def summarise(records: list[dict]) -> list[str]:
-    attempts = [r for r in records if r.get("event") == "restart"]
+    attempts = _attempts(records)
     summaries = [r for r in records if r.get("event") == "checkpoint_summary"]
-    lines = [f"attempts: {len(attempts)}"]
+    in_job = sum(1 for _, failure in attempts if failure is not None)
+    lines = [f"attempts: {len(attempts)}" + (f" ({in_job} of them in the job, after ranks died: no relaunch; "
+                                             f"{len(attempts) - 1 - in_job} relaunch(es))" if in_job else "")]
     lost_total = 0
-    for number, attempt in enumerate(attempts, 1):
+    for number, (attempt, failure) in enumerate(attempts, 1):
         sources = attempt.get("sources") or []
         if sources:
             counts = Counter(sources)
@@ -60,6 +78,9 @@ def summarise(records: list[dict]) -> list[str]:
         if lost:
             lost_total += lost
             start += f"; the previous attempt had reached step {attempt['reached_before']}: {lost} step(s) of work lost"
+        if failure is not None:
+            start = (f"in the job after rank(s) {', '.join(map(str, failure['lost_ranks']))} died "
+                     f"({failure['ranks_left']} rank(s) left, shrunk in {failure['shrink_s']:.3f} s): {start}")
         lines.append(f"  attempt {number}: {start}")
     last_end = next((r for r in reversed(records) if "weights_digest" in r), None)
     steps_done = last_end["step"] if last_end else max(
