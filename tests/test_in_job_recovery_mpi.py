@@ -151,6 +151,32 @@ def test_a_rank_killed_mid_step_costs_the_survivors_no_relaunch(tmp_path, straig
     assert (failure["lost_ranks"], failure["ranks_left"]) == ([2], 3), failure
 
 
+ALL_LEVELS = ["--set", 'resilience.levels=["local", "partner", "erasure", "pfs"]', "--set", "resilience.group_size=2",
+              "--set", "resilience.parity=1", "--set", "storage.pfs_every=1"]
+
+
+@pytest.mark.parametrize("faults, lost", [
+    (["--inject", "rank-kill:rank=2:step=20:phase=partner"], [([2], 3)]),
+    (["--inject", "rank-kill:rank=1:step=20:phase=erasure"], [([1], 3)]),
+    (["--inject", "rank-kill:rank=3:step=20:phase=pfs"], [([3], 3)]),
+    (["--kill", "25:2", "--inject", "rank-kill:rank=0:step=20:phase=restore"], [([2], 3), ([0], 2)]),
+], ids=["l2-transfers", "l3-transfers", "l4-copy", "restore-in-the-job"])
+def test_a_rank_killed_inside_a_checkpoint_or_a_restore_costs_no_relaunch(tmp_path, straight, faults, lost):
+    """All four levels, one simulated node per rank: a rank dies inside version 20's partner
+    copies, its erasure transfers or its copy to L4 (the other ranks in the middle of the same
+    level's work), or inside the restore the survivors of a first death run in the job. Each
+    time the same mpiexec ends with 0 on the state of the run without failures, having restored
+    a version every survivor could get (nothing of the half-written one trusted)."""
+    args = [str(tmp_path / "run"), "4", *APP_ARGS[1:], *ALL_LEVELS, *faults]
+    proc = run_ulfm_script(4, SURVIVING_APP, args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures_recorded(tmp_path / "run")] == lost
+    # main's entries are those that got past restart(): one that died restoring is not among them.
+    assert result["entries"][0]["ranks"] == 4 and result["entries"][-1]["ranks"] == lost[-1][1] == result["ranks"]
+
+
 def test_rank_0_and_then_another_rank_die_and_the_job_goes_on_twice(tmp_path, straight):
     """Rank 0 (the run's lease holder, the one that writes the run's records) dies in step 15;
     later world rank 3 dies too: two recoveries, 4 -> 3 -> 2 ranks, the state unchanged."""
