@@ -155,18 +155,19 @@ def test_node_loss_injection_deletes_that_nodes_directory(tmp_path, reference):
     assert crashed.returncode != 0
     assert not (node_local(tmp_path / "run", 1)).exists()
     assert (node_local(tmp_path / "run", 0)).exists()
+    on_l4_after_the_crash = (tmp_path / "run" / "pfs" / "v000000000015" / "manifest.json").exists()
     resumed = train(tmp_path, job)
     assert_ok(resumed)
     # Step 15 is due on L1 only (PFS every 2nd checkpoint) and node 1 lost it; step 10 is on L4
     # for certain (the snapshot of 15 waited for it), so the job agrees on step 10. When the node
     # died while version 15's node-local write was still running, the save kept that version on
-    # L4 instead, said so, and the job restarts from there.
+    # L4 instead and the job restarts from there. (The warning that says so may not get out: the
+    # launcher kills the survivors as soon as node 1's ranks are dead.)
     restored = re.search(r"restored version (\d+): .*from L4 pfs", resumed.stdout)
     assert restored, resumed.stdout
+    assert restored.group(1) in ("10", "15"), resumed.stdout
     if restored.group(1) == "15":
-        assert "version 15 is held by L4 pfs" in crashed.stderr
-    else:
-        assert restored.group(1) == "10"
+        assert on_l4_after_the_crash, "version 15 restored from L4, but L4 had no manifest of it after the crash"
     assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
 
 
