@@ -149,6 +149,8 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
     last main returned."""
     from mpi4py import MPI
 
+    from hpcckpt.ckpt.engine import open_checkpointers
+
     comm = MPI.COMM_WORLD if comm is None else comm
     unavailable = in_job_recovery_unavailable()
     recoveries = 0
@@ -161,11 +163,17 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
             if unavailable is not None:
                 raise
             confirmed = caused_by_process_failure(exc)
-            if not confirmed or (max_recoveries is not None and recoveries >= max_recoveries):
-                if not confirmed:
-                    print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
-                          f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
+            if not confirmed:
+                print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
+                      f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
                 close_left_open()
+                raise
+            if max_recoveries is not None and recoveries >= max_recoveries:
+                # Ranks are dead: a close would wait on them. Left to the relaunch, as without ULFM.
+                for ckpt in open_checkpointers():
+                    ckpt.abandon()
+                print(f"hpcckpt: rank {comm.Get_rank()}: ranks died after {recoveries} recovery(ies) in the job, "
+                      f"max_recoveries = {max_recoveries}: the job ends for a relaunch", file=sys.stderr, flush=True)
                 raise
             recoveries += 1
             global _recoveries, _survivors

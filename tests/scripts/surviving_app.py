@@ -39,6 +39,7 @@ def parse(argv=None):
     parser.add_argument("--kill", action="append", default=[])
     parser.add_argument("--inject", action="append", default=[])
     parser.add_argument("--fail-at", type=int, help="every rank raises an error of its own at this step")
+    parser.add_argument("--max-recoveries", type=int, help="run_surviving's bound (default: none)")
     return parser.parse_args(argv)
 
 
@@ -85,7 +86,7 @@ def solve(comm, args, entries: list) -> int:
 def main(argv=None) -> int:
     args = parse(argv)
     entries: list = []
-    return run_surviving(lambda comm: solve(comm, args, entries))
+    return run_surviving(lambda comm: solve(comm, args, entries), max_recoveries=args.max_recoveries)
 
 
 if __name__ == "__main__":
