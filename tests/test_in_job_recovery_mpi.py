@@ -205,17 +205,6 @@ def test_an_error_that_is_no_process_failure_ends_the_job_with_its_checkpointer_
     assert app_result(again)["entries"] == [{"restored": 20, "ranks": 4}]
 
 
-def test_deaths_beyond_max_recoveries_end_the_job_for_a_relaunch_without_a_hang(tmp_path):
-    """run_surviving(main, max_recoveries=1): the first death is recovered from in the job, the
-    second ends it (non-zero, promptly: the checkpointers are abandoned, not closed on dead
-    ranks), as a death does without ULFM; the relaunch tier takes over."""
-    args = [str(tmp_path / "run"), *APP_ARGS, "--kill", "15:0", "--kill", "45:3", "--max-recoveries", "1"]
-    proc = run_ulfm_script(4, SURVIVING_APP, args, tmp_path, timeout=120)
-    assert proc.returncode != 0 and not script_results(proc), proc.stdout[-3000:]
-    assert "the job ends for a relaunch" in proc.stderr, proc.stderr[-3000:]
-    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures_recorded(tmp_path / "run")] == [([0], 3)]
-
-
 def test_under_the_mpich_wheel_the_same_kill_still_ends_the_job_for_a_relaunch(tmp_path):
     proc = run_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--kill", "25:2"], tmp_path)
     assert proc.returncode != 0, proc.stdout[-3000:]
