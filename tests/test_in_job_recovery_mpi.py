@@ -13,7 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, mpi_env, read_metrics, run_mpi, run_script, run_ulfm, run_ulfm_script, script_results
+from conftest import (REPO, assert_ok, mpi_env, read_metrics, run_mpi, run_script, run_ulfm, run_ulfm_script,
+                      script_results, small_job)
 
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
@@ -212,28 +213,10 @@ def test_under_the_mpich_wheel_the_same_kill_still_ends_the_job_for_a_relaunch(t
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not failures_recorded(tmp_path / "run")
 
 
-TRAIN_CONFIG = """
-[run]
-dir = "run"
-steps = 120
-log_every = 40
-seed = 3
-device = "cpu"
-[model]
-kind = "mlp"
-hidden = [32, 16]
-[data]
-source = "digits"
-batch_size = 32
-[eval]
-every_steps = 0
-[checkpoint]
-every_steps = 20
-keep_local = 8
-keep_pfs = 8
-[cluster]
-simulated_nodes = 2
-"""
+def train_job(directory: Path, **sections) -> Path:
+    """The trainer's job for these tests: 120 steps, a version every 20, every version kept."""
+    return small_job(directory, **{"run": {"steps": 120, "log_every": 40}, "eval": {"every_steps": 0},
+                                   "checkpoint": {"every_steps": 20, "keep_local": 8, "keep_pfs": 8}, **sections})
 
 
 def final_weights(out: str) -> str:
@@ -251,7 +234,7 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     in_job, relaunched = tmp_path / "in-job", tmp_path / "relaunched"
     for directory in (in_job, relaunched):
         directory.mkdir()
-        (directory / "job.toml").write_text(TRAIN_CONFIG)
+        train_job(directory)
     kill = ["--inject", "rank-kill:rank=1:step=70:attempt=1"]
     proc = run_ulfm(4, ["train", "-c", "job.toml", *kill], in_job)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -279,8 +262,7 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     # shard comes from its partner's copy, and the weights are those of the same relaunch.
     node_lost = tmp_path / "node-lost"
     node_lost.mkdir()
-    (node_lost / "job.toml").write_text(TRAIN_CONFIG.replace("simulated_nodes = 2", "simulated_nodes = 4") +
-                                        '[resilience]\nlevels = ["local", "partner", "pfs"]\n')
+    train_job(node_lost, cluster={"simulated_nodes": 4}, resilience={"levels": ["local", "partner", "pfs"]})
     proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "node-loss:node=2:step=70:attempt=1"], node_lost)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
