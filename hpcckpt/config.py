@@ -173,6 +173,10 @@ class ResilienceConfig:
     skip_batches_on_rewind: int = 1
     max_rewinds: int = 3
     rewind_window_steps: int = 1000
+    # After ranks die in the job (ULFM), the survivors go on from the finished step they hold
+    # in memory where everything protected is replicated and the application calls
+    # commit_step (restore/from_memory.py); false: they always read a version.
+    in_job_from_memory: bool = True
 
 
 @dataclass(frozen=True)

@@ -225,51 +225,136 @@ def final_weights(out: str) -> str:
     return found[0]
 
 
-def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivors_would(tmp_path):
-    """hpcckpt train under the ULFM MPI: rank 1 killed in step 70, and in another run a whole
-    simulated node lost in step 70; each time the survivors restore the newest version onto 3
-    ranks in the same mpiexec and end on the weights, byte for byte, of a relaunch onto 3 ranks
-    from that version (mpich wheel, the job script's tier). The survivors keep their
-    nodes and node-local directories."""
-    in_job, relaunched = tmp_path / "in-job", tmp_path / "relaunched"
-    for directory in (in_job, relaunched):
+HELD_APP = REPO / "tests" / "scripts" / "held_state_app.py"
+HELD_ARGS = ["40", "--set", "checkpoint.every_steps=10"]
+HELD_DIGESTS = ("weights", "momentum", "rng", "step")
+
+
+@pytest.fixture(scope="module")
+def held_straight(tmp_path_factory) -> dict:
+    """held_state_app's end on 4 ranks of the ULFM MPI without a failure."""
+    directory = tmp_path_factory.mktemp("held-straight")
+    proc = run_ulfm_script(4, HELD_APP, [str(directory / "run"), *HELD_ARGS], directory)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return app_result(proc)
+
+
+def restarts_in_the_job(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if r.get("event") == "restart" and r["attempt"] > 1]
+
+
+@pytest.mark.parametrize("kill, goes_on_from", [
+    ("25:2:before", 24),  # before the step's allreduce: nobody committed step 25
+    ("25:2:commit", 24),  # the others finished the allreduce and meet the death in the agreement
+    ("25:0:after", 25),  # rank 0, after its update of step 25: every survivor committed and finished it
+])
+def test_replicated_state_goes_on_from_the_step_the_survivors_hold_with_no_version_read(tmp_path, held_straight,
+                                                                                       kill, goes_on_from):
+    """Every protected array replicated and commit_step called each step: the survivors go on
+    from the finished step they hold (the one before the death's, or the death's own once
+    everyone passed its commit), no version read, no step redone but the one in flight, and
+    end on the state of the run without the failure (versions every 10 steps: a read would
+    have gone back to step 20)."""
+    proc = run_ulfm_script(4, HELD_APP, [str(tmp_path / "run"), *HELD_ARGS, "--kill", kill], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert result["entries"][1] == {"restored": goes_on_from, "ranks": 3}, result
+    assert {key: result[key] for key in HELD_DIGESTS} == {key: held_straight[key] for key in HELD_DIGESTS}
+    assert f"went on from step {goes_on_from}, held in memory by the 3 survivor(s): no version read" in \
+        proc.stdout + proc.stderr
+    [restart] = restarts_in_the_job(tmp_path / "run")
+    assert (restart["step"], restart["sources"]) == (goes_on_from, ["memory"] * 3), restart
+
+
+def test_without_commit_step_or_with_its_promise_broken_the_survivors_read_a_version(tmp_path, held_straight):
+    """No commit_step: the survivors cannot tell whether the arrays are those of a finished step,
+    and read the newest version. Arrays changed outside commit_step .. due() (each rank adds
+    its rank after step 25's due()), rank 1 dying in step 26: the survivors' copies differ,
+    which they find before going on, and they read a version instead. Both end on the state
+    of the run without the failure."""
+    for name, extra, said in (
+            ("no-commit", ["--no-commit", "--kill", "25:2:before"], "cannot go on from memory: it holds no finished "
+                                                                    "step (the application does not call commit_step"),
+            ("broken", ["--break-promise", "25", "--kill", "26:1:before"], "the survivors' copies of step 25 differ "
+                                                                           "('weights')")):
+        directory = tmp_path / name
         directory.mkdir()
-        train_job(directory)
-    kill = ["--inject", "rank-kill:rank=1:step=70:attempt=1"]
-    proc = run_ulfm(4, ["train", "-c", "job.toml", *kill], in_job)
+        proc = run_ulfm_script(4, HELD_APP, [str(directory / "run"), *HELD_ARGS, *extra], directory)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert said in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = app_result(proc)
+        assert result["entries"][1]["restored"] in (10, 20), result
+        assert {key: result[key] for key in HELD_DIGESTS} == {key: held_straight[key] for key in HELD_DIGESTS}
+        [restart] = restarts_in_the_job(directory / "run")
+        assert "memory" not in restart["sources"], restart
+
+
+def relaunch_reference(directory: Path, version: int) -> str:
+    """The final weights of the job script's tier after a death: `directory`'s run (the
+    trainer's 4-rank run killed after `version`, mpich wheel) with its versions newer than
+    `version` deleted, relaunched onto 3 ranks."""
+    for found in list((directory / "run").rglob("v0*")):
+        if found.is_dir() and int(found.name[1:]) > version:
+            shutil.rmtree(found)
+    again = run_mpi(3, ["train", "-c", "job.toml", "--restart", "require"], directory, env={"HPCCKPT_ATTEMPT": "2"})
+    assert f"restored version {version} (written by 4 ranks) onto 3 rank(s)" in again.stdout, again.stdout[-3000:]
+    return final_weights(again.stdout + again.stderr)
+
+
+def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivors_would(tmp_path):
+    """hpcckpt train under the ULFM MPI, rank 1 killed after the update of step 70: the
+    survivors go on from step 70 as they hold it (every parameter and optimizer array is
+    replicated; the trainer commits each step before its update), reading no version, and end
+    on the weights, byte for byte, of a relaunch onto 3 ranks from a version of step 70 (mpich
+    wheel, the job script's tier). The same with a whole simulated node lost (its rank killed,
+    its node-local directory deleted). With the memory path off, the node loss restores the
+    newest version onto 3 ranks (the lost shard from its partner's copy) and ends as the
+    relaunch from that version. The survivors keep their nodes and node-local directories."""
+    in_job, node_lost, read, relaunched = (tmp_path / name for name in ("in-job", "node-lost", "read", "relaunched"))
+    for directory in (in_job, node_lost, read, relaunched):
+        directory.mkdir()
+    train_job(in_job)
+    proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "rank-kill:rank=1:step=70:attempt=1"], in_job)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
-    restored = re.search(r"restored version (\d+) \(written by 4 ranks\) onto 3 rank\(s\)", out)
-    assert restored and int(restored.group(1)) in (40, 60), out[-3000:]
+    assert "went on from step 70, held in memory by the 3 survivor(s): no version read" in out, out[-3000:]
+    [restart] = [r for r in read_metrics(in_job / "run") if r.get("event") == "restart" and r["attempt"] == 2]
+    assert (restart["step"], restart["sources"], restart["lost_steps"]) == (70, ["memory"] * 3, 0), restart
     report = subprocess.run([sys.executable, "-m", "hpcckpt", "report", "-c", "job.toml"], cwd=in_job,
                             env=mpi_env(), capture_output=True, text=True)
     assert "attempts: 2 (1 of them in the job, after ranks died: no relaunch; 0 relaunch(es))" in report.stdout, \
         report.stdout + report.stderr
     assert "attempt 2: in the job after rank(s) 1 died (3 rank(s) left, shrunk in" in report.stdout, report.stdout
-    # Which version a kill leaves durable depends on how far the writes behind training got,
-    # so the relaunch is killed later and its versions newer than the one restored in the job
-    # are deleted: it then restarts from that same version, as a relaunch after the in-job
-    # kill would have.
-    first = run_mpi(4, ["train", "-c", "job.toml", "--inject", "rank-kill:rank=1:step=110:attempt=1"], relaunched)
-    assert first.returncode != 0
-    for version in list((relaunched / "run").rglob("v0*")):
-        if version.is_dir() and int(version.name[1:]) > int(restored.group(1)):
-            shutil.rmtree(version)
-    again = run_mpi(3, ["train", "-c", "job.toml", "--restart", "require"], relaunched, env={"HPCCKPT_ATTEMPT": "2"})
-    assert f"restored version {restored.group(1)} (written by 4 ranks) onto 3 rank(s)" in again.stdout, again.stdout
-    assert final_weights(out) == final_weights(again.stdout + again.stderr)
-    # A whole simulated node lost (its rank killed, its node-local directory deleted): the lost
-    # shard comes from its partner's copy, and the weights are those of the same relaunch.
-    node_lost = tmp_path / "node-lost"
-    node_lost.mkdir()
+
     train_job(node_lost, cluster={"simulated_nodes": 4}, resilience={"levels": ["local", "partner", "pfs"]})
-    proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "node-loss:node=2:step=70:attempt=1"], node_lost)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    assert re.search(rf"restored version {restored.group(1)} \(written by 4 ranks\) onto 3 rank\(s\): old shards "
-                     r"3 from L1 local, 1 from L2 partner", out), out[-3000:]
+    node_loss = ["--inject", "node-loss:node=2:step=70:attempt=1"]
+    lost = run_ulfm(4, ["train", "-c", "job.toml", *node_loss], node_lost)
+    assert lost.returncode == 0, lost.stdout[-3000:] + lost.stderr[-3000:]
+    assert "went on from step 70, held in memory" in lost.stdout + lost.stderr, lost.stdout[-3000:]
     assert sorted(p.name for p in (node_lost / "run" / "local").iterdir()) == ["node0", "node1", "node3"]
-    assert final_weights(out) == final_weights(again.stdout + again.stderr)
+
+    train_job(read, cluster={"simulated_nodes": 4},
+              resilience={"levels": ["local", "partner", "pfs"], "in_job_from_memory": False})
+    proc_read = run_ulfm(4, ["train", "-c", "job.toml", *node_loss], read)
+    assert proc_read.returncode == 0, proc_read.stdout[-3000:] + proc_read.stderr[-3000:]
+    out_read = proc_read.stdout + proc_read.stderr
+    restored = re.search(r"restored version (\d+) \(written by 4 ranks\) onto 3 rank\(s\): old shards 3 from L1 local, "
+                         r"1 from L2 partner", out_read)
+    assert restored and int(restored.group(1)) in (40, 60), out_read[-3000:]
+
+    # The relaunch tier: killed after version 70 (a version every 10 steps; when versions are
+    # taken does not change the weights), then relaunched onto 3 ranks from the version each
+    # in-job run went on from.
+    from_read = tmp_path / "relaunched-from-read"
+    for directory in (relaunched, from_read):
+        directory.mkdir(exist_ok=True)
+        train_job(directory, checkpoint={"every_steps": 10, "keep_local": 16, "keep_pfs": 16})
+        first = run_mpi(4, ["train", "-c", "job.toml", "--inject", "rank-kill:rank=1:step=80:attempt=1"], directory)
+        assert first.returncode != 0
+    reference = relaunch_reference(relaunched, 70)
+    assert final_weights(out) == reference
+    assert final_weights(lost.stdout + lost.stderr) == reference
+    assert final_weights(out_read) == relaunch_reference(from_read, int(restored.group(1)))
 
 
 HEAT2D = REPO / "examples" / "heat2d.py"

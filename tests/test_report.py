@@ -44,3 +44,20 @@ def test_report_tells_an_attempt_begun_in_the_job_from_a_relaunch():
                                "resumed from step 60"), lines
     assert "in the job" not in lines[3]
     assert any(line == "work lost to failures: 15 step(s)" for line in lines)
+
+
+def test_report_tells_an_attempt_that_went_on_from_the_survivors_memory():
+    """Survivors that went on from the step they held read no version: said so, with no level
+    named and no step lost."""
+    from hpcckpt.tools.report import summarise
+
+    records = [
+        {"event": "restart", "attempt": 1, "step": 0, "sources": []},
+        {"event": "process_failure", "lost_ranks": [2], "ranks_left": 3, "shrink_s": 0.004},
+        {"event": "restart", "attempt": 2, "step": 70, "ranks": 3, "sources": ["memory"] * 3,
+         "from_memory_s": 0.0123, "reached_before": 70, "lost_steps": 0},
+    ]
+    text = "\n".join(summarise(records))
+    assert ("attempt 2: in the job after rank(s) 2 died (3 rank(s) left, shrunk in 0.004 s): went on from step 70, "
+            "held in memory by the 3 survivor(s) (no version read, 0.012 s)") in text, text
+    assert "work lost to failures: 0 step(s)" in text

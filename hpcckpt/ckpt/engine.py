@@ -7,7 +7,8 @@
     ckpt.protect_state_dict("train", sd)     # every tensor of a state dict (DTensors too), the rest as state
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
     for step in range(start + 1, last + 1):
-        loss = work(step)
+        loss = work(step)                    # its collectives, then (optional, see commit_step)
+        ckpt.commit_step(step)               # before the protected arrays change in place
         if ckpt.observe(step, loss):           # (all ranks) diverged (NaN, a spike): rewound in process
             continue
         if ckpt.due(step, last=step == last):  # (all ranks) the interval, the last step, or a stop agreed
@@ -44,7 +45,9 @@ from hpcckpt.ckpt.job import CommJob, require_running_mpi
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
 from hpcckpt.ckpt.resuming import Resuming
+from hpcckpt.ckpt.snapshot import frozen_state
 from hpcckpt.ckpt.state_dicts import split_state_dict
+from hpcckpt.ckpt.step_commits import StepCommits
 from hpcckpt.ckpt.taking import CheckpointTaking
 from hpcckpt.errors import ConfigError, StorageError
 from hpcckpt.faults import NO_FAULTS
@@ -85,18 +88,22 @@ class Checkpointer:
         require_running_mpi()
         self.read_only = read_only
         self._own_log = log is None
+        from hpcckpt.cluster.fault_tolerance import in_job_recovery_unavailable
+
+        self._survives_rank_loss = in_job_recovery_unavailable() is None
         self.log = log if log is not None else RunLog(config.run_dir, comm.Get_rank(), comm.Get_size())
         self.faults = faults
         self._closed = False
         self.registry = ArrayRegistry()
         self.divergence = DivergencePolicy(config.resilience)
         self.table_chain = TableChain(config.checkpoint.table_full_every)
+        self.commits = StepCommits()
         self.job = CommJob(comm, config, self.registry, self.log, faults, topology=topology, read_only=read_only,
                            catch_signals=catch_signals)
         self.taking = CheckpointTaking(self.job, self.table_chain, self.divergence, self.log, faults, self._settle,
                                        self.confirm_restart)
         self.resuming = Resuming(self.job, self.table_chain, self.divergence, config, self.log, faults, read_only,
-                                 self._finish_in_flight)
+                                 self._finish_in_flight, self.commits)
         _open_checkpointers.add(self)
         from hpcckpt.run.in_job import take_unrecorded
 
@@ -171,6 +178,26 @@ class Checkpointer:
         self.registry.register_state(name, get, set)
 
     # -- when: the schedule ----------------------------------------------------------------
+    def commit_step(self, step: int) -> None:
+        """(all ranks, once per step: after the step's last collective, before it changes a
+        protected array in place) With in-job recovery on (ULFM), a fault-tolerant agreement
+        that every rank got here: after a rank's death either every survivor passed it for
+        `step` or none did, so each survivor holds the arrays of the step it last called
+        due() for, and where everything protected is replicated the survivors go on from that
+        step with no version read (restore/from_memory.py; the next restart() does it). The
+        promise it makes: the protected arrays change only between commit_step(step) and
+        due(step). Returns at once without in-job recovery; optional (without it a recovery
+        reads the newest version)."""
+        if not self._survives_rank_loss:
+            return
+        comm = self.job.schedule.comm
+        self.commits.commit(step, lambda: comm.Agree(1))
+
+    @property
+    def survives_rank_loss(self) -> bool:
+        """This process's ranks go on in the job when one dies (run/in_job.py, ULFM)."""
+        return self._survives_rank_loss
+
     def due(self, step: int, last: bool = False, *, step_seconds: float | None = None) -> bool:
         """(all ranks, once per step, after the step's work) Should `step` be checkpointed
         now? True when the interval says so (checkpoint.every_steps: fixed, "auto" under
@@ -180,6 +207,7 @@ class Checkpointer:
         decide alike without a blocking collective. The step's time is measured from the
         return of the checkpointer's previous call; `step_seconds` reports it instead."""
         schedule, capture = self.job.schedule, self.job.capture
+        self.commits.step_done(step, self.registry, self._frozen_state)
         if schedule.stopping is not None:
             return capture.is_open_at(step)
         planned = schedule.planned(step, last) or capture.is_open_at(step)
@@ -380,6 +408,12 @@ class Checkpointer:
         return self.resuming.rewind(before, reason)
 
     # -- internals -----------------------------------------------------------------------
+    def _frozen_state(self) -> dict:
+        """The registered state and the engine's now, as a version would hold them."""
+        schedule = self.job.schedule
+        return frozen_state(self.registry.states, {"ordinal": schedule.ordinal, "schedule": schedule.state(),
+                                                   "divergence": self.divergence.check.state()})
+
     def _settle(self, held: bool) -> None:
         """The version in flight is over: its tables' rows are safe where some level holds
         it, and count as changed again where none could (or it failed)."""

@@ -50,14 +50,10 @@ def digest(array) -> int:
 def check_alike(comm, arrays: list[tuple[str, object]], what: str = "replicated") -> None:
     """(all ranks; the same names in the same order everywhere) Refuse, on every rank, the
     arrays whose copies differ between the ranks of `comm`: one allreduce when they agree."""
-    from mpi4py import MPI
-
     if not arrays:
         return
     mine = np.array([digest(array) for _, array in arrays], dtype=np.uint64)
-    extremes = np.concatenate([mine, ~mine])
-    wait_all([comm.Iallreduce(MPI.IN_PLACE, extremes, op=MPI.MAX)])
-    differ = np.flatnonzero(extremes[:len(arrays)] != ~extremes[len(arrays):]).tolist()
+    differ = differing(comm, mine)
     if not differ:
         return
     everyone = comm.allgather([int(mine[i]) for i in differ])
@@ -75,6 +71,17 @@ def check_alike(comm, arrays: list[tuple[str, object]], what: str = "replicated"
         "each rank holds its own part of a larger array, protect it as a block (global_shape and offset; a DTensor "
         "itself rather than its to_local()), or with replicated=False if it belongs to its rank alone; if the ranks "
         "should agree, make them (broadcast the initial values) before the first checkpoint", collective=True)
+
+
+def differing(comm, digests: np.ndarray) -> list[int]:
+    """(all ranks, a uint64 digest per array in the same order everywhere) The indices of the
+    arrays whose digests are not the same on every rank of `comm`: one allreduce of the digests
+    and their complements gives each one's largest and smallest."""
+    from mpi4py import MPI
+
+    extremes = np.concatenate([digests, ~digests])
+    wait_all([comm.Iallreduce(MPI.IN_PLACE, extremes, op=MPI.MAX)])
+    return np.flatnonzero(extremes[:len(digests)] != ~extremes[len(digests):]).tolist()
 
 
 def _ranks(ranks: list[int]) -> str:

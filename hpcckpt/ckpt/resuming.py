@@ -22,6 +22,7 @@ from hpcckpt.faults import current_attempt
 from hpcckpt.format import pytree
 from hpcckpt.restore import flow
 from hpcckpt.restore.context import JobGeometry, RestoreTargets, RunPlace
+from hpcckpt.restore.from_memory import MEMORY
 from hpcckpt.restore.protect_again import protect_again
 from hpcckpt.runlog import read_heartbeat
 from hpcckpt.save.save_types import PersistReport
@@ -29,8 +30,9 @@ from hpcckpt.schedule.rewind import mark_versions_bad, plan_rewind, versions_hel
 
 
 class Resuming:
-    def __init__(self, job, table_chain, divergence, config, log, faults, read_only: bool, finish):
-        """`finish()`: the checkpoint in flight and L4's copy over (the facade's)."""
+    def __init__(self, job, table_chain, divergence, config, log, faults, read_only: bool, finish, commits):
+        """`finish()`: the checkpoint in flight and L4's copy over (the facade's); `commits`:
+        the steps this process holds (ckpt/step_commits.py), forgotten by any load."""
         self.job = job
         self.table_chain = table_chain
         self.divergence = divergence
@@ -39,6 +41,7 @@ class Resuming:
         self.faults = faults
         self.read_only = read_only
         self.finish = finish
+        self.commits = commits
         self.restored_sources: tuple[str, ...] = ()  # level each rank's shard came from at restart
         self.restore_traffic: tuple = ()  # (bytes read, bytes received) by a repartitioning restart
         self.unconfirmed = None  # the restart ledger until the resumed run proves itself
@@ -69,11 +72,16 @@ class Resuming:
         """(all ranks) restart()'s work; a rewind (in process) reports no restart: nothing
         crashed, and the work it costs is counted as a rewind."""
         self.finish()
+        self.commits.forget()
         resuming = step is None and not self.read_only  # evaluating a chosen version confirms nothing
         reached_before = read_heartbeat(self.config.run_dir) if resuming and self.job.rank == 0 and not rewinding \
             else None
-        result = flow.restore(self.context(), mode, step)
-        restored = result.step if result is not None else None
+        memory = self._from_memory() if resuming and not rewinding and mode != "never" else None
+        result = flow.restore(self.context(), mode, step) if memory is None else None
+        restored = memory.step if memory is not None else result.step if result is not None else None
+        if memory is not None:
+            self.apply_state(memory.state)
+            self.restored_sources, self.restore_traffic = (MEMORY,) * self.job.world_size, (0, 0)
         if result is not None:
             self.job.arrays.share_block_copies()
             self.restored_sources, self.restore_traffic = result.sources, result.traffic
@@ -84,8 +92,9 @@ class Resuming:
             self.table_chain.reset()  # a chain never spans a restore: the next version's tables go whole
         if resuming:
             if not rewinding:
-                self._report_restart(restored, reached_before)
-            said = self.job.schedule.begin(restored)
+                self._report_restart(restored, reached_before, memory)
+            # From memory the interval goes on counting from the last version: none was loaded.
+            said = self.job.schedule.begin(restored if memory is None else None)
             if said:
                 self.log.info(said, console=True)
             self.job.tally.restart_clock()
@@ -125,6 +134,24 @@ class Resuming:
                       f"{manifest.run_id or '(no run id)'} ({source})")
         return manifest.step
 
+    def _from_memory(self):
+        """(all ranks) After ranks died in this job: the survivors' finished step from memory
+        (restore/from_memory.py), or None to read a version."""
+        from hpcckpt.restore.from_memory import go_on_from_memory
+        from hpcckpt.run.in_job import NOT_OFFERED, take_held
+
+        held = take_held(self.config.run_dir)  # alike on every survivor: offered or not
+        if held is NOT_OFFERED or not self.config.resilience.in_job_from_memory:
+            return None
+        job = self.job
+        job.ensure_layout()
+        job.arrays.check_memory()
+        memory = go_on_from_memory(job.comm, held, job.arrays.registry, self.log)
+        if memory is not None:
+            self.log.info(f"went on from step {memory.step}, held in memory by the {job.world_size} survivor(s): no "
+                          f"version read ({memory.seconds:.3f} s)", console=True)
+        return memory
+
     def apply_state(self, state: dict) -> None:
         """A loaded version's registered state into the application, its own into the engine."""
         for name, (_, setter) in self.job.arrays.states.items():
@@ -136,12 +163,14 @@ class Resuming:
             self.job.schedule.load_state(engine["schedule"])
         self.divergence.check.load_state(engine.get("divergence", {}))
 
-    def _report_restart(self, restored: int | None, reached_before) -> None:
+    def _report_restart(self, restored: int | None, reached_before, memory=None) -> None:
         """Where each rank's shard came from (each old rank's, when the version was written by
         another rank count) and how much work the failure cost, for metrics.jsonl and
         `hpcckpt report`."""
         record = {"event": "restart", "attempt": current_attempt(), "step": restored or 0,
                   "sources": list(self.restored_sources), "ranks": self.job.world_size}
+        if memory is not None:
+            record["from_memory_s"] = round(memory.seconds, 6)
         if reached_before is not None:
             reached, _ = reached_before
             record["reached_before"] = reached

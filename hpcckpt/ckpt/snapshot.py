@@ -216,15 +216,20 @@ class ProtectedArrays:
                engine_state: dict | None = None, table_chain: tuple = ()) -> Snapshot:
         """The snapshot of `step`; `table_chain` (save/table_chain.py) says whether the tables
         go whole (a chain of this step alone) or as the rows changed since the version before."""
-        # Encoded (format/pytree.py: nested containers, scalars, small arrays, types kept) and
-        # through JSON once: the state is frozen as it is now, whatever get() returned.
-        state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in self.states.items()}
-        state[ENGINE_STATE_KEY] = {"ordinal": ordinal, **(engine_state or {})}
-        state = json.loads(json.dumps(state))
+        state = frozen_state(self.states, {"ordinal": ordinal, **(engine_state or {})})
         # The tables' rows last: a state that fails to encode leaves their changed rows as they were.
         pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1)
         return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final, tuple(levels),
                         self.table_specs, tuple(table_chain) if self.tables else ())
+
+
+def frozen_state(states: dict, engine_state: dict) -> dict:
+    """The registered state (name -> (get, set)) as it is now, with the engine's under
+    ENGINE_STATE_KEY: encoded (format/pytree.py: nested containers, scalars, small arrays,
+    types kept) and through JSON once, so that nothing get() returned is shared with it."""
+    state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in states.items()}
+    state[ENGINE_STATE_KEY] = engine_state
+    return json.loads(json.dumps(state))
 
 
 def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:

@@ -18,7 +18,10 @@ no restore trusts it), the survivors shrink `comm` to themselves (cluster/fault_
 and main runs again on that communicator: its Checkpointer is built from it (topology,
 partners, erasure groups, pipeline) and restart() loads the newest version every survivor can
 get, as a relaunch onto fewer ranks would: the survivors' own shards, the lost ranks' from
-their node's other ranks, their partners' copies or an erasure rebuild, or L4.
+their node's other ranks, their partners' copies or an erasure rebuild, or L4. Where
+everything protected is replicated and main calls commit_step each step, restart() reads
+nothing: the survivors go on from the finished step they hold in memory (each abandoned
+checkpointer's held step is handed to the next one of its run, restore/from_memory.py).
 
 Where the MPI cannot survive a dead rank (the mpich wheel; Open MPI without fault tolerance
 on), or the error is not a process failure, it propagates as before and the job script's
@@ -45,6 +48,17 @@ _unrecorded: list[dict] = []
 
 
 _application_comms: list = []  # what the application derived from its communicator
+
+# The finished step each abandoned checkpointer held (ckpt/step_commits.py), by run
+# directory, for the next Checkpointer of that run to go on from; None where it held none.
+_held: dict = {}
+NOT_OFFERED = object()  # no checkpointer of that run was abandoned since its last restart
+
+
+def take_held(run_dir) -> object:
+    """(restart) What the abandoned checkpointer of `run_dir` held: a HeldStep, None, or
+    NOT_OFFERED; alike on every survivor but the HeldStep. Handed over once."""
+    return _held.pop(str(run_dir), NOT_OFFERED)
 
 
 def revoke_on_failure(*comms) -> None:
@@ -192,6 +206,9 @@ def recover(comm, timeout: float):
     from hpcckpt.run.lease import mark_holder_lost
 
     abandoned = open_checkpointers()
+    _held.clear()  # a second failure before the restart: only the newest checkpointers count
+    for ckpt in abandoned:
+        _held[str(ckpt.config.run_dir)] = ckpt.commits.held()
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
     revoke(comm, *_application_comms, *[derived for ckpt in abandoned for derived in ckpt.job.communicators()])

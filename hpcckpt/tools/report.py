@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpcckpt.errors import ConfigError
 from hpcckpt.levels.naming import LEVEL_LABELS, LOCAL
+from hpcckpt.restore.from_memory import MEMORY
 
 
 def read_records(run_dir, damaged: list | None = None) -> list[dict]:
@@ -60,7 +61,10 @@ def summarise(records: list[dict]) -> list[str]:
     lost_total = 0
     for number, (attempt, failure) in enumerate(attempts, 1):
         sources = attempt.get("sources") or []
-        if sources:
+        if sources and set(sources) == {MEMORY}:
+            start = (f"went on from step {attempt['step']}, held in memory by the {len(sources)} survivor(s) (no "
+                     f"version read, {attempt.get('from_memory_s', 0.0):.3f} s)")
+        elif sources:
             counts = Counter(sources)
             where = ", ".join(f"{counts[level]} rank(s) from {LEVEL_LABELS[level]}"
                               for level in LEVEL_LABELS if level in counts)

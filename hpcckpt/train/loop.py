@@ -107,6 +107,10 @@ def _protect(checkpointer: Checkpointer, trainer: Trainer) -> None:
     if trainer.embedding is not None:
         checkpointer.protect_table(TABLE_NAME, trainer.embedding.table)
     trainer.step_hooks = (CaptureAfterUpdate(checkpointer, trainer),)
+    if checkpointer.survives_rank_loss and trainer.embedding is None:
+        # Every parameter and optimizer array is replicated: after a rank's death the
+        # survivors go on from the step they hold, with no version read.
+        trainer.commit_step = checkpointer.commit_step
 
 
 class CaptureAfterUpdate:

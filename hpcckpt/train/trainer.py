@@ -43,6 +43,10 @@ class Trainer:
         self.xp = backend.xp
         self.log = log
         self.step_hooks = tuple(step_hooks)
+        # Called with the step's number once every gradient is reduced and before the first
+        # parameter changes (Checkpointer.commit_step): the survivors of a rank's death then
+        # hold the same finished step. None: updates overlap the reductions still running.
+        self.commit_step = None
         self.dataset = load_dataset(config.data, config.run.seed)
         init_rng = np.random.default_rng([config.run.seed, 0x1417])
         # The embedding model's rows live on the rank their id hashes to (train/embedding.py).
@@ -112,7 +116,11 @@ class Trainer:
         if self.embedding is not None:  # its rows' gradients go to their owners while the buckets reduce
             dense = inputs.shape[1] - self.embedding.dim * self.dataset.fields
             self.embedding.backward(self.backend.to_host(self.model.input_grad[:, dense:]), self.config.optimizer.lr)
-        for name, reduced_grad in self.allreduce.reduced():
+        reduced = self.allreduce.reduced()
+        if self.commit_step is not None:
+            reduced = list(reduced)
+            self.commit_step(self.step + 1)
+        for name, reduced_grad in reduced:
             for hook in self.step_hooks:
                 hook.before_update(name)
             self.optimizer.update(name, self.parameters[name], reduced_grad)

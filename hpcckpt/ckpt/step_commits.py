@@ -1,0 +1,61 @@
+"""Which finished step the protected state in this process's memory is: what the survivors of
+a rank's death go on from without reading a version (restore/from_memory.py).
+
+The application's promise, made by calling commit_step(step) at all: it changes the protected
+arrays in place only between commit_step(step) and due(step). commit_step is a fault-tolerant
+agreement (ULFM's MPI_Comm_agree, whose outcome is the same on every survivor even when a rank
+dies during it): after a death, either every survivor passed it for a step or none did. So a
+survivor that called due(step) holds the arrays of that finished step; the registered state
+(data position, RNG), which moves during a step, is frozen at due(). A rank caught between
+commit_step and due() holds arrays it may have half changed, and says so; so does a step that
+due() closed without a commit, or any restore or rewind since the last due().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HeldStep:
+    """The state of a finished step, as this process holds it."""
+
+    step: int
+    arrays: dict  # name -> (array, replicated, block, copies): the application's own, not copies
+    tables: bool  # keyed tables are protected: rows live on the rank their id hashes to
+    state: dict  # the registered state and the engine's, frozen at due(step)
+
+
+class StepCommits:
+    """One per Checkpointer: the steps committed and finished on this rank."""
+
+    def __init__(self):
+        self.in_use = False  # the application calls commit_step
+        self.committing: int | None = None  # commit_step(step) passed, due(step) not yet called
+        self.finished: HeldStep | None = None
+
+    def commit(self, step: int, agree) -> None:
+        """`agree()`: the fault-tolerant agreement over the job's ranks; raises where a rank died."""
+        self.in_use = True
+        agree()  # raising here, nobody changed anything: the step finished before is still held
+        self.committing = step  # until due(step) the arrays change
+
+    def step_done(self, step: int, registry, frozen_state) -> None:
+        """due(step) was called: the arrays are those of `step` if it was committed;
+        `frozen_state()` the registered and the engine's state now."""
+        if not self.in_use:
+            return
+        committed, self.committing = self.committing, None
+        if committed != step:
+            self.finished = None  # arrays changed outside the promise, or the step numbers disagree
+            return
+        arrays = {name: (p.array, p.replicated, p.block, p.copies) for name, p in registry.arrays.items()}
+        self.finished = HeldStep(step, arrays, bool(registry.tables), frozen_state())
+
+    def forget(self) -> None:
+        """A restore or a rewind replaced the arrays: no step is held until the next due()."""
+        self.committing = None
+        self.finished = None
+
+    def held(self) -> HeldStep | None:
+        return self.finished if self.committing is None else None

@@ -1,0 +1,74 @@
+"""Which finished step this process holds (ckpt/step_commits.py) and what a survivor offers
+to go on from (restore/from_memory.py's offer): pure, no MPI."""
+
+import numpy as np
+import pytest
+
+from hpcckpt.ckpt.foreign_arrays import protectable
+from hpcckpt.ckpt.registry import ArrayRegistry
+from hpcckpt.ckpt.step_commits import StepCommits
+from hpcckpt.restore.from_memory import offer
+
+
+def registry_of(**arrays) -> ArrayRegistry:
+    registry = ArrayRegistry()
+    for name, array in arrays.items():
+        registry.protect(name, protectable(name, array), True)
+    return registry
+
+
+def agreed():
+    pass
+
+
+def dead_rank():
+    raise RuntimeError("a rank died in the agreement")
+
+
+def test_a_step_is_held_once_committed_and_finished_and_not_while_it_changes():
+    registry = registry_of(w=np.zeros(4))
+    commits = StepCommits()
+    commits.step_done(1, registry, lambda: {"s": 1})
+    assert commits.held() is None  # the application never committed: nothing is promised
+    commits.commit(2, agreed)
+    assert commits.held() is None  # between commit_step and due(): the arrays may be half changed
+    commits.step_done(2, registry, lambda: {"s": 2})
+    held = commits.held()
+    assert held.step == 2 and held.state == {"s": 2} and held.arrays["w"][0] is registry.arrays["w"].array
+    with pytest.raises(RuntimeError):
+        commits.commit(3, dead_rank)
+    assert commits.held().step == 2  # nobody passed the agreement: the finished step stands
+
+
+def test_a_step_closed_without_its_commit_or_a_restore_forgets_the_step_held():
+    registry = registry_of(w=np.zeros(4))
+    commits = StepCommits()
+    commits.commit(5, agreed)
+    commits.step_done(5, registry, dict)
+    commits.step_done(6, registry, dict)  # due(6) without commit_step(6)
+    assert commits.held() is None
+    commits.commit(7, agreed)
+    commits.step_done(7, registry, dict)
+    commits.forget()
+    assert commits.held() is None
+
+
+def test_a_survivor_offers_its_step_only_for_replicated_arrays_the_same_as_those_held():
+    registry = registry_of(w=np.zeros(4), m=np.ones(3))
+    commits = StepCommits()
+    commits.commit(9, agreed)
+    commits.step_done(9, registry, dict)
+    held = commits.held()
+    assert offer(held, registry_of(w=np.zeros(4), m=np.ones(3))) == (9, None)
+    assert offer(None, registry)[1].startswith("it holds no finished step")
+    assert "not those it held" in offer(held, registry_of(w=np.zeros(4)))[1]
+    assert "protected now as float64[5], held as float64[4]" in offer(held, registry_of(w=np.zeros(5),
+                                                                                        m=np.ones(3)))[1]
+    blocks = ArrayRegistry()
+    blocks.protect("w", protectable("w", np.zeros(4)), True, (8,), (0,))
+    blocks.protect("m", protectable("m", np.ones(3)), True)
+    assert "array 'w' is not replicated" in offer(held, blocks)[1]
+    per_rank = ArrayRegistry()
+    per_rank.protect("w", protectable("w", np.zeros(4)), False)
+    per_rank.protect("m", protectable("m", np.ones(3)), True)
+    assert "array 'w' is not replicated" in offer(held, per_rank)[1]
