@@ -44,7 +44,9 @@ def _run_main(main: Callable[[], int | None]) -> int:
     prepare_mpi_startup()
     try:
         code = _exit_code(main())
-        if rank_or_zero() == 0:
+        from hpcckpt.run.in_job import speaks_for_the_job
+
+        if speaks_for_the_job(rank_or_zero()):
             record_exit(code, 0)
         return code
     except HpcckptError as exc:

@@ -29,6 +29,9 @@
 #                   passed here: put it in the CONFIG file or an HPCCKPT_SECTION_KEY variable.
 #   EXIT_DIR        where the ranks record why an attempt ended (default: the current
 #                   directory, which must be on a file system every node sees)
+#   EXIT_RECORD_REQUIRED  1: a launcher's exit code 0 counts only with the ranks' exit record of
+#                   0; without one the ranks were ended from outside (Open MPI's runtime exits 0
+#                   when it ends a job whose node daemon it lost) and the attempt is retried
 #   START_TIMEOUT   seconds the ranks may take to get through MPI start-up (default 300); an
 #                   attempt still starting then is stopped and counts as failed (a PMI server
 #                   that dropped a request or a node that does not answer hangs MPI_Init for good)
@@ -197,6 +200,10 @@ hpcckpt_restart_loop() {
             hpcckpt_say "attempt $attempt did not get through MPI start-up in ${START_TIMEOUT:-300} s (a PMI request lost at start-up, or a node that does not answer): stopped it"
         fi
         rm -f "$exit_file.started" "$exit_file.hung"
+        if [ "$status" = 0 ] && [ "${EXIT_RECORD_REQUIRED:-0}" = 1 ] && [ ! -f "$exit_file" ]; then
+            hpcckpt_say "the launcher returned 0 but no rank recorded how attempt $attempt ended: its ranks were ended from outside (a lost node's daemon)"
+            status=1
+        fi
         if recorded=$(_hpcckpt_recorded_exit "$exit_file"); then
             [ "$recorded" = "$status" ] || hpcckpt_say "the launcher returned $status; the ranks recorded exit code $recorded"
             status=$recorded

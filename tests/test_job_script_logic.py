@@ -73,3 +73,36 @@ def test_without_a_spare_and_allow_shrink_0_the_job_stops():
 def test_no_usable_node_left_stops_the_job():
     status, _, said = place(["n1", "n2"], [])
     assert status == 1 and "no usable node is left" in said
+
+
+def loop_over(launch: str, tmp_path, **settings) -> subprocess.CompletedProcess:
+    """hpcckpt_restart_loop with `launch` as hpcckpt_launch's body (a stand-in for the launcher
+    and its ranks), EXIT_DIR in tmp_path."""
+    script = (f'. "{REPO}/jobs/restart-loop.sh"; hpcckpt_launch() {{ {launch}; }}; hpcckpt_replan() {{ :; }}; '
+              'hpcckpt_restart_loop')
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**os.environ, "EXIT_DIR": str(tmp_path), "RESTART_DELAY": "0", "MAX_RESTARTS": "2",
+                               "HPCCKPT": "true", **settings})
+
+
+def test_with_exit_records_required_a_zero_without_one_is_a_failure_and_with_one_the_end(tmp_path):
+    """Open MPI's runtime exits 0 when it ends a job whose node daemon it lost: under
+    EXIT_RECORD_REQUIRED=1 (LAUNCHER=ulfm) that attempt is retried; one whose ranks recorded 0
+    (the survivors' rank 0 after an in-job recovery) finished. Without the setting a 0 stands."""
+    first_lost = ('if [ "$HPCCKPT_ATTEMPT" = 1 ]; then exit 0; fi; '
+                  'printf "exit_code=0\\nrank=0\\nmessage=\\n" > "$HPCCKPT_EXIT_FILE"; exit 0')
+    proc = loop_over(first_lost, tmp_path, EXIT_RECORD_REQUIRED="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the launcher returned 0 but no rank recorded how attempt 1 ended" in proc.stdout, proc.stdout
+    assert "finished after 2 attempt(s)" in proc.stdout, proc.stdout
+    never_recorded = loop_over("exit 0", tmp_path, EXIT_RECORD_REQUIRED="1")
+    assert never_recorded.returncode == 1 and "giving up after 2 restart(s)" in never_recorded.stdout, \
+        never_recorded.stdout
+    assert "finished after 1 attempt(s)" in loop_over("exit 0", tmp_path).stdout
+
+
+def test_an_unknown_launcher_is_refused_with_exit_code_2(tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "jobs" / "slurm.sbatch")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "LAUNCHER": "mpirun"}, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "LAUNCHER=mpirun: use srun (the default) or ulfm" in proc.stdout

@@ -293,6 +293,36 @@ def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
     assert final_record(directory / "run")["step"] == STEPS
 
 
+def test_under_the_ulfm_launcher_a_killed_rank_goes_on_in_the_job_and_a_failed_node_is_relaunched(cluster, tmp_path):
+    """LAUNCHER=ulfm: Open MPI's mpiexec with fault tolerance starts the ranks inside the
+    allocation instead of srun. A rank killed on its node costs no relaunch: the 3 others go on
+    in the same attempt from the step they hold (the trainer's state is all replicated). A failed
+    node ends the job (Open MPI's runtime cannot survive its lost daemon), and the loop
+    relaunches it on the nodes left, which restore the newest version onto 3 ranks."""
+    ulfm = {"LAUNCHER": "ulfm", "ULFM_MPIEXEC": f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec"}
+    killed = workdir(tmp_path, "killed")
+    job = submit(killed, "--nodes=4", "--ntasks-per-node=1",
+                 TRAIN_ARGS="--inject rank-kill:rank=1:step=1050:attempt=1", **ulfm)
+    code, out = wait_for(job, killed)
+    assert code == 0, out
+    assert "placement: 4 rank(s) on 4 host(s)" in out, out
+    assert "rank(s) 1 of 4 died: going on in the job on the 3 left" in out, out
+    assert "went on from step 1050, held in memory by the 3 survivor(s): no version read" in out, out
+    assert "finished after 1 attempt(s)" in out, out
+    assert final_record(killed / "run")["step"] == STEPS
+
+    lost = workdir(tmp_path, "lost")
+    job = submit(lost, "--nodes=4", "--ntasks-per-node=1", **ulfm)
+    wait_for_step(lost, job, 600)
+    fail_node(job_nodes(job)[2], job, lost)
+    code, out = wait_for(job, lost)
+    assert code == 0, out
+    assert "attempt 1 failed with exit code" in out, out
+    assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\)", out), out
+    assert re.search(r"finished after [23] attempt\(s\)", out), out
+    assert final_record(lost / "run")["step"] == STEPS
+
+
 def test_a_failed_node_without_a_spare_stops_the_job_with_allow_shrink_0(cluster, tmp_path):
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1", ALLOW_SHRINK=0)

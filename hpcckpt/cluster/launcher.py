@@ -57,10 +57,11 @@ def find_ulfm_prefix(environ=None) -> Path | None:
     return None
 
 
-def ulfm_launch(ranks: int, prefix: Path) -> tuple[list[str], dict[str, str]]:
+def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[list[str], dict[str, str]]:
     """(['mpiexec', flags..., '-n', N], environment to add) for a job that survives dead ranks:
     Open MPI with fault tolerance on and without the `han` collectives, which are not fault
-    tolerant; mpi4py pointed at Open MPI's library, forwarded to every rank."""
+    tolerant; mpi4py pointed at Open MPI's library, forwarded to every rank. `hostfile`: the
+    nodes, one line per rank, ranks placed in its order (inside a batch allocation)."""
     mpiexec = str(prefix / "bin" / "mpiexec")
     flags, _ = mpiexec_flags(mpiexec)
     env = {"MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"), "MPI4PY_MPIABI": "openmpi",
@@ -70,7 +71,14 @@ def ulfm_launch(ranks: int, prefix: Path) -> tuple[list[str], dict[str, str]]:
            # runs on the calling thread.
            "MPI4PY_RC_THREAD_LEVEL": "serialized"}
     forwarded = [arg for name in env for arg in ("-x", name)]
-    return [mpiexec, *flags, "--with-ft", "ulfm", "--mca", "coll", "^han", *FAILURE_DETECTOR, *forwarded,
+    placed = []
+    if hostfile is not None:
+        placed = ["--hostfile", hostfile, "--map-by", "slot"]
+        # Open MPI starts its daemons with srun inside Slurm; after a node failure slurmctld may
+        # keep the failed step's record on the surviving nodes, and a plain srun would wait
+        # for them for ever (the job script's own srun passes --overlap for the same reason).
+        env["PRTE_MCA_plm_slurm_args"] = "--overlap"
+    return [mpiexec, *flags, "--with-ft", "ulfm", "--mca", "coll", "^han", *FAILURE_DETECTOR, *forwarded, *placed,
             "-n", str(ranks)], env
 
 

