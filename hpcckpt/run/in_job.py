@@ -161,7 +161,10 @@ def caused_by_process_failure(exc: BaseException) -> bool:
     return a_rank_died()
 
 
-DETECTION_S = 7.0  # the failure detector's timeout (cluster/launcher.py) and then some
+# How long an error about communication waits for MPI to report a dead process (the runtime
+# reports one at once); a rank that hangs is the failure detector's (cluster/launcher.py), and
+# an error it causes meanwhile ends the job for the relaunch tier.
+DETECTION_S = 7.0
 
 
 def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60.0,
