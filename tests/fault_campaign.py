@@ -26,7 +26,9 @@ by damage and by restore source come back in the result.
 With --ulfm every attempt runs on the fault-tolerant MPI (hpcckpt.cluster.ulfm_mpiexec): a
 killed rank or simulated node is survived inside the attempt, which goes on with fewer ranks
 from the step the survivors hold or from a version, until the attempt's backstop kills every
-rank left. A run that went on with
+rank left. A rank killed before every rank is through MPI start-up leaves the others in
+MPI_Init for good under ULFM: as the job scripts' START_TIMEOUT does, such an attempt is
+stopped after START_TIMEOUT_S and counted apart. A run that went on with
 fewer ranks computes other weights than the uninterrupted run (sums in another order), so
 each load is checked against the version as L4 holds it instead: every version is copied to
 L4 in step with training and kept, and after each attempt the weights every load reported
@@ -44,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -91,6 +94,9 @@ def write_job(directory: Path, steps: int, **sections) -> Path:
     return path
 
 
+KILLED = 137  # what an attempt whose every rank was killed counts as under --ulfm
+STOPPED_AT_START = 124  # an attempt the start-up watchdog stopped (--ulfm)
+START_TIMEOUT_S = 60
 ULFM_JOB = {"storage": {"pfs_every": 1, "pfs_async": False}, "checkpoint": {"keep_pfs": 100000}}
 
 
@@ -124,20 +130,53 @@ def train(directory: Path, job: Path, tag: str, inject: list[str], kill_after: t
     command = [*launcher, "-n", str(RANKS), sys.executable, "-m", "hpcckpt", "train", "-c", str(job)]
     for fault in inject:
         command += ["--inject", fault]
-    process = subprocess.Popen(command, cwd=directory, env={**_env(tag), **launch_env}, stdout=subprocess.PIPE,
+    if ulfm:
+        # Open MPI's launcher with fault tolerance on exits 0 even when every rank was killed:
+        # only the ranks' exit record says that the attempt finished (jobs/restart-loop.sh).
+        exit_file = directory / f".exit-{tag}"
+        launch_env = {**launch_env, "HPCCKPT_EXIT_FILE": str(exit_file)}
+    output = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(command, cwd=directory, env={**_env(tag), **launch_env}, stdout=output,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     if kill_after is not None:
         delay, kind, target = kill_after
         time.sleep(delay)
         if process.poll() is None:
             _kill_from_outside(tag, kind, target, directory)
+    if ulfm and _stuck_in_start_up(process, Path(f"{exit_file}.started")):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return STOPPED_AT_START, _read(output)
     try:
-        out, _ = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
+        out = _read(output)
+        if ulfm and process.returncode == 0:
+            recorded = exit_file.read_text() if exit_file.exists() else ""
+            return (0 if "exit_code=0" in recorded.splitlines() else KILLED), out
         return process.returncode, out
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        out, _ = process.communicate()
-        return None, out
+        process.wait()
+        return None, _read(output)
+
+
+def _read(output) -> str:
+    output.seek(0)
+    text = output.read()
+    output.close()
+    return text
+
+
+def _stuck_in_start_up(process, started: Path) -> bool:
+    """The job scripts' start-up watchdog (START_TIMEOUT in jobs/restart-loop.sh): under ULFM a
+    rank that dies before every rank is through MPI start-up leaves the others waiting in
+    MPI_Init for good, and the loop stops such an attempt; True when this one is."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while process.poll() is None and not started.exists():
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _ranks_of(tag: str) -> dict[int, int]:
@@ -337,6 +376,7 @@ class CampaignResult:
     checked_loads: int = 0  # loads compared with L4's copy of their version (--ulfm)
     memory_loads: int = 0  # in-job recoveries that went on from the survivors' memory (--ulfm)
     unchecked_loads: int = 0  # loads whose version L4 could not give back (--ulfm)
+    stopped_at_start: int = 0  # attempts the start-up watchdog stopped (--ulfm)
     in_job_recoveries: int = 0
     unrecoverable: list = field(default_factory=list)  # attempts that stopped with exit 4
     faults: Counter = field(default_factory=Counter)
@@ -409,6 +449,8 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
         line = f"attempt {number}: damage {done or '-'}; fault {label}{killer} {inject or ''} -> exit {code}"
         result.log.append(line)
         say(line)
+        if code == STOPPED_AT_START and ulfm:
+            result.stopped_at_start += 1
         if code is None:
             result.hangs.append((number, out[-3000:]))
             say(f"  HANG: attempt {number} did not end in {ATTEMPT_TIMEOUT_S} s:\n{out[-3000:]}")
@@ -428,7 +470,8 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
         f"{'equal' if result.final_matches else 'DIFFER'}; faults {dict(result.faults)}; damage {dict(result.damage)}; "
         f"restored shards by source {dict(result.sources)}, from scratch {result.restored_from_scratch}"
         + (f"; in-job recoveries {result.in_job_recoveries}, loads checked against L4 {result.checked_loads}, "
-           f"from memory {result.memory_loads}, unchecked {result.unchecked_loads}" if ulfm else ""))
+           f"from memory {result.memory_loads}, unchecked {result.unchecked_loads}, stopped in start-up "
+           f"{result.stopped_at_start}" if ulfm else ""))
     return result
 
 
@@ -456,7 +499,8 @@ def main(argv=None) -> int:
     if args.ulfm:
         print(f"  in-job recoveries {sum(r.in_job_recoveries for r in results)}; loads checked against L4 "
               f"{sum(r.checked_loads for r in results)}, from the survivors' memory "
-              f"{sum(r.memory_loads for r in results)}, unchecked {sum(r.unchecked_loads for r in results)}")
+              f"{sum(r.memory_loads for r in results)}, unchecked {sum(r.unchecked_loads for r in results)}; "
+              f"attempts stopped in MPI start-up by the start-up watchdog {sum(r.stopped_at_start for r in results)}")
     return 0 if all(r.ok for r in results) else 1
 
 

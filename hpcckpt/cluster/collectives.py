@@ -88,14 +88,14 @@ def wait_all(requests) -> None:
 
     requests = [r for r in requests if r is not None]
     polls = 0
-    while requests and not _test_all(requests):
+    while requests and not test_all(requests):
         time.sleep(POLL_S)
         polls += 1
         if polls % POLLS_PER_FAILURE_CHECK == 0:
             raise_if_a_rank_died()
 
 
-def _test_all(requests: list) -> bool:
+def test_all(requests: list) -> bool:
     """Testall, but a request that failed raises its own error: ERR_IN_STATUS alone does not
     say that a rank died (ERR_PROC_FAILED) or that another survivor revoked the communicator
     (ERR_REVOKED), and the failure detector may not know yet."""

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from hpcckpt.cluster.backend import pinned_empty
+from hpcckpt.cluster.collectives import test_all
 
 
 @dataclass
@@ -125,11 +126,9 @@ class GradientAllreduce:
 
     def _progress(self) -> None:
         # MPICH advances non-blocking collectives only inside MPI calls; poke them between layers.
-        from mpi4py import MPI
-
         pending = [b.request for b in self.buckets if b.request is not None]
         if pending:
-            MPI.Request.Testall(pending)
+            test_all(pending)  # a bucket that failed raises its own error (a dead rank's, say)
 
     def reduced(self) -> Iterator[tuple[str, object]]:
         """Yield (name, summed gradient) bucket by bucket as each completes, output layer first.
