@@ -467,7 +467,7 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
             result.final_matches = code == 0 and (ulfm or result.final_digest == final)
     say(f"seed {seed}: {'OK' if result.ok else 'FAILED'}; {result.attempts} attempts, hangs {len(result.hangs)}, "
         f"damaged loads {len(result.bad_loads)}, exit-4 stops {len(result.unrecoverable)}, final weights "
-        f"{'equal' if result.final_matches else 'DIFFER'}; faults {dict(result.faults)}; damage {dict(result.damage)}; "
+        f"{('finished' if result.final_matches else 'NOT FINISHED') if ulfm else ('equal' if result.final_matches else 'DIFFER')}; faults {dict(result.faults)}; damage {dict(result.damage)}; "
         f"restored shards by source {dict(result.sources)}, from scratch {result.restored_from_scratch}"
         + (f"; in-job recoveries {result.in_job_recoveries}, loads checked against L4 {result.checked_loads}, "
            f"from memory {result.memory_loads}, unchecked {result.unchecked_loads}, stopped in start-up "
@@ -487,8 +487,9 @@ def main(argv=None) -> int:
     results = [run_campaign(seed, args.attempts, args.dir / f"seed-{seed}", expected, ulfm=args.ulfm)
                for seed in args.seeds]
     print("\ntally:")
-    print(f"  seeds {[r.seed for r in results]}: {sum(r.ok for r in results)} of {len(results)} ended bit-identical "
-          "to the uninterrupted run")
+    ended = "finished (with fewer ranks: weights of their own)" if args.ulfm else \
+        "ended bit-identical to the uninterrupted run"
+    print(f"  seeds {[r.seed for r in results]}: {sum(r.ok for r in results)} of {len(results)} {ended}")
     print(f"  attempts {sum(r.attempts for r in results)} ({sum(r.attempts - 1 for r in results)} faulty), hangs "
           f"{sum(len(r.hangs) for r in results)}, damaged bytes loaded {sum(len(r.bad_loads) for r in results)}, "
           f"exit-4 stops {sum(len(r.unrecoverable) for r in results)}")
