@@ -128,8 +128,9 @@ def _command_train(args) -> int:
     from hpcckpt.run.in_job import recoveries_in_job, run_surviving
 
     def train(comm):
-        # After ranks died, the survivors go on from the newest version they can get.
-        restart = "require" if recoveries_in_job() else args.restart
+        # After ranks died, the survivors go on from the newest version they can get, or from the
+        # start where the run had none yet (as a relaunch with --restart auto would).
+        restart = "auto" if recoveries_in_job() else args.restart
         return run_training(config, comm, restart=restart, faults=faults, init_from=args.init_from,
                             init_optimizer=args.init_optimizer)
 

@@ -13,8 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import (REPO, assert_ok, mpi_env, read_metrics, run_mpi, run_script, run_ulfm, run_ulfm_script,
-                      script_results, small_job)
+from conftest import (REPO, assert_ok, final_record, mpi_env, read_metrics, run_mpi, run_script, run_ulfm,
+                      run_ulfm_script, script_results, small_job)
 
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
@@ -369,6 +369,19 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     assert final_weights(out) == reference
     assert final_weights(lost.stdout + lost.stderr) == reference
     assert final_weights(out_read) == relaunch_reference(from_read, int(restored.group(1)))
+
+
+def test_a_rank_dead_before_the_first_version_leaves_the_survivors_starting_from_scratch(tmp_path):
+    """The trainer reading versions (no memory path), rank 2 killed in step 5, before the first
+    version (step 20): the survivors have nothing to restore and start the run again on 3 ranks
+    in the same mpiexec, as a relaunch would, instead of stopping for want of a version."""
+    train_job(tmp_path, resilience={"in_job_from_memory": False})
+    proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "rank-kill:rank=2:step=5:attempt=1"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "rank(s) 2 of 4 died: going on in the job on the 3 left" in out, out[-3000:]
+    assert out.count("starting from scratch (no checkpoint to resume from)") == 2, out[-3000:]
+    assert final_record(tmp_path / "run")["step"] == 120
 
 
 HEAT2D = REPO / "examples" / "heat2d.py"
