@@ -155,6 +155,20 @@ def test_a_rank_killed_mid_step_costs_the_survivors_no_relaunch(tmp_path, straig
     assert (failure["lost_ranks"], failure["ranks_left"]) == ([2], 3), failure
 
 
+def test_a_rank_dead_before_any_checkpointer_exists_leaves_the_survivors_their_nodes(tmp_path, straight):
+    """Rank 1 dies before main's first Checkpointer exists (in the application's set-up), so no
+    checkpointer hands its topology on: the 3 survivors still keep the simulated nodes they were
+    placed on (4 nodes, one per rank: a new placement of 3 ranks on 4 nodes is impossible) and
+    run from the start, ending on the state of the run without the failure."""
+    args = [str(tmp_path / "run"), "4", *APP_ARGS[1:], "--die-before-checkpointer", "1"]
+    proc = run_ulfm_script(4, SURVIVING_APP, args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert result["entries"] == [{"restored": None, "ranks": 3}], result
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    assert sorted(p.name for p in (tmp_path / "run" / "local").iterdir()) == ["node0", "node2", "node3"]
+
+
 ALL_LEVELS = ["--set", 'resilience.levels=["local", "partner", "erasure", "pfs"]', "--set", "resilience.group_size=2",
               "--set", "resilience.parity=1", "--set", "storage.pfs_every=1"]
 

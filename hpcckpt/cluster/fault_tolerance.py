@@ -176,6 +176,8 @@ def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:
         revoke(comm, *also_revoke)
         new = comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
+    global _shrunk
+    _shrunk = True
     failures_handled()
     kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), comm.Get_group())
     lost = tuple(sorted(set(range(comm.Get_size())) - set(kept)))
@@ -185,6 +187,19 @@ def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:
 # Simulated nodes are numbered from rank blocks, which a shrink renumbers: the survivors keep
 # the nodes (and so the node-local directories) they had, as real hosts keep their names.
 _survivors_topology = None
+_shrunk = False  # this process has gone on after ranks died
+
+
+def world_ranks_after_shrink(comm) -> tuple[int, ...] | None:
+    """After ranks died in the job: each rank of `comm` as the rank it has in COMM_WORLD, whose
+    simulated nodes the survivors keep (also where no checkpointer was open to hand its
+    topology on); None before any death."""
+    from mpi4py import MPI
+
+    if not _shrunk:
+        return None
+    return tuple(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                           MPI.COMM_WORLD.Get_group()))
 
 
 def inherit_topology(topology) -> None:

@@ -30,12 +30,19 @@ def discover_topology(comm, simulated_nodes: int = 0, failure_domains: str = "au
     """
     rules = parse_domain_rules(failure_domains)
     if simulated_nodes:
-        from hpcckpt.cluster.fault_tolerance import inherited_topology
+        from hpcckpt.cluster.fault_tolerance import inherited_topology, world_ranks_after_shrink
 
         inherited = inherited_topology(comm.Get_size())
         if inherited is not None:
             return inherited
-        node_of_rank = simulated_node_of_rank(comm.Get_size(), simulated_nodes)
+        world = world_ranks_after_shrink(comm)
+        if world is not None:  # the survivors of dead ranks keep the nodes they were placed on
+            from mpi4py import MPI
+
+            placed = simulated_node_of_rank(MPI.COMM_WORLD.Get_size(), simulated_nodes)
+            node_of_rank = tuple(placed[rank] for rank in world)
+        else:
+            node_of_rank = simulated_node_of_rank(comm.Get_size(), simulated_nodes)
         if not simulated_domains:
             return Topology(node_of_rank)
         names = tuple(f"domain {d}" for d in range(simulated_domains))

@@ -8,6 +8,7 @@ Protects replicated weights, a block of a global field (partitioned over the ran
 and the loop's state; each step adds to them and ends with an allreduce of the field's sum,
 as a solver's residual. --kill STEP:RANK: that rank SIGKILLs itself at STEP, before the
 allreduce (repeatable); --fail-at STEP: every rank raises an error that is no process failure;
+--die-before-checkpointer RANK: that rank dies before main's first Checkpointer exists;
 --inject: the library's fault injection (a kill inside a checkpoint's
 phase). Ranks in both are COMM_WORLD's, so a fault strikes once: its rank dies with it. Rank 0
 prints one RESULT line: each entry of main's restored step and rank count, the last step, the
@@ -40,6 +41,7 @@ def parse(argv=None):
     parser.add_argument("--inject", action="append", default=[])
     parser.add_argument("--fail-at", type=int, help="every rank raises an error of its own at this step")
     parser.add_argument("--max-recoveries", type=int, help="run_surviving's bound (default: none)")
+    parser.add_argument("--die-before-checkpointer", type=int, help="this rank dies before the first Checkpointer")
     return parser.parse_args(argv)
 
 
@@ -52,6 +54,8 @@ def solve(comm, args, entries: list) -> int:
     block = np.zeros(high - low)
     loop = {"step": 0, "residuals": 0.0}
     faults = FaultInjector([parse_fault(text) for text in args.inject], world_rank, 0, None)
+    if world_rank == args.die_before_checkpointer and not entries:
+        os.kill(os.getpid(), signal.SIGKILL)
     ckpt = Checkpointer(comm, config, faults=faults)
     try:
         ckpt.protect("weights", weights)
