@@ -69,6 +69,26 @@ def test_l4_takes_every_nth_version_and_close_drains_the_newest(tmp_path, pfs_as
         assert "l4_async" not in summary
 
 
+def test_a_copy_a_killed_job_left_uncommitted_on_l4_does_not_fail_the_drain(tmp_path):
+    """A job killed while copying version 5 to L4 leaves its shard there with no commit record;
+    the end-of-run drain of version 5 deletes that copy first instead of failing on a shard
+    that "already exists" in every attempt."""
+    weights = np.arange(100.0)
+    with opened(tmp_path, "storage.pfs_every=2", "checkpoint.keep_pfs=3") as ckpt:
+        ckpt.protect("weights", weights)
+        ckpt.restart()
+        for step in range(1, 6):
+            weights += 1
+            ckpt.checkpoint(step)
+            ckpt.wait()
+        [pfs] = [level for level in ckpt.levels if level.name == "pfs"]
+        leftover = pfs.shard_path(5)
+        leftover.parent.mkdir(parents=True)
+        leftover.write_bytes(b"half a shard")
+    assert committed(tmp_path)["pfs"] == [2, 4, 5]
+    assert leftover.read_bytes() != b"half a shard"
+
+
 def test_the_final_version_goes_to_every_level(tmp_path):
     held, _ = take(tmp_path, 3, "storage.pfs_every=4", final_at=3)
     assert held["pfs"] == [3]

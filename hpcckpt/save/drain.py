@@ -70,6 +70,10 @@ def with_chains(kept: list[int], chains: dict, on_target: set, available: set) -
 def copy_version(comm, source, target, manifest, stage: Callable, log, stored: dict) -> None:
     """(all ranks) One version: every rank's shard copied and verified, then the commit."""
     step = manifest.step
+    # A copy of this version that a killed job began and never committed would make every
+    # shard "already exist" (files are never overwritten) and fail this copy in every attempt.
+    if comm.bcast(step in target.uncommitted_steps() if comm.Get_rank() == 0 else None, root=0):
+        stage(step, f"{target.number}: the uncommitted copy left by an earlier job", lambda: target.remove(step))
     # The target's one record lists every shard; each rank's node-local copy lists its node's part.
     gathered = comm.gather(manifest.shard(comm.Get_rank()), root=0)
     if gathered is not None:
