@@ -174,9 +174,15 @@ class Outcome:
     checkpoints: str = ""
     intervals: list = field(default_factory=list)
     step_s: float | None = None  # seconds per step from the step lines (of a failure-free run: the compute alone)
+    lost_steps: int | None = None  # hpcckpt's runs: the steps its restart records say were done again
 
     @property
     def steps_run(self) -> int:
+        """Steps done in all, the last attempt's included: from hpcckpt's restart records where
+        the run has them (the console's step lines of Open MPI's ranks do not all reach the
+        job's output), else from the step lines."""
+        if self.lost_steps is not None:
+            return max(a.reached for a in self.attempts) + self.lost_steps if self.attempts else 0
         return sum(max(0, a.reached - (a.start_step or 0)) for a in self.attempts)
 
 
@@ -307,6 +313,11 @@ class Job:
             elif "interval now" in line or "per-level intervals" in line:
                 outcome.intervals.append(line)
         outcome.attempts = attempts
+        metrics = self.run_dir / "metrics.jsonl"
+        if metrics.is_file():
+            restarts = [json.loads(line) for line in metrics.read_text(errors="replace").splitlines()
+                        if '"event": "restart"' in line]
+            outcome.lost_steps = sum(int(r.get("lost_steps", 0)) for r in restarts)
         steps = [(at, int(m.group(1))) for at, line in self.lines if (m := re.match(r"step\s+(\d+)\s", line))]
         if len(steps) > 10:
             (t0, s0), (t1, s1) = steps[len(steps) // 5], steps[-1]
