@@ -123,13 +123,18 @@ def app_result(proc: subprocess.CompletedProcess) -> dict:
     return results[0]
 
 
+def end_without_failures(tmp_path_factory, script: Path, args: list[str]) -> dict:
+    """`script`'s RESULT on 4 ranks of the ULFM MPI without a failure."""
+    directory = tmp_path_factory.mktemp(script.stem)
+    proc = run_ulfm_script(4, script, [str(directory / "run"), *args], directory)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return app_result(proc)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> dict:
     """The solver's end on 4 ranks of the ULFM MPI without a failure."""
-    directory = tmp_path_factory.mktemp("straight")
-    proc = run_ulfm_script(4, SURVIVING_APP, [str(directory / "run"), *APP_ARGS], directory)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return app_result(proc)
+    return end_without_failures(tmp_path_factory, SURVIVING_APP, APP_ARGS)
 
 
 def failures_recorded(run_dir: Path) -> list[dict]:
@@ -261,10 +266,7 @@ HELD_DIGESTS = ("weights", "momentum", "rng", "step")
 @pytest.fixture(scope="module")
 def held_straight(tmp_path_factory) -> dict:
     """held_state_app's end on 4 ranks of the ULFM MPI without a failure."""
-    directory = tmp_path_factory.mktemp("held-straight")
-    proc = run_ulfm_script(4, HELD_APP, [str(directory / "run"), *HELD_ARGS], directory)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return app_result(proc)
+    return end_without_failures(tmp_path_factory, HELD_APP, HELD_ARGS)
 
 
 def restarts_in_the_job(run_dir: Path) -> list[dict]:

@@ -21,8 +21,7 @@ class HeldStep:
     """The state of a finished step, as this process holds it."""
 
     step: int
-    arrays: dict  # name -> (array, replicated, block, copies): the application's own, not copies
-    tables: bool  # keyed tables are protected: rows live on the rank their id hashes to
+    arrays: dict  # name -> the application's array (not a copy)
     state: dict  # the registered state and the engine's, frozen at due(step)
 
 
@@ -49,8 +48,7 @@ class StepCommits:
         if committed != step:
             self.finished = None  # arrays changed outside the promise, or the step numbers disagree
             return
-        arrays = {name: (p.array, p.replicated, p.block, p.copies) for name, p in registry.arrays.items()}
-        self.finished = HeldStep(step, arrays, bool(registry.tables), frozen_state())
+        self.finished = HeldStep(step, {name: p.array for name, p in registry.arrays.items()}, frozen_state())
 
     def forget(self) -> None:
         """A restore or a rewind replaced the arrays: no step is held until the next due()."""

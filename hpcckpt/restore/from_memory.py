@@ -8,12 +8,12 @@ application does not call commit_step, a rank was caught between commit_step and
 array that is not replicated or a keyed table, arrays protected now that differ from those
 held). One reason on one rank, or survivors holding different steps (a commit's outcome
 reaches every survivor alike, so only an application that calls due() out of step gets there),
-and the restart reads a version as before. Otherwise each survivor copies what it held into
-the arrays protected now (the same objects, where the application kept them: no copy), and
-the registered state goes from rank 0 to all, as a version holds rank 0's. Last, each rank
-hashes its arrays (xxh3_64) and one allreduce compares them: copies that differ (arrays
-changed outside commit_step .. due()) send the restart to a version, said in the log. Never
-wrong in silence.
+and the restart reads a version as before. Otherwise each rank hashes the arrays it held
+(xxh3_64) and one allreduce compares them: copies that differ (arrays changed outside
+commit_step .. due()) send the restart to a version, said in the log, before anything is
+copied. Then each survivor copies what it held into the arrays protected now (the same
+objects, where the application kept them: no copy), and the registered state goes from rank
+0 to all, as a version holds rank 0's. Never wrong in silence.
 """
 
 from __future__ import annotations
@@ -41,14 +41,13 @@ def offer(held, registry) -> tuple[int, str | None]:
     if held is None:
         return -1, ("it holds no finished step (the application does not call commit_step each step, or this rank "
                     "was between commit_step and due() when the rank died)")
-    if held.tables or registry.tables:
+    if registry.tables:
         return -1, "keyed tables are protected (each rank holds only the rows whose id hashes to it)"
     if set(held.arrays) != set(registry.arrays):
         return -1, "the arrays protected now are not those it held"
     for name, protected in registry.arrays.items():
-        array, replicated, block, copies = held.arrays[name]
-        if not (replicated and block is None and copies is None) or protected.per_rank or \
-                protected.block is not None or protected.copies is not None:
+        array = held.arrays[name]
+        if protected.per_rank or protected.block is not None or protected.copies is not None:
             return -1, f"array {name!r} is not replicated (each rank holds its own part)"
         if tuple(array.shape) != tuple(protected.array.shape) or array.dtype != protected.array.dtype:
             return -1, (f"array {name!r} is protected now as {protected.array.dtype}{list(protected.array.shape)}, "
@@ -75,7 +74,7 @@ def go_on_from_memory(comm, held, registry, log) -> FromMemory | None:
         log.warning(f"the survivors hold different steps ({', '.join(map(str, steps))}): due() was called out of step "
                     "on some rank; reading a version instead")
         return None
-    kept = [(name, held.arrays[name][0]) for name in registry.arrays]
+    kept = [(name, held.arrays[name]) for name in registry.arrays]
     differ = differing(comm, np.array([digest(array) for _, array in kept], dtype=np.uint64)) if kept else []
     if differ:
         names = ", ".join(repr(kept[i][0]) for i in differ[:4])
