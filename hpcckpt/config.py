@@ -124,6 +124,14 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     local_dir: str = "{run_dir}/local/node{node}"
+    # Node-local versions kept in memory first: a directory on a RAM file system (e.g.
+    # "/dev/shm/hpcckpt-{user}/node{node}"; the same fields as local_dir), whose files outlive
+    # a crashed rank and go with the node. Versions that do not fit memory_budget_mb per node
+    # go to local_dir (levels/node_places.py). "" (the default): every version on local_dir.
+    memory_dir: str = ""
+    # The node's versions in memory_dir take at most this many MB (0: half of that file
+    # system's size as the job starts).
+    memory_budget_mb: float = 0.0
     pfs_dir: str = "{run_dir}/pfs"
     pfs_every: int = 1
     # L4 copies each version from L1 on a thread of its own and skips versions while it is
@@ -263,7 +271,7 @@ _POSITIVE = {
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
     ("run", "seed"), ("eval", "every_steps"), ("resilience", "skip_batches_on_rewind"), ("cluster", "simulated_nodes"), ("cluster", "simulated_domains"),
-    ("storage", "pfs_bandwidth_mb"), ("storage", "pfs_read_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
+    ("storage", "pfs_bandwidth_mb"), ("storage", "pfs_read_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("storage", "memory_budget_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
     ("resilience", "mtbf_two_nodes_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),
 }
@@ -565,7 +573,8 @@ def _check_consistency(config: JobConfig) -> None:
             f"{where('data.path')}: data.path {config.data.path!r} does not exist; "
             "write one with `hpcckpt make-data -o PATH`"
         )
-    for template_key, fields in (("local_dir", LOCAL_DIR_FIELDS), ("pfs_dir", PFS_DIR_FIELDS)):
+    for template_key, fields in (("local_dir", LOCAL_DIR_FIELDS), ("memory_dir", LOCAL_DIR_FIELDS),
+                                 ("pfs_dir", PFS_DIR_FIELDS)):
         template = getattr(config.storage, template_key)
         try:
             template.format(**{name: "x" for name in fields})
@@ -577,6 +586,12 @@ def _check_consistency(config: JobConfig) -> None:
                 f"{where('storage.' + template_key)}: storage.{template_key} = {template!r}: bad template field "
                 f"{exc}; allowed fields: {allowed}{why}"
             ) from None
+
+
+    if config.storage.memory_dir and config.storage.memory_dir == config.storage.local_dir:
+        raise ConfigError(f"{where('storage.memory_dir')}: storage.memory_dir is storage.local_dir "
+                          f"({config.storage.local_dir!r}): point it at a RAM file system (e.g. "
+                          "'/dev/shm/hpcckpt-{user}/node{node}') or leave it empty")
 
 
 def default_job_path() -> Path:

@@ -231,24 +231,28 @@ class _Peer:
     host: str
     pid: int
     node: int
-    local_dir: str | None
+    node_dirs: tuple[str, ...]
 
 
 class FaultInjector:
-    def __init__(self, faults, rank: int, node: int, local_dir: str | Path | None, comm=None):
-        """`comm` (the application's, used by the main thread; construction is then collective)
+    def __init__(self, faults, rank: int, node: int, local_dir: str | Path | None, comm=None,
+                 memory_dir: str | Path | None = None):
+        """`local_dir` and `memory_dir`: the node's directories a node loss takes (its disk's
+        and its memory's, storage.memory_dir).
+        `comm` (the application's, used by the main thread; construction is then collective)
         lets simultaneous node losses between steps delete every lost directory before any lost
         rank dies, otherwise the first death makes mpiexec kill the rest before they delete
         theirs; and it tells a dying rank which processes share its node and host."""
         self.rank = rank
         self.node = node
         self.local_dir = Path(local_dir) if local_dir else None
+        self.node_dirs = tuple(str(d) for d in (local_dir, memory_dir) if d)
         self.comm = comm
         attempt = current_attempt()
         self.all_faults = tuple(f for f in faults if f.attempt in (None, attempt))
         self.faults = tuple(f for f in self.all_faults if self._hits_me(f))
         self._spent: set = set()
-        me = _Peer(socket.gethostname(), os.getpid(), node, str(self.local_dir) if self.local_dir else None)
+        me = _Peer(socket.gethostname(), os.getpid(), node, self.node_dirs)
         self.peers: tuple[_Peer, ...] = (me,)
         if comm is not None and any(f.kind == "node-loss" for f in self.all_faults):
             self.peers = tuple(comm.allgather(me))
@@ -288,8 +292,8 @@ class FaultInjector:
                 f.kind == "node-loss" and f.step == step and f.phase is None for f in self.all_faults):
             self.comm.Barrier()
             mine = [f for f in self.faults if f.kind == "node-loss" and f.step == step and f.phase is None]
-            if mine and self.local_dir is not None:
-                shutil.rmtree(self.local_dir, ignore_errors=True)
+            if mine:
+                self._delete_node_dirs()
             # Every lost directory is gone before anyone dies, on other hosts too; the reapers
             # then make sure that stays so on this one.
             self.comm.Barrier()
@@ -306,7 +310,7 @@ class FaultInjector:
         sys.stderr.write(f"hpcckpt: injected {fault.kind} on rank {self.rank} (node {self.node}) "
                          f"at step {fault.step}{where}\n")
         sys.stderr.flush()
-        if fault.kind == "node-loss" and self.local_dir is not None:
+        if fault.kind == "node-loss" and self.node_dirs:
             self._reap_node(lost_nodes)
         # A crash is a signal: Open MPI's launcher ends the whole job when a rank exits with
         # a non-zero code, but lets fault-tolerant survivors go on after a rank killed.
@@ -319,7 +323,7 @@ class FaultInjector:
         host = socket.gethostname()
         lost = [p for p in self.peers if p.host == host and p.node in lost_nodes]
         pids = sorted({p.pid for p in lost} | {os.getpid()})
-        directories = sorted({p.local_dir for p in lost if p.local_dir} | {str(self.local_dir)})
+        directories = sorted({d for p in lost for d in p.node_dirs} | set(self.node_dirs))
         try:
             reaper = subprocess.Popen(
                 [sys.executable, "-I", "-c", _REAPER, str(os.getpid()), ",".join(map(str, pids)), *directories],
@@ -327,12 +331,16 @@ class FaultInjector:
                 start_new_session=True)  # mpiexec's kill of this rank's group must not stop it
         except OSError as exc:
             sys.stderr.write(f"hpcckpt: could not start the node-loss reaper ({exc}); deleting from here\n")
-            shutil.rmtree(self.local_dir, ignore_errors=True)
+            self._delete_node_dirs()
             return
         time.sleep(REAPER_GRACE_S)
         sys.stderr.write(f"hpcckpt: the node-loss reaper did not kill rank {self.rank} "
                          f"(exit {reaper.poll()}); exiting\n")
-        shutil.rmtree(self.local_dir, ignore_errors=True)
+        self._delete_node_dirs()
+
+    def _delete_node_dirs(self) -> None:
+        for directory in self.node_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 NO_FAULTS = FaultInjector((), 0, 0, None)

@@ -326,6 +326,8 @@ class Checkpointer:
                                     job.pipeline.flush)
             if self.stopping is not None and clean:
                 job.report_stop(drained=drain)
+            elif clean and drain and not self.read_only:
+                job.release_memory()  # finished: a stopped run's next job may read them
         finally:
             job.close()
             # Only now: a close that a process failure cut short leaves it to be abandoned.

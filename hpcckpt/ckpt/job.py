@@ -15,11 +15,13 @@ the same registry.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from hpcckpt.ckpt.capture import SnapshotCapture
 from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
 from hpcckpt.ckpt.snapshot import ProtectedArrays
+from hpcckpt.cluster.collectives import quiet_barrier
 from hpcckpt.cluster.placement import discover_topology
 from hpcckpt.errors import CheckpointError, ConfigError, StorageError
 from hpcckpt.exit_record import record_started
@@ -76,7 +78,8 @@ class CommJob:
                                     config.recorded, *self._domains_recorded())
             save_job = SaveJob(log, threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self.claim.lease,
                                record_peers=record_peers(self.rank, self.partner_of, self.topology.node_of_rank,
-                                                         self.groups))
+                                                         self.groups),
+                               node_sharers=len(self.storage.dir_sharers))
             self.pipeline = SavePipeline(self.comm, self.storage.levels, settings, records, self.arrays, save_job)
             self.storage.prepare(read_only)
             self.storage.log_placement()
@@ -157,6 +160,28 @@ class CommJob:
                                  "allocation ends: it resumes from node-local storage and copies them",
                                  collective=True)
             raise error from None
+
+    def release_memory(self) -> None:
+        """(all ranks) After a run that finished and whose newest version L4 holds (the drain):
+        the versions in memory (storage.memory_dir) would hold the nodes' RAM until they reboot,
+        so this run's directory there goes (one rank per node). Without L4 they are the run's
+        newest copies: they stay, and rank 0 says what they hold."""
+        storage = self.storage
+        if storage.memory_dir is None:
+            return
+        if not self.levels.global_levels:
+            if self.rank == 0 and self.log:
+                self.log.warning(f"the versions in memory ({storage.memory_dir} on each node) stay: with no L4 they "
+                                 "are this run's newest copies, and they hold the nodes' RAM until they reboot or "
+                                 "you delete them")
+            return
+        self.pipeline.wait_for_global_levels()
+        quiet_barrier(self.comm)  # no rank of the node still copies from there
+        if self.rank == min(storage.dir_sharers):
+            shutil.rmtree(storage.memory_dir, ignore_errors=True)
+        if self.rank == 0 and self.log:
+            self.log.info(f"the run finished and L4 holds its newest version: deleted its versions in memory "
+                          f"({storage.memory_dir} on each node)")
 
     def report_stop(self, drained: bool) -> None:
         """The run stopped on request: where its final version is, said once; the halt file

@@ -64,7 +64,7 @@ class Resuming:
             targets=RestoreTargets(dict(arrays.buffers), {name: p.array for name, p in arrays.arrays.items()},
                                    self.apply_state, dict(arrays.tables)),
             run=RunPlace(job.run.run_id, self.config.recorded, self.config.run_dir, job.storage.pfs_dir,
-                         job.storage.local_dir),
+                         job.storage.local_dir, tuple(map(str, job.storage.places.roots))),
             log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
             verify_finite=self.config.checkpoint.verify_finite)
 

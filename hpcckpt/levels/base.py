@@ -59,12 +59,11 @@ from hpcckpt.levels.naming import (
     LEVEL_NUMBERS,
     STAGE_LABELS,
     commit_file_name,
-    list_version_steps,
     parity_file_name,
     replicas_held_glob,
     shard_file_name,
-    version_dir_name,
 )
+from hpcckpt.levels.node_places import NodePlaces
 from hpcckpt.levels.spares import SpareFiles
 
 # Replicas and parity travel and reach the disk in chunks of this size (checkpoint.chunk_mib):
@@ -228,8 +227,11 @@ class NodeLocalFiles:
     serves = staticmethod(served_by_holders)
 
     def __init__(self, root: str | Path, rank: int, spares: SpareFiles | None, file_mode: int,
-                 bandwidth_mb: float):
-        self.root = Path(root)
+                 bandwidth_mb: float, places: NodePlaces | None = None):
+        self.root = Path(root)  # on the node's disk
+        # Where each version is: in memory within its budget, else under `root`; shared by the
+        # node-local levels of a rank, which keep a version in one place.
+        self.places = places or NodePlaces(self.root)
         self.rank = rank
         self.file_mode = file_mode  # of new files, less the umask (levels/dir_safety.py)
         # Retired files to overwrite instead of new ones (levels/spares.py); none by default.
@@ -250,7 +252,22 @@ class NodeLocalFiles:
         return STAGE_LABELS[self.name]
 
     def version_dir(self, step: int) -> Path:
-        return self.root / version_dir_name(step)
+        return self.places.version_dir(step)
+
+    def spare_for(self, path: Path) -> Path | None:
+        """The spare to overwrite for a new file at `path`: spares are on the disk, and a file
+        in memory gains nothing from one (nor can it be renamed across file systems)."""
+        return None if self._in_memory(path) else self.spares.spare_for(path)
+
+    def retire(self, path: Path) -> None:
+        if self._in_memory(path):
+            path.unlink(missing_ok=True)
+        else:
+            self.spares.retire(path)
+
+    def _in_memory(self, path: Path) -> bool:
+        memory = self.places.memory
+        return memory is not None and Path(path).is_relative_to(memory)
 
     def commit_path(self, step: int, rank: int | None = None) -> Path:
         """A rank's copy of the commit record (each rank commits: a version stays readable
@@ -283,12 +300,12 @@ class NodeLocalFiles:
         return Manifest.read(self.commit_path(step))
 
     def committed_steps(self) -> list[int]:
-        return [s for s in list_version_steps(self.root) if self.commit_path(s).is_file() and self.has_own_files(s)]
+        return [s for s in self.places.steps() if self.commit_path(s).is_file() and self.has_own_files(s)]
 
     def uncommitted_steps(self) -> list[int]:
         """Versions where this rank has files of this level but no commit record (they would
         otherwise stay for good, and a full disk is when writes fail)."""
-        return [s for s in list_version_steps(self.root)
+        return [s for s in self.places.steps()
                 if not self.commit_path(s).is_file()
                 and any(p.exists() for p in with_temporaries(self.own_files(s)))]
 
@@ -299,7 +316,7 @@ class NodeLocalFiles:
         directory = self.version_dir(step)
         for path in with_temporaries(self.own_files(step)):
             if path.suffix == ".hck":
-                self.spares.retire(path)
+                self.retire(path)
             else:
                 path.unlink(missing_ok=True)
         remove_dir_if_empty(directory)
@@ -321,7 +338,7 @@ class NodeLocalFiles:
     def rank_steps(self) -> list[int]:
         """Versions this rank has any node-local file of, committed or not: one scan of the
         directory for all node-local levels."""
-        return [s for s in list_version_steps(self.root) if any(p.exists() for p in self.rank_files(s))]
+        return [s for s in self.places.steps() if any(p.exists() for p in self.rank_files(s))]
 
     def stray_steps(self) -> list[int]:
         """Versions with files of this rank and no commit record, whichever level wrote them
@@ -335,7 +352,7 @@ class NodeLocalFiles:
         or it would hold its space and its directory for good."""
         for path in self.rank_files(step):
             if path.suffix == ".hck":
-                self.spares.retire(path)
+                self.retire(path)
             else:
                 path.unlink(missing_ok=True)
         remove_dir_if_empty(self.version_dir(step))
@@ -343,7 +360,7 @@ class NodeLocalFiles:
     def _publish(self, path: Path, data) -> None:
         """A whole file this level received or rebuilt, published atomically."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
+        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spare_for(path),
                                mode=self.file_mode)
 
 
@@ -361,6 +378,7 @@ class ShardFileLevel:
     spares: SpareFiles  # retired files overwritten instead of new ones (levels/spares.py)
     bandwidth_bytes: float  # bytes/s the level's writes are held to; 0: as fast as they go
     version_dir: Callable[[int], Path]  # <root>/v<step>
+    spare_for: Callable[[Path], Path | None]  # the retired file a new one at that path overwrites
 
     def shard_path(self, step: int, rank: int | None = None) -> Path:
         return self.version_dir(step) / shard_file_name(self.rank if rank is None else rank)
@@ -377,7 +395,7 @@ class ShardFileLevel:
         started = time.perf_counter()
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        info = write_shard_image(path, image, direct=self.direct_io, recycle=self.spares.spare_for(path),
+        info = write_shard_image(path, image, direct=self.direct_io, recycle=self.spare_for(path),
                                  mode=self.file_mode)
         hold_to_bandwidth(info.size, self.bandwidth_bytes, started)
         return info
@@ -387,7 +405,7 @@ class ShardFileLevel:
         a restore putting a copy back is not held to the checkpoints' bandwidth cap."""
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
-        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spares.spare_for(path),
+        write_bytes_atomically(path, memoryview(data), direct=self.direct_io, recycle=self.spare_for(path),
                                mode=self.file_mode)
 
     def open_shard_copy(self, step: int, size: int, aligned: bool) -> AtomicFile:
@@ -398,7 +416,7 @@ class ShardFileLevel:
         self.version_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.shard_path(step)
         path.unlink(missing_ok=True)
-        return AtomicFile(path, size, direct=self.direct_io and aligned, recycle=self.spares.spare_for(path),
+        return AtomicFile(path, size, direct=self.direct_io and aligned, recycle=self.spare_for(path),
                           mode=self.file_mode)
 
     def store(self, version: VersionImage) -> int:

@@ -52,8 +52,8 @@ class ErasureLevel(NodeLocalFiles):
     def __init__(self, root: str | Path, rank: int, members: tuple[int, ...], group_comm, parity: int,
                  direct_io: bool = False, spares: SpareFiles | None = None, file_mode: int = 0o666,
                  bandwidth_mb: float = 0.0, groups: tuple[tuple[int, ...], ...] | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
-        super().__init__(root, rank, spares, file_mode, bandwidth_mb)
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, places=None):
+        super().__init__(root, rank, spares, file_mode, bandwidth_mb, places)
         self.direct_io = direct_io  # write parity files with O_DIRECT (io/direct_io.py)
         self.chunk_bytes = max(1, int(chunk_bytes))
         self._zeros = None  # what the shard's padding past its end sends
@@ -196,7 +196,7 @@ class ErasureLevel(NodeLocalFiles):
         pieces = sorted((_piece_name(t, b), np.uint8, (segment,)) for t, b in self._mine())
         return ShardFileWriter(path, step, self.rank, world_size, pieces, self._parity_extra(segment),
                                chunk_bytes=self.chunk_bytes, direct=self.direct_io,
-                               recycle=self.spares.spare_for(path), mode=self.file_mode)
+                               recycle=self.spare_for(path), mode=self.file_mode)
 
     def _parity_extra(self, segment: int) -> dict:
         return {"group": list(self.members), "parity": self.p, "segment": segment}

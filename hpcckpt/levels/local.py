@@ -26,8 +26,8 @@ class LocalLevel(ShardFileLevel, NodeLocalFiles):
     collective = False
 
     def __init__(self, root: str | Path, rank: int, direct_io: bool = False, spares: SpareFiles | None = None,
-                 file_mode: int = 0o666, bandwidth_mb: float = 0.0):
-        super().__init__(root, rank, spares, file_mode, bandwidth_mb)
+                 file_mode: int = 0o666, bandwidth_mb: float = 0.0, places=None):
+        super().__init__(root, rank, spares, file_mode, bandwidth_mb, places)
         self.direct_io = direct_io  # write shard files with O_DIRECT (io/direct_io.py)
 
     def commit(self, manifest) -> None:

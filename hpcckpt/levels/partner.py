@@ -36,8 +36,8 @@ class PartnerLevel(NodeLocalFiles):
 
     def __init__(self, root: str | Path, rank: int, partner_of: tuple[int, ...], comm, direct_io: bool = False,
                  spares: SpareFiles | None = None, file_mode: int = 0o666, bandwidth_mb: float = 0.0,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
-        super().__init__(root, rank, spares, file_mode, bandwidth_mb)
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, places=None):
+        super().__init__(root, rank, spares, file_mode, bandwidth_mb, places)
         self.direct_io = direct_io
         self.chunk_bytes = max(1, int(chunk_bytes))
         self.partner_of = partner_of
@@ -116,7 +116,7 @@ class PartnerLevel(NodeLocalFiles):
                 path = self.replica_path(step, source)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 files[source] = AtomicFile(path, sizes[source], direct=self.direct_io and self.chunk_bytes % ALIGNMENT == 0,
-                                           recycle=self.spares.spare_for(path), mode=self.file_mode)
+                                           recycle=self.spare_for(path), mode=self.file_mode)
             largest = max((sizes[source] for source in wanted), default=0)
             chunk_buffers = [self._receive_buffers.get(("chunk", i), min(self.chunk_bytes, largest)) for i in (0, 1)]
         except Exception as exc:

@@ -75,6 +75,9 @@ class PfsLevel(ShardFileLevel):
     def version_dir(self, step: int) -> Path:
         return self.root / version_dir_name(step)
 
+    def spare_for(self, path: Path) -> Path | None:
+        return self.spares.spare_for(path)
+
     def commit_path(self, step: int) -> Path:
         """The one commit record, written by the coordinator."""
         return self.version_dir(step) / PFS_COMMIT_NAME

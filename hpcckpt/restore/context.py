@@ -43,7 +43,12 @@ class RunPlace:
     settings: dict
     run_dir: str
     pfs_dir: str  # named in messages about the global levels' directory
-    node_dir: str  # this rank's node-local directory
+    node_dir: str  # this rank's node-local directory (on the disk: scratch files go there too)
+    node_roots: tuple = ()  # every directory its node-local versions may be in, memory first (none: node_dir)
+
+    @property
+    def version_roots(self) -> tuple:
+        return self.node_roots or (self.node_dir,)
 
 
 @dataclass(frozen=True)

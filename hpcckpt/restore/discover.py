@@ -126,14 +126,18 @@ class _Records:
 
 
 def _node_files(ctx) -> bool:
-    root = Path(ctx.run.node_dir)
-    return bool(list_version_steps(root)) or (root / SPARE_DIR_NAME).is_dir()
+    return any(list_version_steps(root) or (Path(root) / SPARE_DIR_NAME).is_dir() for root in ctx.run.version_roots)
 
 
 def _survey(ctx, read: dict) -> dict[int, NodeLocalView]:
     """Every old rank's node-local files this rank can read, by step (`read`: the commit records
-    discovery read already); another run's are left alone."""
-    if not ctx.levels.node_local or not Path(ctx.run.node_dir).is_dir():
+    discovery read already); another run's are left alone. A version is in one of the node's
+    directories (levels/node_places.py): the first that has it, memory first."""
+    if not ctx.levels.node_local:
         return {}
-    views = survey(ctx.run.node_dir, warn=lambda message: warn(ctx, message), known=read)
+    views = {}
+    for root in ctx.run.version_roots:
+        if Path(root).is_dir():
+            for step, view in survey(root, warn=lambda message: warn(ctx, message), known=read).items():
+                views.setdefault(step, view)
     return {step: view for step, view in views.items() if view.writing is None or view.writing.run_id == ctx.run.run_id}

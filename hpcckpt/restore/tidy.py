@@ -57,12 +57,16 @@ def clear_old_geometry(ctx, which) -> list[int]:
     levels keep their versions (the engine writes the version there first where they lack
     it). Returns the steps deleted."""
     first = first_of_each(ctx.job.comm, (ctx.run.node_dir, ctx.job.node))
-    steps = [s for s in list_version_steps(ctx.run.node_dir) if which(s)] if first and ctx.levels.node_local else []
-    for step in steps:
-        remove_tree(Path(ctx.run.node_dir) / version_dir_name(step))
-    if steps and ctx.log:
-        ctx.log.info(f"deleted node-local version(s) {steps} of the job that ran before (its rank count and "
-                     f"placement) from {ctx.run.node_dir}")
+    deleted = set()
+    for root in ctx.run.version_roots if first and ctx.levels.node_local else ():
+        steps = [s for s in list_version_steps(root) if which(s)]
+        for step in steps:
+            remove_tree(Path(root) / version_dir_name(step))
+        deleted.update(steps)
+        if steps and ctx.log:
+            ctx.log.info(f"deleted node-local version(s) {steps} of the job that ran before (its rank count and "
+                         f"placement) from {root}")
+    steps = sorted(deleted)
     quiet_barrier(ctx.job.comm)  # no rank writes before every old file is gone
     return steps
 

@@ -28,9 +28,10 @@ from hpcckpt.faults import NO_FAULTS
 from hpcckpt.faulty_levels import with_faults
 from hpcckpt.format.compact import pack_dirs, unpack_dirs
 from hpcckpt.levels import dir_safety
-from hpcckpt.levels.base import LevelStack
+from hpcckpt.levels.base import LevelStack, ensure_writable_dir
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
+from hpcckpt.levels.node_places import RAM_FILE_SYSTEMS, NodePlaces, file_system_type, total_bytes
 from hpcckpt.levels.naming import NODE_LOCAL_LEVELS
 from hpcckpt.levels.partner import PartnerLevel
 from hpcckpt.levels.pfs import PfsLevel
@@ -149,6 +150,11 @@ class JobStorage:
         # so runs that share a node-local directory never see each other's versions.
         self.local_base = local_dir_of(config.storage.local_dir, run_dir, topology, self.rank)
         self.local_dir = str(Path(self.local_base) / run.local_subdir)
+        # Versions in memory first where a memory directory is set (levels/node_places.py);
+        # its budget is measured in prepare(), once the directory exists.
+        self.memory_dir = (str(Path(local_dir_of(config.storage.memory_dir, run_dir, topology, self.rank))
+                               / run.local_subdir) if config.storage.memory_dir else None)
+        self.places = NodePlaces(self.local_dir, self.memory_dir)
         # Gathered at rank 0 and handed out as a rule (a template with {node}), not every
         # rank's path to every rank.
         self.local_dirs = tuple(unpack_dirs(fold_at_root(comm, self.local_dir, lambda dirs: pack_dirs(
@@ -174,7 +180,7 @@ class JobStorage:
         """The enabled levels in data-flow order (levels/naming.py's LEVEL_ORDER)."""
         storage, resilience = self.config.storage, self.config.resilience
         node_local = dict(direct_io=storage.direct_io, spares=self.node_spares, file_mode=self.file_mode,
-                          bandwidth_mb=storage.local_bandwidth_mb)
+                          bandwidth_mb=storage.local_bandwidth_mb, places=self.places)
         transfers = dict(chunk_bytes=self.config.checkpoint.chunk_bytes)  # L2 and L3 stream in chunks
         self.redundancy = fit_redundancy(self.topology, "partner" in self.enabled, "erasure" in self.enabled,
                                          resilience.group_size, resilience.parity)
@@ -222,6 +228,8 @@ class JobStorage:
                 else:
                     dir_safety.make_private_dirs(self.local_dir, "storage.local_dir", self.dir_mode)
                     self._keep_private(Path(self.local_dir))
+                if self.memory_dir is not None:
+                    self._prepare_memory(read_only)
             if "pfs" in self.enabled:
                 dir_safety.check_path(self.pfs_dir, "storage.pfs_dir")
             if not read_only:  # first: stale spares may be what filled the disk the probe writes to
@@ -236,14 +244,39 @@ class JobStorage:
             error_type = ConfigError  # a refused path is the user's to fix: exit 2 on every rank
         raise_if_any_failed(self.comm, "storage check", error, error_type=error_type)
 
-    def _keep_private(self, directory: Path) -> None:
+    def _prepare_memory(self, read_only: bool) -> None:
+        """The memory directory checked (and made, private) like the node-local one, and its
+        budget: storage.memory_budget_mb, or half of its file system's size."""
+        memory = Path(self.memory_dir)
+        if read_only:
+            dir_safety.check_path(memory, "storage.memory_dir")
+        else:
+            dir_safety.make_private_dirs(memory, "storage.memory_dir", self.dir_mode)
+            self._keep_private(memory, "storage.memory_dir")
+            ensure_writable_dir(memory, "storage.memory_dir")
+        budget_mb = self.config.storage.memory_budget_mb
+        self.places.budget_bytes = int(budget_mb * 1e6) if budget_mb > 0 else total_bytes(memory) // 2
+
+    def describe_memory(self) -> str | None:
+        """What the placement line says of the memory directory (None: there is none)."""
+        if self.memory_dir is None:
+            return None
+        kind = file_system_type(self.memory_dir)
+        text = (f"node-local versions in memory first: {self.memory_dir} ({kind or 'file system unknown'}), "
+                f"up to {self.places.budget_bytes / 1e6:.4g} MB per node, then on {self.local_dir}")
+        if kind is not None and kind not in RAM_FILE_SYSTEMS:
+            text += (f"; storage.memory_dir is on {kind}, not in memory: point it at a RAM file system such as "
+                     "/dev/shm for versions at memory speed")
+        return text
+
+    def _keep_private(self, directory: Path, setting: str = "storage.local_dir") -> None:
         """This run's node-local directory has the mode the config asks for, also when an
         earlier start of the run made it with another storage.share_with_group."""
         try:
             if directory.stat().st_mode & 0o777 != self.dir_mode:
                 os.chmod(directory, self.dir_mode)
         except OSError as exc:
-            raise StorageError(f"storage.local_dir: cannot set the mode of {str(directory)!r}: "
+            raise StorageError(f"{setting}: cannot set the mode of {str(directory)!r}: "
                                f"{exc.strerror or exc}") from None
 
     def _reusable_node_spare(self, kind: str, writer: int, source: int | None) -> bool:
@@ -309,6 +342,11 @@ class JobStorage:
         def where(rank: int) -> str:
             return f"simulated node {node_of[rank]}" if simulated else f"host {hosts[rank]}"
         parts = [f"node-local directory {self.local_dir} on {where(self.rank)}"]
+        memory = self.describe_memory()
+        if memory is not None:
+            parts.append(memory)
+            if self.rank == 0:
+                self.log.info(memory, console=True)
         if self.partner_of:
             partner = self.partner_of[self.rank]
             parts.append(f"L2 partner copy on rank {partner} ({where(partner)})")

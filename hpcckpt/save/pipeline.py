@@ -35,6 +35,7 @@ from hpcckpt.save.drain import drain
 from hpcckpt.save.flush import AsyncFlush
 from hpcckpt.save.global_stage import GlobalStage
 from hpcckpt.save.level_health import LevelHealth
+from hpcckpt.save.memory_placement import MemoryPlacement
 from hpcckpt.save.node_local_stage import NodeLocalStage
 from hpcckpt.save.pruning import Pruner
 from hpcckpt.save.room import RoomMaker, bytes_to_write, out_of_space
@@ -110,6 +111,8 @@ class SavePipeline:
         self.room = RoomMaker(self.rank, levels.node_local, levels.global_levels, settings.keep_best, self.log,
                               remove_node_local=self.pruner.remove_node_local, prune=self.pruner.prune)
         self.health = LevelHealth(settings.max_unprotected, self.log)
+        self.memory = MemoryPlacement(levels.node_local[0].places if levels.node_local else None,
+                                      job.node_sharers, self.log)
         self.node_local_stage = NodeLocalStage(self.runner, levels.node_local, make_manifest, self.pruner,
                                                settings.one_write_at_a_time)
         self.global_stage = GlobalStage(self.runner, levels, self.room, self.health, self.pruner, self.lease)
@@ -225,7 +228,10 @@ class SavePipeline:
         if plan.empty:
             report.held = False  # no level was due: a table's rows changed since are not stored yet
             return
-        version, shard_infos = self._version(snapshot, (plan.node_local or plan.global_levels)[0])
+        version, shard_infos = self._version(snapshot, (plan.node_local or plan.global_levels)[0],
+                                             len(plan.node_local))
+        if plan.node_local:
+            self.memory.place(step, shard_infos.in_memory)
         v = VersionInFlight(snapshot, version, shard_infos, report, started)
         outcome, manifest, lacking, failure = NODE_LOCAL_OK, None, {}, None
         if plan.node_local:
@@ -248,13 +254,15 @@ class SavePipeline:
         self.health.version_held(step, bool(held_by))
         self.pruner.apply(step, global_too=self.flush is None)  # else L4's thread prunes after each copy
 
-    def _version(self, snapshot: Snapshot, first) -> tuple[VersionImage, ShardInfos]:
-        """(all ranks) This rank's shard planned, and what every rank's records need of it."""
+    def _version(self, snapshot: Snapshot, first, node_local_levels: int) -> tuple[VersionImage, ShardInfos]:
+        """(all ranks) This rank's shard planned, and what every rank's records need of it
+        (with whether every node has room for the version in memory)."""
         step = snapshot.step
         image = self.runner.run(step, "shard layout", lambda: plan_shard(
             step, self.rank, self.world_size, snapshot.pieces, self.arrays.shard_extra,
             str(first.shard_path(step))))
-        shard_infos = self._share_shard_infos(image.size, image.checksums, step)
+        shard_infos = self._share_shard_infos(image.size, image.checksums, step,
+                                              self.memory.room_for(image.size, node_local_levels))
         version = VersionImage(step, self.world_size, shard_infos.sizes,
                                functools.cache(lambda: image.copy_into(self.arrays.file_buffer(image.size))), image,
                                version_bytes=shard_infos.version_bytes)
@@ -307,7 +315,7 @@ class SavePipeline:
         elif self.levels.node_local and node_local:
             self.health.succeeded(self.node_local_label, step)
 
-    def _share_shard_infos(self, size: int, checksums: dict, step: int) -> ShardInfos:
+    def _share_shard_infos(self, size: int, checksums: dict, step: int, room_in_memory: bool) -> ShardInfos:
         """(all ranks) What the commit records need of every rank's shard, each rank told only
         what it writes, so no rank receives O(ranks): the checksums of the shards its node-local
         record lists, point to point from those O(group) ranks; all of them at L4's coordinator,
@@ -316,15 +324,15 @@ class SavePipeline:
         send_to, receive_from = self.record_peers
         records = exchange_objects(self.comm, (size, checksums), send_to, receive_from, TAG_RECORDS)
         records[self.rank] = (size, checksums)
-        mine = (size, checksums, shard_digest(size, checksums))
+        mine = (size, checksums, shard_digest(size, checksums), room_in_memory)
         everyone = quiet_gather(self.comm, mine, root=COORDINATOR)
         summary = None
         if everyone is not None:
-            records = {rank: (size, checksums) for rank, (size, checksums, _) in enumerate(everyone)}
-            summary = (version_id_of(step, self.world_size, [digest for _, _, digest in everyone]),
-                       bytes_to_write(size for size, _, _ in everyone))
-        version_id, version_bytes = quiet_bcast(self.comm, summary, root=COORDINATOR)
-        return ShardInfos(records, version_id, version_bytes)
+            records = {rank: (size, checksums) for rank, (size, checksums, _, _) in enumerate(everyone)}
+            summary = (version_id_of(step, self.world_size, [digest for _, _, digest, _ in everyone]),
+                       bytes_to_write(size for size, _, _, _ in everyone), all(room for *_, room in everyone))
+        version_id, version_bytes, in_memory = quiet_bcast(self.comm, summary, root=COORDINATOR)
+        return ShardInfos(records, version_id, version_bytes, in_memory)
 
     def drain(self, source, target) -> list[int]:
         """(all ranks) The end-of-run drain of `source`'s versions to `target` (save/drain.py)."""

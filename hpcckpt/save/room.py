@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 from typing import Callable
 
+from hpcckpt.levels.node_places import allocated_bytes, free_bytes
 from hpcckpt.save.retention import best_step
 from hpcckpt.cluster.collectives import fold_at_root, on_root
 from hpcckpt.errors import HpcckptError
@@ -57,27 +57,6 @@ def bytes_to_write(file_sizes) -> int:
     """What files of these sizes take on a file system of 4 KiB blocks, with a commit record
     and the version's directory."""
     return sum(-(-int(size) // PAGE) * PAGE for size in file_sizes) + 2 * PAGE
-
-
-def free_bytes(path: Path) -> int:
-    """Space an unprivileged writer may still take there (0 when it cannot be measured)."""
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return 0
-    return stats.f_bavail * stats.f_frsize
-
-
-def allocated_bytes(path: Path) -> int:
-    """Blocks a version's directory holds: what deleting it gives back."""
-    total = 0
-    for directory, _, files in os.walk(path):
-        for name in (".", *files):
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
 
 
 def _chain_members(level, steps) -> set[int]:
@@ -162,7 +141,8 @@ class RoomMaker:
         # This job's previous version on this node is the best guess of what the next takes.
         needed = (allocated_bytes(first.version_dir(newest_here)) if newest_here is not None
                   else 3 * bytes_to_write([version.shard_sizes[self.rank]]))
-        count = how_many_to_drop(free_bytes(first.root), needed,
+        # The file system the version goes to (memory or the disk: levels/node_places.py).
+        count = how_many_to_drop(free_bytes(first.version_dir(step).parent), needed,
                                  [allocated_bytes(first.version_dir(s)) for s in candidates])
         # The node shortest of space decides; one that cannot make room stops it everywhere.
         most = fold_at_root(comm, count, lambda counts: None if None in counts else max(counts))

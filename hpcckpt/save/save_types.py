@@ -116,6 +116,7 @@ class ShardInfos:
     records: dict
     version_id: str
     version_bytes: int
+    in_memory: bool = False  # every node has room for the version in memory (save/memory_placement.py)
 
     @property
     def sizes(self) -> dict[int, int]:
@@ -135,6 +136,7 @@ class SaveJob:
     threaded: bool
     lease: object = None
     record_peers: tuple = ((), ())
+    node_sharers: int = 1  # ranks whose node-local versions share this rank's node directories
 
 
 @dataclass(frozen=True)

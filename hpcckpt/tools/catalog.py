@@ -70,11 +70,14 @@ def run_id_of(config) -> str | None:
 
 
 def local_roots(config) -> list[Path]:
-    """This run's node-local roots reachable from here: the template with {node}, {rank} and
-    {host} as wildcards, and the run's own directory in each (run/run_identity.py)."""
-    pattern = expand_dir_template(config.storage.local_dir, run_dir=str(config.run.dir), node="*", rank="*",
-                                  host="*", job=job_id(os.environ), user=user_name())
-    bases = sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
+    """This run's node-local roots reachable from here: the templates (storage.memory_dir's
+    first, then storage.local_dir's) with {node}, {rank} and {host} as wildcards, and the run's
+    own directory in each (run/run_identity.py)."""
+    bases = []
+    for template in filter(None, (config.storage.memory_dir, config.storage.local_dir)):
+        pattern = expand_dir_template(template, run_dir=str(config.run.dir), node="*", rank="*",
+                                      host="*", job=job_id(os.environ), user=user_name())
+        bases += sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
     run_id = run_id_of(config)
     if run_id is None:
         return bases

@@ -59,7 +59,9 @@ def run_training(config, comm, restart: str = "auto", faults=(), init_from: str 
         )
         log.info(f"this rank runs on node {node} (local rank {local_rank})")
         injector = FaultInjector(faults, rank, node, local_dir_of(
-            config.storage.local_dir, str(config.run.dir), topology, rank), comm=comm)
+            config.storage.local_dir, str(config.run.dir), topology, rank), comm=comm,
+            memory_dir=local_dir_of(config.storage.memory_dir, str(config.run.dir), topology, rank)
+            if config.storage.memory_dir else None)
         if not checkpoints_enabled(config.checkpoint):
             if init_from:
                 raise ConfigError(f"--init-from {init_from}: checkpoints are off (checkpoint.every_steps = 0); the "
