@@ -1,7 +1,7 @@
 """Goodput under failures: the machine time that failures waste, for hpcckpt's levels against
 single-level checkpointing, under one seeded failure schedule replayed for every approach.
 
-    python perf/bench_goodput.py                 # 3 seeds, 4 approaches, 32 steps, MTBF 15 s
+    python perf/bench_goodput.py                 # 5 seeds of >= 3 failures, 6 approaches, 32 steps, MTBF 15 s
     python perf/bench_goodput.py --seeds 1 --approaches hpcckpt,dcp --json out.json
 
 The workload is the trainer (`hpcckpt train`'s model, data order and steps), 4 ranks on 4
@@ -15,7 +15,9 @@ loss of one node (its ranks stopped, its node-local directory deleted, its ranks
 rarer, of two nodes at once (--mix). The schedule (times, classes, victims) is drawn from the
 seed alone, so every approach meets the same failures at the same times after its start. A
 failure that comes while no attempt runs (between attempts) still deletes the node's
-directory; a crash then hits nothing.
+directory; a crash then hits nothing. Seeds whose schedule strikes fewer than --min-failures
+times within the failure-free run's time are passed over: every seed tells the approaches
+apart, and the table gives each approach's spread over the seeds beside its median.
 
 The PFS is shared and slower than node-local storage, as on a cluster: its write bandwidth
 for the job is --pfs-fraction of the node-local disk's (measured here at the start), the same
@@ -26,7 +28,10 @@ a restart (storage.pfs_read_bandwidth_mb; DCP's and h5py's readers alike).
 Approaches:
 - hpcckpt: L1-L4 (L3 groups of 4, parity 2), the interval and each level's share of the
   versions chosen by the library from the failure rates (resilience.mtbf_*_hours, set to this
-  schedule's rates) and the costs it measures (schedule/level_intervals.py);
+  schedule's rates) and the costs it measures (schedule/level_intervals.py), the node-local
+  versions in memory first (storage.memory_dir under --memory-root, /dev/shm: a lost node's
+  part is deleted with its node-local directory);
+- hpcckpt_disk: the same with the node-local versions on the disk (what memory saves);
 - hpcckpt_in_job: hpcckpt's levels and intervals, the job launched on the fault-tolerant MPI
   (`LAUNCHER=ulfm`, Open MPI's ULFM): a crashed rank costs no relaunch, the others go on in
   the job from the step they hold in memory (the trainer commits each step) and finish on
@@ -38,6 +43,10 @@ Approaches:
 - dcp: torch.distributed.checkpoint.async_save, and
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
   (perf/goodput_app.py), restarting from their own files.
+
+Before the seeds, hpcckpt runs once without failures: the waste its per-level choice predicts
+for its checkpoints ("checkpoints X %" of its last choice) beside the waste they realized
+(its extra wall time over the failure-free run's, per second of the latter's training).
 
 Reported per approach (medians over seeds): wall time; goodput = failure-free compute time /
 wall time, the failure-free time being the same job run without checkpoints or failures;
@@ -66,7 +75,8 @@ from pathlib import Path
 
 from harness import REPO, find_mpiexec, machine, print_machine, worker_env, write_durably, write_json
 
-APPROACHES = ("hpcckpt", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
+APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
+MULTI_LEVEL = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job")
 IN_JOB = "hpcckpt_in_job"
 CLASSES = ("crash", "node", "two_nodes")
 NODES_LOST = {"crash": 0, "node": 1, "two_nodes": 2}
@@ -94,6 +104,52 @@ def failure_schedule(seed: int, mtbf_s: float, mix: dict, ranks: int, nodes: int
         else:
             victims = tuple(sorted(rng.sample(range(nodes), NODES_LOST[kind])))
         events.append(Failure(round(now, 3), kind, victims))
+
+
+def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root,
+                               clean: "Outcome") -> dict:
+    """hpcckpt without failures: the checkpoint waste its last per-level choice predicted and
+    the waste it realized (extra wall time per second of the failure-free run's training)."""
+    env, run_dir = approach_setup("hpcckpt", root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks,
+                                  memory_root)
+    job = Job("hpcckpt", env, run_dir, "failure-free-hpcckpt", ranks, nodes, args.restart_delay,
+              memory_dir_of(memory_root, "hpcckpt"))
+    outcome = job.run([], 20 * clean.wall_s)
+    predicted = predicted_checkpoint_waste(outcome.intervals)
+    training_s = args.steps * (clean.step_s or 0.0) or clean.wall_s
+    realized = (outcome.wall_s - clean.wall_s) / training_s
+    said = f"{100 * predicted:.1f} %" if predicted is not None else "no choice made"
+    off = f" ({100 * (realized / predicted - 1):+.0f} %)" if predicted else ""
+    print(f"hpcckpt without failures: {outcome.wall_s:.1f} s against {clean.wall_s:.1f} s; checkpoint waste predicted "
+          f"{said}, realized {100 * realized:.1f} %{off} of {training_s:.1f} s of training"
+          f"{'' if outcome.finished else ', DID NOT FINISH'}", flush=True)
+    return {"wall_s": outcome.wall_s, "predicted": predicted, "realized": realized, "training_s": training_s,
+            "finished": outcome.finished, "intervals": outcome.intervals}
+
+
+def predicted_checkpoint_waste(interval_lines: list[str]) -> float | None:
+    """What the last per-level choice said its checkpoints cost, as a fraction."""
+    for line in reversed(interval_lines):
+        if m := re.search(r"\(checkpoints ([0-9.]+) %", line):
+            return float(m.group(1)) / 100
+    return None
+
+
+def seeds_with_failures(first: int, count: int, min_failures: int, within_s: float, mtbf_s: float, mix: dict,
+                        ranks: int, nodes: int) -> list[int]:
+    """The first `count` seeds from `first` whose schedule strikes at least `min_failures`
+    times within `within_s` (the failure-free run's time: every approach runs at least that
+    long, so each meets them), so that every seed tells the approaches apart."""
+    seeds, seed = [], first
+    while len(seeds) < count:
+        schedule = failure_schedule(seed, mtbf_s, mix, ranks, nodes, horizon_s=within_s)
+        if len(schedule) >= min_failures:
+            seeds.append(seed)
+        seed += 1
+        if seed > first + 1000 * count:
+            raise SystemExit(f"no {count} seeds with {min_failures} failures in {within_s:.0f} s at MTBF "
+                             f"{mtbf_s} s: lower --min-failures or --mtbf-s")
+    return seeds
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -124,16 +180,24 @@ def job_toml(path: Path, run_dir: Path, steps: int, hidden: tuple, extra: dict) 
     return path
 
 
+def memory_dir_of(memory_root: Path | None, name: str) -> Path | None:
+    """Where an approach keeps node-local versions in memory (None: on the disk only)."""
+    return memory_root / name if memory_root is not None and name in ("hpcckpt", IN_JOB) else None
+
+
 def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: dict, mtbf_s: float,
-                   pfs_mbps: float, ranks: int) -> tuple[dict, Path]:
+                   pfs_mbps: float, ranks: int, memory_root: Path | None = None) -> tuple[dict, Path]:
     """(environment for the job script, the run directory) of one approach."""
     run_dir = root / name
     per_rank_pfs = pfs_mbps / ranks
-    if name in ("hpcckpt", IN_JOB, "hpcckpt_l4", "nockpt"):
+    if name in (*MULTI_LEVEL, "hpcckpt_l4", "nockpt"):
         extra = {"storage": {"pfs_bandwidth_mb": round(per_rank_pfs, 3),
                              "pfs_read_bandwidth_mb": round(per_rank_pfs, 3)}}
-        if name in ("hpcckpt", IN_JOB):
+        if name in MULTI_LEVEL:
             extra["checkpoint"] = {"every_steps": "auto"}
+            memory = memory_dir_of(memory_root, name)
+            if memory is not None:
+                extra["storage"]["memory_dir"] = str(memory / "node{node}")
             extra["resilience"] = {"levels": ["local", "partner", "erasure", "pfs"], "group_size": 4, "parity": 2,
                                    "mtbf_crash_hours": rates_h["crash"], "mtbf_node_hours": rates_h["node"],
                                    "mtbf_two_nodes_hours": rates_h["two_nodes"]}
@@ -190,8 +254,9 @@ class Job:
     """One run of the job script under the failure schedule."""
 
     def __init__(self, name: str, env: dict, run_dir: Path, tag: str, ranks: int, nodes: int,
-                 restart_delay: float = 0.0):
+                 restart_delay: float = 0.0, memory_dir: Path | None = None):
         self.name, self.run_dir, self.tag, self.ranks, self.nodes = name, run_dir, tag, ranks, nodes
+        self.memory_dir = memory_dir  # the nodes' versions in memory (a node's loss takes its part)
         self.in_job = env.get("LAUNCHER") == "ulfm"
         self.env = dict(worker_env(), NRANKS=str(ranks), MPIEXEC=find_mpiexec(), MAX_RESTARTS="1000",
                         EXIT_DIR=str(run_dir), GOODPUT_JOB_TAG=tag, HPCCKPT=f"{sys.executable} -m hpcckpt",
@@ -202,6 +267,8 @@ class Job:
     def run(self, schedule: list[Failure], timeout_s: float) -> Outcome:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
+        if self.memory_dir is not None:
+            shutil.rmtree(self.memory_dir, ignore_errors=True)
         started = time.monotonic()
         proc = subprocess.Popen(["bash", str(REPO / "jobs" / "slurm.sbatch")], cwd=self.run_dir, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -222,6 +289,8 @@ class Job:
             finished = False
         wall = time.monotonic() - started
         reader.join(timeout=10)
+        if self.memory_dir is not None:
+            shutil.rmtree(self.memory_dir, ignore_errors=True)  # RAM: not left to the next run
         log = self.run_dir.parent / f"{self.tag}.log"
         log.write_text("".join(f"{at:8.2f} {line}\n" for at, line in self.lines)
                        + "".join(f"failure {f.kind} {f.victims} at {f.at_s:.2f} s: {'hit' if hit else 'missed'}\n"
@@ -275,6 +344,8 @@ class Job:
             _signal(pid, signal.SIGSTOP)
         for node in failure.victims:
             shutil.rmtree(self.run_dir / "local" / f"node{node}", ignore_errors=True)
+            if self.memory_dir is not None:
+                shutil.rmtree(self.memory_dir / f"node{node}", ignore_errors=True)
         if self.in_job:
             # Open MPI's runtime ends the job when it loses a node's daemon: every rank goes.
             hit = bool(ranks)
@@ -396,6 +467,10 @@ def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps:
             "wall_s": statistics.median(o.wall_s for o in runs),
             "goodput": statistics.median(goodputs),
             "waste": 1 - statistics.median(goodputs),
+            "waste_range": (1 - max(goodputs), 1 - min(goodputs)),
+            "waste_by_seed": {o.seed: 1 - baseline_s[o.seed] / o.wall_s for o in runs},
+            "failures_hit_range": (min(sum(1 for f in o.failures if f[2]) for o in runs),
+                                   max(sum(1 for f in o.failures if f[2]) for o in runs)),
             "steps_redone": statistics.median(o.steps_run - steps for o in runs),
             "failures_hit": statistics.median(sum(1 for f in o.failures if f[2]) for o in runs),
             "restart_s": {kind: statistics.median(values) for kind, values in restarts.items()},
@@ -414,13 +489,26 @@ def weights_said(equal: bool | None) -> str:
 
 
 def print_table(table: dict) -> None:
-    print(f"{'approach':<12} {'wall s':>8} {'goodput':>8} {'waste':>7} {'redone':>7} {'failures':>8} "
-          f"{'restart s (crash/node/two)':>28} {'finished':>8} {'weights':>8}")
+    print(f"{'approach':<14} {'wall s':>8} {'goodput':>8} {'waste':>7} {'waste min-max':>14} {'redone':>7} "
+          f"{'failures':>9} {'restart s (crash/node/two)':>28} {'finished':>8} {'weights':>8}")
     for name, row in table.items():
         restarts = "/".join(f"{row['restart_s'][k]:.1f}" if k in row["restart_s"] else "-" for k in CLASSES)
-        print(f"{name:<12} {row['wall_s']:8.1f} {100 * row['goodput']:7.1f}% {100 * row['waste']:6.1f}% "
-              f"{row['steps_redone']:7.0f} {row['failures_hit']:8.0f} {restarts:>28} "
+        low, high = row["waste_range"]
+        spread = f"{100 * low:.1f}-{100 * high:.1f}%"
+        fewest, most = row["failures_hit_range"]
+        failures = f"{row['failures_hit']:.0f} ({fewest}-{most})"
+        print(f"{name:<14} {row['wall_s']:8.1f} {100 * row['goodput']:7.1f}% {100 * row['waste']:6.1f}% "
+              f"{spread:>14} {row['steps_redone']:7.0f} {failures:>9} {restarts:>28} "
               f"{str(row['finished']):>8} {weights_said(row['weights_equal']):>8}")
+    names = list(table)
+    seeds = sorted(next(iter(table.values()))["waste_by_seed"]) if table else []
+    print("\nwaste by seed: " + "; ".join(
+        f"seed {seed}: " + ", ".join(f"{name} {100 * table[name]['waste_by_seed'].get(seed, float('nan')):.1f}%"
+                                     for name in names) for seed in seeds))
+    if "hpcckpt" in table:
+        for other in ("hpcckpt_l4", "dcp", "h5py", IN_JOB):
+            if other in table and table[other]["waste"] > 0:
+                print(f"hpcckpt's waste / {other}'s: {table['hpcckpt']['waste'] / table[other]['waste']:.2f}")
     print("\nwhere the waste went (median seconds beyond the failure-free run): restarts (failure until the "
           "version is loaded), steps redone, the rest (checkpoint cost, steps cut short)")
     for name, row in table.items():
@@ -434,8 +522,11 @@ def print_table(table: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5, help="how many seeds to run")
     parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--min-failures", type=int, default=3,
+                        help="seeds whose schedule has fewer failures within the failure-free run's time are "
+                             "passed over (0: every seed from --first-seed)")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--state-mb", type=float, default=100.0)
     parser.add_argument("--mtbf-s", type=float, default=15.0, help="mean wall time between failures, all classes")
@@ -445,6 +536,11 @@ def main(argv=None) -> int:
     parser.add_argument("--restart-delay", type=float, default=0.0,
                         help="the restart loop's pause between attempts (RESTART_DELAY), the same for all")
     parser.add_argument("--root", default="/tmp/hpcckpt-goodput", help="run directories and each job's output")
+    parser.add_argument("--no-prediction-check", dest="prediction_check", action="store_false",
+                        help="skip hpcckpt's failure-free run (its predicted checkpoint waste against the realized)")
+    parser.add_argument("--memory-root", default="/dev/shm/hpcckpt-goodput",
+                        help="hpcckpt's node-local versions in memory first here (storage.memory_dir); "
+                             "'' keeps them on the node-local disk")
     parser.add_argument("--json", help="write every run and the table here")
     args = parser.parse_args(argv)
 
@@ -470,12 +566,21 @@ def main(argv=None) -> int:
     approaches = [a for a in args.approaches.split(",") if a]
     outcomes, baseline_s, reference, step_s = [], {}, {}, {}
     # The seed draws only the failures: one failure-free run serves every seed.
+    memory_root = Path(args.memory_root) if args.memory_root else None
     env, run_dir = approach_setup("nockpt", root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks)
     plain = Job("nockpt", env, run_dir, "nockpt", ranks, nodes, args.restart_delay)
     clean = plain.run([], 3600)
     if not clean.finished:
         raise SystemExit("the failure-free run failed:\n" + "\n".join(line for _, line in plain.lines[-60:]))
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
+    seeds = seeds_with_failures(args.first_seed, args.seeds, args.min_failures, clean.wall_s, args.mtbf_s, mix,
+                                ranks, nodes)
+    prediction = None
+    if "hpcckpt" in args.approaches.split(",") and args.prediction_check:
+        prediction = predicted_against_realized(root, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root,
+                                                clean)
+    print(f"seeds {seeds}: the first {args.seeds} from {args.first_seed} whose schedule has at least "
+          f"{args.min_failures} failure(s) within the failure-free run's {clean.wall_s:.1f} s", flush=True)
+    for seed in seeds:
         baseline_s[seed], reference[seed], step_s[seed] = clean.wall_s, clean.digest, clean.step_s or 0.0
         schedule = failure_schedule(seed, args.mtbf_s, mix, ranks, nodes, horizon_s=20 * clean.wall_s)
         print(f"seed {seed}: failure-free {clean.wall_s:.1f} s ({1000 * step_s[seed]:.0f} ms/step, weights "
@@ -483,8 +588,10 @@ def main(argv=None) -> int:
               + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in schedule if f.at_s < 4 * clean.wall_s), flush=True)
         order = approaches if seed % 2 else approaches[::-1]
         for name in order:
-            env, run_dir = approach_setup(name, root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks)
-            job = Job(name, env, run_dir, f"seed{seed}-{name}", ranks, nodes, args.restart_delay)
+            env, run_dir = approach_setup(name, root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks,
+                                          memory_root)
+            job = Job(name, env, run_dir, f"seed{seed}-{name}", ranks, nodes, args.restart_delay,
+                      memory_dir_of(memory_root, name))
             outcome = job.run(schedule, timeout_s=20 * clean.wall_s)
             outcome.seed = seed
             outcomes.append(outcome)
@@ -501,6 +608,7 @@ def main(argv=None) -> int:
     print_table(table)
     if args.json:
         write_json(args.json, {"args": vars(args), "disk_mbps": disk, "pfs_mbps": pfs_mbps, "hidden": hidden,
+                               "prediction": prediction,
                                "rates_h": rates_h, "baseline_s": baseline_s, "step_s": step_s, "table": table,
                                "runs": [asdict(o) for o in outcomes]}, host)
     ok = all(row["finished"] and row["weights_equal"] is not False for row in table.values())

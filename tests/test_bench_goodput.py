@@ -27,6 +27,15 @@ def test_the_failure_schedule_is_the_seeds_alone():
     assert {f.kind for f in first} == set(MIX)
 
 
+def test_the_seeds_taken_each_meet_the_failures_asked_for_within_the_failure_free_time():
+    seeds = bench.seeds_with_failures(1, 5, 3, 30.0, 15.0, MIX, 4, 4)
+    assert len(seeds) == 5 and seeds == sorted(set(seeds))
+    for seed in range(seeds[0], seeds[-1] + 1):
+        within = len(bench.failure_schedule(seed, 15.0, MIX, 4, 4, horizon_s=30.0))
+        assert (seed in seeds) == (within >= 3), (seed, within)
+    assert bench.seeds_with_failures(7, 3, 0, 30.0, 15.0, MIX, 4, 4) == [7, 8, 9]
+
+
 def test_the_model_holds_the_state_size_asked_for():
     h, _ = bench.hidden_for(100.0)
     params = bench.FEATURES * h + h + h * h + h + 10 * h + 10
@@ -75,3 +84,13 @@ def test_a_failure_during_a_restart_counts_the_restart_once(tmp_path):
     outcome = job._outcome(20.0, True, hits)
     assert [f[3] for f in outcome.failures] == [None, 6.0]  # the first restart was cut short
     assert bench.where_the_waste_went(outcome, 10.0, 0.5, 4)["restarts_s"] == 8.0  # 4 s .. 12 s, once
+
+
+def test_the_prediction_read_is_the_last_choices_checkpoint_share():
+    lines = ["checkpoint interval now 3 steps: per-level intervals minimise expected waste 10.80 % (checkpoints "
+             "4.10 %, failures 6.70 %) with a version every 1.21 s",
+             "checkpoint interval now 6 steps: per-level intervals minimise expected waste 24.30 % (checkpoints "
+             "12.50 %, failures 11.80 %) with a version every 2.84 s"]
+    assert bench.predicted_checkpoint_waste(lines) == 0.125
+    assert bench.predicted_checkpoint_waste(lines[:1]) == 0.041
+    assert bench.predicted_checkpoint_waste(["checkpoint interval now 5 steps: Young/Daly"]) is None

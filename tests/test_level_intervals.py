@@ -142,3 +142,13 @@ def test_nodes_lost_during_a_restart_add_up_and_bound_the_level_that_survives_th
     # ...and so it does with restarts that are instantaneous, however frequent failures are.
     assert l4_every(1.0, 0.0).every["pfs"] == MAX_EVERY
 
+
+
+def test_the_choice_says_what_its_checkpoints_cost_apart_from_what_failures_do():
+    levels = stack()
+    chosen = choose_level_intervals(levels, rates(crash=1, node=4, two=24), 0.2)
+    per_interval = sum(level.cost_s / chosen.every[level.name] for level in levels)
+    assert chosen.checkpoint_waste == pytest.approx(per_interval / chosen.interval_s)
+    assert 0 < chosen.checkpoint_waste < chosen.waste
+    assert f"checkpoints {100 * chosen.checkpoint_waste:.2f} %" in chosen.reason
+    assert choose_level_intervals(levels, rates(), 0.2).checkpoint_waste == 0.0
