@@ -3,6 +3,8 @@ model has the state size asked for, and each job's output is read into attempts,
 and restart times as it should be."""
 
 import sys
+
+import pytest
 from pathlib import Path
 
 from conftest import REPO
@@ -92,5 +94,5 @@ def test_the_prediction_read_is_the_last_choices_checkpoint_share():
              "checkpoint interval now 6 steps: per-level intervals minimise expected waste 24.30 % (checkpoints "
              "12.50 %, failures 11.80 %) with a version every 2.84 s"]
     assert bench.predicted_checkpoint_waste(lines) == 0.125
-    assert bench.predicted_checkpoint_waste(lines[:1]) == 0.041
+    assert bench.predicted_checkpoint_waste(lines[:1]) == pytest.approx(0.041)
     assert bench.predicted_checkpoint_waste(["checkpoint interval now 5 steps: Young/Daly"]) is None
