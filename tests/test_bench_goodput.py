@@ -3,10 +3,9 @@ model has the state size asked for, and each job's output is read into attempts,
 and restart times as it should be."""
 
 import sys
-
-import pytest
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "perf"))
