@@ -79,9 +79,9 @@ def test_a_lost_node_takes_its_memory_and_the_partner_copies_restore_it(tmp_path
     assert_ok(resumed)
     restored = re.search(r"restored version (\d+)\b(.*)", resumed.stdout)
     assert restored, resumed.stdout
-    # Version 15 (or 10, where the node died in 15's write) from the node-local levels: L2
-    # supplies the lost node's shard.
-    assert restored.group(1) in ("10", "15") and "L2" in restored.group(2), resumed.stdout
+    # Version 15, or 10 where the node died in 15's write; L2 supplies the lost node's shard
+    # (or L4, where a version the node-local write could not finish went to L4 instead).
+    assert restored.group(1) in ("10", "15") and re.search(r"L2|L4", restored.group(2)), resumed.stdout
     assert final_record(tmp_path / "run")["weights_digest"] == reference
 
 
