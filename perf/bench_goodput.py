@@ -193,8 +193,11 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
     if name in (*MULTI_LEVEL, "hpcckpt_l4", "nockpt"):
         extra = {"storage": {"pfs_bandwidth_mb": round(per_rank_pfs, 3),
                              "pfs_read_bandwidth_mb": round(per_rank_pfs, 3)}}
+        # One version kept on the PFS, as h5py's file and DCP's newest directory: the end-of-run
+        # drain then copies no older version there (keep_pfs would keep three).
+        extra["checkpoint"] = {"keep_pfs": 1}
         if name in MULTI_LEVEL:
-            extra["checkpoint"] = {"every_steps": "auto"}
+            extra["checkpoint"]["every_steps"] = "auto"
             memory = memory_dir_of(memory_root, name)
             if memory is not None:
                 extra["storage"]["memory_dir"] = str(memory / "node{node}")
@@ -202,10 +205,10 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
                                    "mtbf_crash_hours": rates_h["crash"], "mtbf_node_hours": rates_h["node"],
                                    "mtbf_two_nodes_hours": rates_h["two_nodes"]}
         elif name == "hpcckpt_l4":
-            extra["checkpoint"] = {"every_steps": "auto", "mtbf_hours": mtbf_s / 3600}
+            extra["checkpoint"].update(every_steps="auto", mtbf_hours=mtbf_s / 3600)
             extra["resilience"] = {"levels": ["pfs"]}
         else:
-            extra["checkpoint"] = {"every_steps": 0}
+            extra["checkpoint"]["every_steps"] = 0
         config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, extra)
         if name == IN_JOB:
             return {"CONFIG": str(config), "LAUNCHER": "ulfm",

@@ -127,15 +127,21 @@ def test_end_without_begin_and_begin_twice_are_refused(tmp_path):
         ckpt.end_checkpoint()
 
 
-def test_the_profiling_checkpoint_of_an_adaptive_interval_is_waited_for(tmp_path):
+def test_the_profiling_checkpoint_is_waited_for_but_not_l4_at_its_own_pace(tmp_path):
+    from hpcckpt.faults import FaultInjector, parse_fault
+
     app = App()
-    ckpt = checkpointer(tmp_path, 'checkpoint.every_steps="auto"')
+    # L4 takes 4 s per version: the profiling checkpoint must not hold training for it.
+    slow_pfs = FaultInjector([parse_fault("slow-level:level=pfs:seconds=4")], 0, 0, None)
+    ckpt = checkpointer(tmp_path, 'checkpoint.every_steps="auto"', "storage.pfs_async=true", faults=slow_pfs)
     try:
         app.attach(ckpt)
         ckpt.restart()
         app.step(1)
         ckpt.checkpoint(1)
-        assert not ckpt.persisting  # its persist's time is what the first interval is chosen from
+        assert not ckpt.persisting  # its node-local persist's time is what the first interval is chosen from
+        assert committed(tmp_path) == {"local": [1], "pfs": []}
+        ckpt.wait()  # ...and L4 takes it at its own pace
         assert committed(tmp_path) == {"local": [1], "pfs": [1]}
     finally:
         ckpt.close()

@@ -70,7 +70,11 @@ class CheckpointTaking:
         blocked, waited = job.tally.closed(report, in_background)
         durable = job.tally.previous_durable
         if job.schedule.profiling:
-            self.wait()  # the profiling checkpoint: the first interval accounts for the persist's time
+            # The first interval accounts for the persist's time. L4 at its own pace is not
+            # waited for: behind a slow PFS that would stall training for a whole copy (and a
+            # crash in that stall leaves no version). Its time enters the choice from the next
+            # checkpoints, which retune the interval; until then the interval is one level's.
+            self._persist_over()
             durable = max(report.durable_s.values()) if report.durable_s else 0.0
             job.tally.note_level_times(report, job.pipeline.flush)
         said = job.schedule.checkpoint_taken(step, blocked, waited, durable, job.tally.level_times)
@@ -87,6 +91,13 @@ class CheckpointTaking:
                          "diverged state is never saved); the newest version stays the one before it")
         self.log.metrics({"event": "checkpoint_refused", "step": step, "metrics": refused})
         return PersistReport(step)
+
+    def _persist_over(self) -> None:
+        """(all ranks) The checkpoint in flight over on the levels it waits for (not L4 at its
+        own pace)."""
+        job = self.job
+        job.capture.copies_done()
+        job.tally.durable(job.persist_over(self.settle), job.l4_copying)
 
     def wait(self) -> PersistReport | None:
         """(all ranks) The checkpoint in flight durable, on L4 too at its own pace."""

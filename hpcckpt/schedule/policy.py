@@ -1,7 +1,8 @@
 """When to checkpoint: a fixed interval, an overhead bound ("auto"), or Young/Daly from an MTBF.
 
 "auto" (CheckFreq): profile the first steps without checkpoints (step time), take one
-checkpoint to measure its cost (blocking time and time until durable), then pick the
+checkpoint to measure its cost (blocking time and time until durable on the levels training
+waits for; L4 at its own pace reports later), then pick the
 shortest interval N whose overhead stays under `checkpoint.max_overhead`:
 
     N >= durable / step_time                       the next snapshot never waits for a persist
