@@ -18,7 +18,8 @@ def test_a_version_is_found_where_it_is_and_written_where_it_was_placed(tmp_path
     (tmp_path / "mem" / "v000000000005").mkdir()  # in both: memory is read first
     assert places.version_dir(5) == tmp_path / "mem" / "v000000000005"
     assert places.steps() == [5, 10]
-    # A version never placed (a restore putting a copy back) goes where the last one went.
+    # A version never placed (a restore putting a copy back) goes to the disk.
+    places.place(20, in_memory=True)
     assert places.version_dir(99).parent == tmp_path / "disk"
     assert not places.in_memory(99)
 

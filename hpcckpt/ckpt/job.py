@@ -79,7 +79,7 @@ class CommJob:
             save_job = SaveJob(log, threaded=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, lease=self.claim.lease,
                                record_peers=record_peers(self.rank, self.partner_of, self.topology.node_of_rank,
                                                          self.groups),
-                               node_sharers=len(self.storage.dir_sharers))
+                               node_sharers=self.storage.memory_sharers)
             self.pipeline = SavePipeline(self.comm, self.storage.levels, settings, records, self.arrays, save_job)
             self.storage.prepare(read_only)
             self.storage.log_placement()
@@ -177,7 +177,7 @@ class CommJob:
             return
         self.pipeline.wait_for_global_levels()
         quiet_barrier(self.comm)  # no rank of the node still copies from there
-        if self.rank == min(storage.dir_sharers):
+        if storage.first_in_memory_dir:
             shutil.rmtree(storage.memory_dir, ignore_errors=True)
         if self.rank == 0 and self.log:
             self.log.info(f"the run finished and L4 holds its newest version: deleted its versions in memory "

@@ -75,8 +75,9 @@ class CheckpointTaking:
             # crash in that stall leaves no version). Its time enters the choice from the next
             # checkpoints, which retune the interval; until then the interval is one level's.
             self._persist_over()
-            durable = max(report.durable_s.values()) if report.durable_s else 0.0
-            job.tally.note_level_times(report, job.pipeline.flush)
+            now = report.as_of_now()  # L4's thread may still add to the report
+            durable = max(now.durable_s.values()) if now.durable_s else 0.0
+            job.tally.note_level_times(now, job.pipeline.flush)
         said = job.schedule.checkpoint_taken(step, blocked, waited, durable, job.tally.level_times)
         if said and job.schedule.policy.adaptive:
             self.log.info(said, console=True)

@@ -30,9 +30,6 @@ class NodePlaces:
         self.memory = Path(memory) if memory else None
         self.budget_bytes = int(budget_bytes)
         self._placed: dict[int, Path] = {}
-        # Where files of a version this job has not placed go (a restore putting a copy back):
-        # where the last placed version went, memory to begin with.
-        self._default = self.memory or self.disk
 
     @property
     def roots(self) -> tuple[Path, ...]:
@@ -40,13 +37,15 @@ class NodePlaces:
         return (self.memory, self.disk) if self.memory is not None else (self.disk,)
 
     def version_dir(self, step: int) -> Path:
-        """The version's directory: where it is on this node, else where it is to be written."""
+        """The version's directory: where it is on this node, else where it is to be written:
+        where the save placed it, and a version it did not place (a restore putting a copy
+        back on a node that lost it) on the disk, outside the memory budget's reckoning."""
         name = version_dir_name(step)
         if self.memory is not None:
             for root in self.roots:
                 if (root / name).is_dir():
                     return root / name
-        return self._placed.get(step, self._default) / name
+        return self._placed.get(step, self.disk) / name
 
     def steps(self) -> list[int]:
         """Steps with a version directory in any of the places, ascending."""
@@ -59,7 +58,6 @@ class NodePlaces:
         """Where the version `step` goes (agreed by every rank before it is written)."""
         root = self.memory if in_memory and self.memory is not None else self.disk
         self._placed[step] = root
-        self._default = root
         for old in [s for s in self._placed if s < step]:
             del self._placed[old]  # a placed version has its directory by now, or failed
 

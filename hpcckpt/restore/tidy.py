@@ -56,10 +56,10 @@ def clear_old_geometry(ctx, which) -> list[int]:
     until then they are the fallback. One rank per node-local directory deletes; the global
     levels keep their versions (the engine writes the version there first where they lack
     it). Returns the steps deleted."""
-    first = first_of_each(ctx.job.comm, (ctx.run.node_dir, ctx.job.node))
     deleted = set()
-    for root in ctx.run.version_roots if first and ctx.levels.node_local else ():
-        steps = [s for s in list_version_steps(root) if which(s)]
+    for root in ctx.run.version_roots:  # as many on every rank: one choice of a rank per directory each
+        first = first_of_each(ctx.job.comm, (root, ctx.job.node))
+        steps = [s for s in list_version_steps(root) if which(s)] if first and ctx.levels.node_local else []
         for step in steps:
             remove_tree(Path(root) / version_dir_name(step))
         deleted.update(steps)

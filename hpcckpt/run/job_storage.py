@@ -130,6 +130,12 @@ def readable_run_identity(run_dir, pfs_dir) -> RunIdentity | None:
         return owner
 
 
+def _sharing(keys: list) -> tuple:
+    """(rank 0) For each rank: how many ranks have its key, and whether it is the first."""
+    counts, first = Counter(keys), {}
+    return None, [(counts[key], first.setdefault(key, rank) == rank) for rank, key in enumerate(keys)]
+
+
 class JobStorage:
     """(all ranks) This run's directories and level stack on this rank."""
 
@@ -155,6 +161,13 @@ class JobStorage:
         self.memory_dir = (str(Path(local_dir_of(config.storage.memory_dir, run_dir, topology, self.rank))
                                / run.local_subdir) if config.storage.memory_dir else None)
         self.places = NodePlaces(self.local_dir, self.memory_dir)
+        # Ranks whose versions share this rank's memory directory (its budget is theirs
+        # together) and whether this rank is the first of them: the memory template need not
+        # split the ranks as the disk's does.
+        self.memory_sharers, self.first_in_memory_dir = 1, True
+        if self.memory_dir is not None:
+            self.memory_sharers, self.first_in_memory_dir = decide_at_root(
+                comm, "counting the ranks of each memory directory", (self.memory_dir, self.node), _sharing)[1]
         # Gathered at rank 0 and handed out as a rule (a template with {node}), not every
         # rank's path to every rank.
         self.local_dirs = tuple(unpack_dirs(fold_at_root(comm, self.local_dir, lambda dirs: pack_dirs(
@@ -248,6 +261,9 @@ class JobStorage:
         """The memory directory checked (and made, private) like the node-local one, and its
         budget: storage.memory_budget_mb, or half of its file system's size."""
         memory = Path(self.memory_dir)
+        if os.path.realpath(memory) == os.path.realpath(self.local_dir):
+            raise ConfigError(f"storage.memory_dir and storage.local_dir are one directory ({self.local_dir!r}): "
+                              "point storage.memory_dir at a RAM file system (e.g. /dev/shm) or leave it empty")
         if read_only:
             dir_safety.check_path(memory, "storage.memory_dir")
         else:

@@ -141,9 +141,12 @@ class RoomMaker:
         # This job's previous version on this node is the best guess of what the next takes.
         needed = (allocated_bytes(first.version_dir(newest_here)) if newest_here is not None
                   else 3 * bytes_to_write([version.shard_sizes[self.rank]]))
-        # The file system the version goes to (memory or the disk: levels/node_places.py).
-        count = how_many_to_drop(free_bytes(first.version_dir(step).parent), needed,
-                                 [allocated_bytes(first.version_dir(s)) for s in candidates])
+        # The file system the version goes to (memory or the disk: levels/node_places.py); only
+        # versions there give it room, and only those there on every node are dropped anywhere.
+        target = first.version_dir(step).parent
+        candidates = fold_at_root(comm, [s for s in candidates if first.version_dir(s).parent == target],
+                                  lambda lists: [s for s in lists[0] if all(s in other for other in lists)])
+        count = how_many_to_drop(free_bytes(target), needed, [allocated_bytes(first.version_dir(s)) for s in candidates])
         # The node shortest of space decides; one that cannot make room stops it everywhere.
         most = fold_at_root(comm, count, lambda counts: None if None in counts else max(counts))
         if not most:

@@ -136,7 +136,7 @@ class SaveJob:
     threaded: bool
     lease: object = None
     record_peers: tuple = ((), ())
-    node_sharers: int = 1  # ranks whose node-local versions share this rank's node directories
+    node_sharers: int = 1  # ranks whose versions share this rank's memory directory (its budget)
 
 
 @dataclass(frozen=True)

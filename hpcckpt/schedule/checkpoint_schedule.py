@@ -145,7 +145,7 @@ class CheckpointSchedule:
     @property
     def profiling(self) -> bool:
         """The next checkpoint measures the costs the first interval is chosen from: it is
-        waited for until durable."""
+        waited for until durable (not on L4 at its own pace)."""
         return self.policy.adaptive and self.policy.interval == 0
 
     def _agreed_max(self, values: list[float]) -> list[float]:

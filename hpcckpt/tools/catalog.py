@@ -365,8 +365,9 @@ def verify_all(config) -> tuple[int, list[str], list[str]]:
     damaged = _damaged_records(config, problems, notes)
     entries = [e for e in list_versions(config) if (e.place, e.step) not in damaged]
     if not entries and not damaged:
+        templates = " or ".join(repr(t) for t in (config.storage.local_dir, config.storage.memory_dir) if t)
         problems.append(f"no checkpoint version found under {pfs_root(config)} or node-local directories "
-                        f"matching {config.storage.local_dir!r}; check run.dir and the storage paths")
+                        f"matching {templates}; check run.dir and the storage paths")
     surveys = _surveys(config)
     on_l4 = {e.step for e in entries if e.place == ON_PFS and e.complete}
     for entry in entries:
