@@ -45,8 +45,10 @@ Approaches:
   (perf/goodput_app.py), restarting from their own files.
 
 Before the seeds, hpcckpt runs once without failures: the waste its per-level choice predicts
-for its checkpoints ("checkpoints X %" of its last choice) beside the waste they realized
-(its extra wall time over the failure-free run's, per second of the latter's training).
+for its checkpoints ("checkpoints X %" of its last choice) beside the waste they realized:
+while training (the span of its step lines against the failure-free run's, what the model's
+per-second waste describes) and over the whole run (its extra wall time, the final version's
+copy to the PFS included, per second of the failure-free run's training).
 
 Reported per approach (medians over seeds): wall time; goodput = failure-free compute time /
 wall time, the failure-free time being the same job run without checkpoints or failures;
@@ -118,12 +120,22 @@ def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, rank
     predicted = predicted_checkpoint_waste(outcome.intervals)
     training_s = args.steps * (clean.step_s or 0.0) or clean.wall_s
     realized = (outcome.wall_s - clean.wall_s) / training_s
+    # The model's waste is per second of training: the steps' span (first to last step line)
+    # leaves out the start and the end (the final version's copy to the PFS), which it has no
+    # term for.
+    while_training = ((outcome.steps_span_s - clean.steps_span_s) / clean.steps_span_s
+                      if outcome.steps_span_s and clean.steps_span_s else None)
     said = f"{100 * predicted:.1f} %" if predicted is not None else "no choice made"
-    off = f" ({100 * (realized / predicted - 1):+.0f} %)" if predicted else ""
+
+    def against(value):
+        return f" ({100 * (value / predicted - 1):+.0f} %)" if predicted and value is not None else ""
+    training = f"{100 * while_training:.1f} %" if while_training is not None else "n/a"
     print(f"hpcckpt without failures: {outcome.wall_s:.1f} s against {clean.wall_s:.1f} s; checkpoint waste predicted "
-          f"{said}, realized {100 * realized:.1f} %{off} of {training_s:.1f} s of training"
+          f"{said}, realized while training {training}{against(while_training)}, over the whole run "
+          f"{100 * realized:.1f} %{against(realized)} of {training_s:.1f} s of training"
           f"{'' if outcome.finished else ', DID NOT FINISH'}", flush=True)
-    return {"wall_s": outcome.wall_s, "predicted": predicted, "realized": realized, "training_s": training_s,
+    return {"wall_s": outcome.wall_s, "predicted": predicted, "realized": realized,
+            "realized_while_training": while_training, "training_s": training_s,
             "finished": outcome.finished, "intervals": outcome.intervals}
 
 
@@ -242,6 +254,7 @@ class Outcome:
     intervals: list = field(default_factory=list)
     step_s: float | None = None  # seconds per step from the step lines (of a failure-free run: the compute alone)
     lost_steps: int | None = None  # hpcckpt's runs: the steps its restart records say were done again
+    steps_span_s: float | None = None  # from the first step line to the last (training, without start and end)
 
     @property
     def steps_run(self) -> int:
@@ -396,6 +409,8 @@ class Job:
         if len(steps) > 10:
             (t0, s0), (t1, s1) = steps[len(steps) // 5], steps[-1]
             outcome.step_s = (t1 - t0) / max(1, s1 - s0)
+        if len(steps) > 1:
+            outcome.steps_span_s = steps[-1][0] - steps[0][0]
         hits = [failure.at_s for failure, hit in applied if hit]
         for failure, hit in applied:
             loaded = [a.loaded_at_s for a in attempts if a.loaded_at_s is not None and a.loaded_at_s > failure.at_s]
