@@ -44,7 +44,8 @@ Approaches:
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
   (perf/goodput_app.py), restarting from their own files.
 
-Before the seeds, hpcckpt runs once without failures: the waste its per-level choice predicts
+Before the seeds, hpcckpt runs without failures (--prediction-repeats times, each beside a run
+without checkpoints; medians): the waste its per-level choice predicts
 for its checkpoints ("checkpoints X %" of its last choice) beside the waste they realized:
 while training (the span of its step lines against the failure-free run's, what the model's
 per-second waste describes) and over the whole run (its extra wall time, the final version's
@@ -109,34 +110,47 @@ def failure_schedule(seed: int, mtbf_s: float, mix: dict, ranks: int, nodes: int
 
 
 def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root,
-                               clean: "Outcome") -> dict:
-    """hpcckpt without failures: the checkpoint waste its last per-level choice predicted and
-    the waste it realized (extra wall time per second of the failure-free run's training)."""
+                               clean: "Outcome", plain: "Job") -> dict:
+    """hpcckpt without failures, --prediction-repeats times, each beside a run without
+    checkpoints (`plain`; `clean` is its first): the checkpoint waste its last per-level choice
+    predicted and the waste it realized, medians over the pairs. Single runs on a shared
+    machine differ by more than the effect."""
     env, run_dir = approach_setup("hpcckpt", root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks,
                                   memory_root)
     job = Job("hpcckpt", env, run_dir, "failure-free-hpcckpt", ranks, nodes, args.restart_delay,
               memory_dir_of(memory_root, "hpcckpt"))
-    outcome = job.run([], 20 * clean.wall_s)
-    predicted = predicted_checkpoint_waste(outcome.intervals)
-    training_s = args.steps * (clean.step_s or 0.0) or clean.wall_s
-    realized = (outcome.wall_s - clean.wall_s) / training_s
-    # The model's waste is per second of training: the steps' span (first to last step line)
-    # leaves out the start and the end (the final version's copy to the PFS), which it has no
-    # term for.
-    while_training = ((outcome.steps_span_s - clean.steps_span_s) / clean.steps_span_s
-                      if outcome.steps_span_s and clean.steps_span_s else None)
+    pairs = []
+    for repeat in range(args.prediction_repeats):
+        baseline = clean if repeat == 0 else plain.run([], 3600)
+        outcome = job.run([], 20 * clean.wall_s)
+        training_s = args.steps * (baseline.step_s or 0.0) or baseline.wall_s
+        # The model's waste is per second of training: the steps' span (first to last step line)
+        # leaves out the start and the end (the final version's copy to the PFS), which it has
+        # no term for.
+        while_training = ((outcome.steps_span_s - baseline.steps_span_s) / baseline.steps_span_s
+                          if outcome.steps_span_s and baseline.steps_span_s else None)
+        pairs.append({"wall_s": outcome.wall_s, "baseline_wall_s": baseline.wall_s,
+                      "predicted": predicted_checkpoint_waste(outcome.intervals),
+                      "realized": (outcome.wall_s - baseline.wall_s) / training_s,
+                      "realized_while_training": while_training, "finished": outcome.finished,
+                      "intervals": outcome.intervals})
+
+    def median_of(key):
+        values = [pair[key] for pair in pairs if pair[key] is not None]
+        return statistics.median(values) if values else None
+    predicted, realized, while_training = median_of("predicted"), median_of("realized"), \
+        median_of("realized_while_training")
     said = f"{100 * predicted:.1f} %" if predicted is not None else "no choice made"
 
     def against(value):
         return f" ({100 * (value / predicted - 1):+.0f} %)" if predicted and value is not None else ""
     training = f"{100 * while_training:.1f} %" if while_training is not None else "n/a"
-    print(f"hpcckpt without failures: {outcome.wall_s:.1f} s against {clean.wall_s:.1f} s; checkpoint waste predicted "
-          f"{said}, realized while training {training}{against(while_training)}, over the whole run "
-          f"{100 * realized:.1f} %{against(realized)} of {training_s:.1f} s of training"
-          f"{'' if outcome.finished else ', DID NOT FINISH'}", flush=True)
-    return {"wall_s": outcome.wall_s, "predicted": predicted, "realized": realized,
-            "realized_while_training": while_training, "training_s": training_s,
-            "finished": outcome.finished, "intervals": outcome.intervals}
+    print(f"hpcckpt without failures (medians of {len(pairs)} pair(s)): {median_of('wall_s'):.1f} s against "
+          f"{median_of('baseline_wall_s'):.1f} s; checkpoint waste predicted {said}, realized while training "
+          f"{training}{against(while_training)}, over the whole run {100 * realized:.1f} %{against(realized)}"
+          f"{'' if all(pair['finished'] for pair in pairs) else ', A RUN DID NOT FINISH'}", flush=True)
+    return {"predicted": predicted, "realized": realized, "realized_while_training": while_training,
+            "pairs": pairs}
 
 
 def predicted_checkpoint_waste(interval_lines: list[str]) -> float | None:
@@ -554,6 +568,8 @@ def main(argv=None) -> int:
     parser.add_argument("--restart-delay", type=float, default=0.0,
                         help="the restart loop's pause between attempts (RESTART_DELAY), the same for all")
     parser.add_argument("--root", default="/tmp/hpcckpt-goodput", help="run directories and each job's output")
+    parser.add_argument("--prediction-repeats", type=int, default=3,
+                        help="pairs of failure-free runs (hpcckpt, none) the prediction check takes medians of")
     parser.add_argument("--no-prediction-check", dest="prediction_check", action="store_false",
                         help="skip hpcckpt's failure-free run (its predicted checkpoint waste against the realized)")
     parser.add_argument("--memory-root", default="/dev/shm/hpcckpt-goodput",
@@ -595,7 +611,7 @@ def main(argv=None) -> int:
     prediction = None
     if "hpcckpt" in args.approaches.split(",") and args.prediction_check:
         prediction = predicted_against_realized(root, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root,
-                                                clean)
+                                                clean, plain)
     print(f"seeds {seeds}: the first {args.seeds} from {args.first_seed} whose schedule has at least "
           f"{args.min_failures} failure(s) within the failure-free run's {clean.wall_s:.1f} s", flush=True)
     for seed in seeds:
