@@ -93,19 +93,20 @@ def allocated_bytes(path: Path) -> int:
 
 def free_bytes(path: Path) -> int:
     """Space an unprivileged writer may still take there (0 when it cannot be measured)."""
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return 0
-    return stats.f_bavail * stats.f_frsize
+    return _statvfs_bytes(path, "f_bavail")
 
 
 def total_bytes(path: Path) -> int:
+    """The size of the file system `path` is on (0 when it cannot be measured)."""
+    return _statvfs_bytes(path, "f_blocks")
+
+
+def _statvfs_bytes(path: Path, blocks_field: str) -> int:
     try:
         stats = os.statvfs(path)
     except OSError:
         return 0
-    return stats.f_blocks * stats.f_frsize
+    return getattr(stats, blocks_field) * stats.f_frsize
 
 
 def file_system_type(path: str | Path, mounts: str = "/proc/mounts") -> str | None:
