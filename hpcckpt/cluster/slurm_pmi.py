@@ -13,7 +13,6 @@ for good (two CI runs). The wheel's OFI netmod publishes one 16-byte address: on
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from typing import Mapping, MutableMapping
 
 NETMOD_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPICH_CH4_NETMOD", "MPIR_PARAM_CH4_NETMOD")
@@ -26,6 +25,10 @@ def served_by_slurm_pmi2(environ: Mapping[str, str]) -> bool:
 
 
 def mpich_wheel_installed() -> bool:
+    # Imported here: importlib.metadata costs every rank ~0.1 s at start-up, and only a rank
+    # that srun serves through pmi2 asks.
+    from importlib import metadata
+
     try:
         metadata.distribution("mpich")
     except metadata.PackageNotFoundError:
@@ -47,7 +50,7 @@ def netmod_for_slurm_pmi2(environ: Mapping[str, str], mpich_wheel: bool) -> str 
 def prepare_mpi_startup(environ: MutableMapping[str, str] | None = None) -> str | None:
     """Sets the netmod when needed; returns a line for the log (None: nothing changed)."""
     environ = os.environ if environ is None else environ
-    netmod = netmod_for_slurm_pmi2(environ, mpich_wheel_installed())
+    netmod = netmod_for_slurm_pmi2(environ, served_by_slurm_pmi2(environ) and mpich_wheel_installed())
     if netmod is None:
         return None
     environ["MPIR_CVAR_CH4_NETMOD"] = netmod
