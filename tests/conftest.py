@@ -27,12 +27,22 @@ def _gpu_available() -> bool:
 needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="no GPU")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def compiled_sources():
+def pytest_collection_modifyitems(config, items):
+    """The two Slurm modules share the one test cluster (test_slurm_jobs.the_test_cluster):
+    one first and one last, so that the xdist workers do not wait on each other for it."""
+    def place(item) -> int:
+        return {"test_slurm_jobs.py": 0, "test_slurm_domains.py": 2}.get(item.path.name, 1)
+    items.sort(key=place)
+
+
+def pytest_configure(config):
     """Every test launches ranks by the hundred; where PYTHONDONTWRITEBYTECODE is set (as on
-    CI), each would compile the package again. Python still reads bytecode written here."""
+    CI), each would compile the package again. Python still reads bytecode written here: once,
+    before the xdist workers start (not by each of them at once)."""
     import compileall
 
+    if hasattr(config, "workerinput"):
+        return
     for tree in ("hpcckpt", "examples", "tests/scripts"):
         compileall.compile_dir(REPO / tree, quiet=1)
 

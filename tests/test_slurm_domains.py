@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, mpi_env, mpiexec_prefix
-from test_slurm_jobs import SLURM, _run, ensure_all_nodes_up, fail_node, job_info, submit, wait_for, wait_for_step
+from test_slurm_jobs import (SLURM, _run, ensure_all_nodes_up, fail_node, job_info, submit, the_test_cluster,
+                             wait_for, wait_for_step)
 
 NODES, SWITCH_SIZE = 8, 4
 HEAT2D = REPO / "examples" / "heat2d.py"
@@ -30,23 +31,19 @@ HEAT2D_ARGS = ("--run-dir run --shape 160 160 --iterations 2000 --tol 0 --every 
                "--set resilience.group_size=4 --set resilience.parity=1")
 
 
+def _switches_env() -> dict:
+    return dict(os.environ, SWITCH_SIZE=str(SWITCH_SIZE), CRED_EXPIRE="10")
+
+
 def _up():
-    env = dict(os.environ, SWITCH_SIZE=str(SWITCH_SIZE), CRED_EXPIRE="10")
-    return _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=600, env=env)
+    return _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=600, env=_switches_env())
 
 
 @pytest.fixture(scope="module")
 def switches():
     """The test cluster with its two leaf switches, up for this module; down at its end."""
-    if os.geteuid() != 0:
-        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
-    up = _up()
-    if up.returncode != 0:
-        if shutil.which("slurmctld") is None:
-            pytest.skip(f"Slurm could not be installed here (apt-get): {up.stderr.strip()[-300:]}")
-        pytest.fail(f"tests/slurm/up.sh failed:\n{up.stdout}\n{up.stderr}")
-    yield
-    _run(["bash", str(SLURM / "down.sh")], timeout=120)
+    with the_test_cluster(NODES, env=_switches_env()):
+        yield
 
 
 @pytest.fixture
@@ -109,12 +106,18 @@ def test_a_lost_switch_is_restored_from_partners_in_the_other_switch(cluster, tm
     assert "L3 erasure groups of 4+ ranks with parity 1 cannot keep each failure domain to 1 member(s)" in out
     # Where an attempt is placed while slurmctld has marked only some of the switch's nodes
     # down is Slurm's timing; an attempt placed on a failed node cannot start and the loop
-    # places the next one again. The attempt that finished ran on the other switch alone.
+    # places the next one again. The attempt that finished ran on the other switch alone: on
+    # all of it, unless Slurm also drained some of its nodes (a loaded machine: "Kill task
+    # failed" when a step's ranks do not end in time), and then on what it left.
     placements = re.findall(r"next attempt on \d+ node\(s\): ([^\n]*)", out)
-    assert placements and placements[-1].split() == ["n1", "n2", "n3", "n4"], out
-    restored = re.findall(r"restored version \d+ \(written by 8 ranks\) onto 4 rank\(s\): old shards ([^\n]*)", out)
-    assert restored and "L4" not in restored[-1] and "4 from L2 partner" in restored[-1], out
-    assert "failure domain(s) lost whole: top.s2" in restored[-1], out
+    last = placements[-1].split() if placements else []
+    assert last and set(last) <= {"n1", "n2", "n3", "n4"}, out
+    restored = re.findall(r"restored version \d+ \(written by 8 ranks\) onto (\d+) rank\(s\): old shards ([^\n]*)",
+                          out)
+    assert restored and int(restored[-1][0]) == len(last), out
+    assert "failure domain(s) lost whole: top.s2" in restored[-1][1], out
+    if len(last) == 4:  # the whole surviving switch: its partner copies hold the lost switch's shards
+        assert "L4" not in restored[-1][1] and "4 from L2 partner" in restored[-1][1], out
     attempts = re.search(r"finished after (\d+) attempt\(s\)", out)
     assert attempts and int(attempts.group(1)) >= 2, out
     assert same_grid(directory, straight)

@@ -10,6 +10,8 @@ where they cannot be had.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -61,18 +63,34 @@ def _run(command, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, **kwargs)
 
 
+@contextlib.contextmanager
+def the_test_cluster(nodes: int, env: dict | None = None):
+    """The test cluster up (tests/slurm/up.sh) while the block runs, then down. There is one per
+    machine (its daemons, /run/hpcckpt-slurm): a module of another xdist worker that wants it
+    waits for this one's to be down."""
+    if os.geteuid() != 0:
+        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
+    with open(CLUSTER_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        up = _run(["bash", str(SLURM / "up.sh"), str(nodes)], timeout=600, env=env)
+        if up.returncode != 0:
+            if shutil.which("slurmctld") is None:
+                pytest.skip(f"Slurm could not be installed here (apt-get): {up.stderr.strip()[-300:]}")
+            pytest.fail(f"tests/slurm/up.sh failed:\n{up.stdout}\n{up.stderr}")
+        try:
+            yield
+        finally:
+            _run(["bash", str(SLURM / "down.sh")], timeout=120)
+
+
+CLUSTER_LOCK = "/tmp/hpcckpt-test-slurm.lock"
+
+
 @pytest.fixture(scope="module")
 def slurm():
     """The test cluster, up for this module; down at its end."""
-    if os.geteuid() != 0:
-        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
-    up = _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=600)
-    if up.returncode != 0:
-        if shutil.which("slurmctld") is None:
-            pytest.skip(f"Slurm could not be installed here (apt-get): {up.stderr.strip()[-300:]}")
-        pytest.fail(f"tests/slurm/up.sh failed:\n{up.stdout}\n{up.stderr}")
-    yield
-    _run(["bash", str(SLURM / "down.sh")], timeout=120)
+    with the_test_cluster(NODES):
+        yield
 
 
 def ensure_all_nodes_up(nodes: int, start_cluster) -> None:
