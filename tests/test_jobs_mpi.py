@@ -4,7 +4,6 @@ and before the allocation ends, and versions whose restart crashed. Real mpiexec
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
@@ -13,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from conftest import REPO, assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_mpi, small_job
+from conftest import (REPO, assert_ok, final_record, mpi_env, mpiexec_prefix, read_metrics, run_job, run_mpi,
+                      small_job)
 
 
 def script_env(tmp_path: Path, **extra) -> dict:
@@ -29,20 +28,8 @@ def script_env(tmp_path: Path, **extra) -> dict:
 
 
 def run_job_script(script: str, tmp_path: Path, timeout: float = 400, **extra) -> subprocess.CompletedProcess:
-    command = ["bash", str(REPO / "jobs" / script)]
-    process = subprocess.Popen(command, cwd=tmp_path, env=script_env(tmp_path, **extra), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # A hang is a finding: say where every process of the job was before ending them.
-        processes = subprocess.run(["ps", "-e", "-o", "pid,ppid,sid,stat,etime,wchan:24,args"],
-                                   capture_output=True, text=True).stdout
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"{script} did not end within {timeout} s; its processes then:\n{processes}\n"
-                    f"stdout:\n{stdout}\nstderr:\n{stderr}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    # A hang is a finding: run_job says where every rank of the job was before ending them.
+    return run_job(["bash", str(REPO / "jobs" / script)], tmp_path, script_env(tmp_path, **extra), timeout)
 
 
 def job(tmp_path: Path, **sections) -> Path:
