@@ -130,12 +130,33 @@ def test_without_failure_rates_the_fixed_settings_decide_the_levels():
     assert policy.levels_due(1, True) == ("local", "partner", "erasure", "pfs")
 
 
-def test_the_per_level_choice_waits_for_every_levels_first_measurement():
+def test_the_per_level_choice_waits_for_the_levels_the_checkpoint_writes():
     policy = per_level_policy(node=0.01)
     policy.observe_step(0.010)
     policy.observe_levels({"local": 0.02}, {"local": 0.02})
     policy.observe_checkpoint(6, blocking=0.001, durable=0.02)
     assert policy.every == {} and policy.levels_due(2, False) == ("local", "partner", "erasure", "pfs")
+
+
+def test_an_untimed_level_at_its_own_pace_waits_for_the_final_version_while_the_interval_stays_short():
+    """L4's first copy is still running when the profiling checkpoint's costs are agreed: the
+    choice is made from L1-L3 at once, L4 takes the final version until it is timed, and the
+    interval is short enough that the choice with L4 comes soon; once timed, L4 is chosen."""
+    policy = per_level_policy(crash=0.01, node=0.02, two=0.05)
+    policy.levels = (("local", 0, False), ("partner", 1, False), ("pfs", None, True))  # two nodes: L4 alone
+    policy.observe_step(0.010)
+    policy.observe_step(0.015, persisting=True)
+    fast = {"local": 0.02, "partner": 0.03}
+    policy.observe_levels(fast, fast)
+    said = policy.observe_checkpoint(6, blocking=0.001, durable=0.05)
+    assert said and "pfs not timed yet" in said, said
+    assert policy.every["pfs"] == 64 and policy.interval <= 6
+    assert all("pfs" not in policy.levels_due(n, False) for n in range(1, 64))
+    assert "pfs" in policy.levels_due(5, True)
+    policy.observe_levels({**fast, "pfs": 0.5}, {**fast, "pfs": 0.5})
+    said = policy.observe_checkpoint(6 + policy.interval, blocking=0.001, durable=0.05)
+    assert said is None or "not timed yet" not in said
+    assert "not timed yet" not in policy.reason and policy.every["pfs"] < 64
 
 
 def test_the_per_level_choice_survives_a_restart():

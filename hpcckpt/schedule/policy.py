@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpcckpt.schedule.level_intervals import FailureClass, LevelCost, choose_level_intervals
+from hpcckpt.schedule.level_intervals import MAX_EVERY, FailureClass, LevelCost, choose_level_intervals
 
 PROFILE_STEPS = 5
 EWMA = 0.5  # weight of the newest measurement
@@ -149,7 +149,11 @@ class IntervalPolicy:
         return None
 
     def _choose(self) -> tuple[int, str]:
-        if self.per_level and all(name in self.level_durable for name, _, _ in self.levels):
+        # The levels written with the checkpoint are timed by it; a level copying at its own
+        # pace reports later. Waiting for it would leave the first choice to whatever interval
+        # the profile gave, possibly beyond the end of a short run.
+        timed = [name in self.level_durable for name, _, own_pace in self.levels if not own_pace]
+        if self.per_level and timed and all(timed):
             return self._choose_per_level()
         step_time = max(self.step_time, 1e-9)
         persist_bound = max(1, math.ceil(self.durable / step_time))
@@ -174,23 +178,34 @@ class IntervalPolicy:
         take as long as writing it did."""
         step_time = max(self.step_time, 1e-9)
         slowdown = self.interference / step_time
-        costs = []
+        costs, untimed = [], []
         for index, (name, survives, own_pace) in enumerate(self.levels):
+            if name not in self.level_durable:
+                untimed.append(name)  # at its own pace, its first copy still running
+                continue
             busy = self.level_busy.get(name, self.level_durable[name])
             costs.append(LevelCost(name, survives, (self.blocking if index == 0 else 0.0) + slowdown * busy,
                                    self.level_durable[name], busy, own_pace))
         floor = max([self.level_durable[name] for name, _, own_pace in self.levels if not own_pace], default=0.0)
         chosen = choose_level_intervals(costs, list(self.failures), floor)
-        self.every = dict(chosen.every)
+        # An untimed level takes the final version (and every MAX_EVERY-th) until its cost is
+        # known; the interval stays short meanwhile, so that the choice with it comes soon.
+        self.every = {**dict(chosen.every), **{name: MAX_EVERY for name in untimed}}
         persist_bound = max(1, math.ceil(floor / step_time))
+        pending = f"; {', '.join(untimed)} not timed yet, rechosen within {PROFILE_STEPS + 1} steps" if untimed else ""
         if not math.isfinite(chosen.interval_s):
             # No level covers any failure set: the overhead bound, as without failure rates.
             overhead_bound = max(1, math.ceil(self.cost / (self.max_overhead * step_time)))
-            return max(persist_bound, overhead_bound), f"no level covers a failure class set; {chosen.reason}"
+            interval = max(persist_bound, overhead_bound)
+            if untimed:
+                interval = min(interval, max(persist_bound, PROFILE_STEPS + 1))
+            return interval, f"no level covers a failure class set; {chosen.reason}{pending}"
         interval = max(persist_bound, math.ceil(chosen.interval_s / step_time))
-        takes = ", ".join(f"{name} every {k}" for name, k in chosen.every.items() if k > 1)
+        if untimed:
+            interval = min(interval, max(persist_bound, PROFILE_STEPS + 1))
+        takes = ", ".join(f"{name} every {k}" for name, k in self.every.items() if k > 1)
         return interval, (f"{takes or 'every level every version'}; {chosen.reason}; step {1000 * step_time:.2f} ms, "
-                          f"steps {100 * slowdown:.1f} % slower while a persist runs")
+                          f"steps {100 * slowdown:.1f} % slower while a persist runs{pending}")
 
     def state(self) -> dict:
         return {"step_time": self.step_time, "busy_step_time": self.busy_step_time,
