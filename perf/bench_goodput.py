@@ -44,12 +44,13 @@ Approaches:
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
   (perf/goodput_app.py), restarting from their own files.
 
-Before the seeds, hpcckpt runs without failures (--prediction-repeats times, each beside a run
-without checkpoints; medians): the waste its per-level choice predicts
-for its checkpoints ("checkpoints X %" of its last choice) beside the waste they realized:
-while training (the span of its step lines against the failure-free run's, what the model's
-per-second waste describes) and over the whole run (its extra wall time, the final version's
-copy to the PFS included, per second of the failure-free run's training).
+Before the seeds, hpcckpt runs without failures, --prediction-steps long (--prediction-repeats
+times, each beside a run without checkpoints; medians): the checkpoint waste its per-level
+choice predicted ("checkpoints X %" of the choice in force, averaged over the steps it
+governed, from its first choice that timed every level) beside the waste realized over those
+same steps against the run without checkpoints; then, for the run as a whole, the waste over
+all its steps (the profile included) and over the whole run (the start and the final
+version's copy to the PFS included, per second of the failure-free run's training).
 
 Reported per approach (medians over seeds): wall time; goodput = failure-free compute time /
 wall time, the failure-free time being the same job run without checkpoints or failures;
@@ -109,48 +110,87 @@ def failure_schedule(seed: int, mtbf_s: float, mix: dict, ranks: int, nodes: int
         events.append(Failure(round(now, 3), kind, victims))
 
 
-def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root,
-                               clean: "Outcome", plain: "Job") -> dict:
+def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root) -> dict:
     """hpcckpt without failures, --prediction-repeats times, each beside a run without
-    checkpoints (`plain`; `clean` is its first): the checkpoint waste its last per-level choice
-    predicted and the waste it realized, medians over the pairs. Single runs on a shared
-    machine differ by more than the effect."""
-    env, run_dir = approach_setup("hpcckpt", root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks,
-                                  memory_root)
+    checkpoints, both --prediction-steps long: the checkpoint waste the per-level choice
+    predicted against the waste it realized, medians over the pairs. Single runs on a shared
+    machine differ by more than the effect.
+
+    The choice's waste is per second of steady training under it, so the comparison is made
+    over the steps it governed: from its first choice that timed every level to the last step
+    (the profile before it and the final version's copy after it are the run's, not the
+    choice's; both are reported apart). The prediction is the mean over those steps of the
+    share the choice in force at each said."""
+    root = root / "prediction"
+    root.mkdir(parents=True, exist_ok=True)
+    env, run_dir = approach_setup("nockpt", root, args.prediction_steps, hidden, rates_h, args.mtbf_s, pfs_mbps,
+                                  ranks)
+    plain = Job("nockpt", env, run_dir, "failure-free-nockpt", ranks, nodes, args.restart_delay)
+    env, run_dir = approach_setup("hpcckpt", root, args.prediction_steps, hidden, rates_h, args.mtbf_s, pfs_mbps,
+                                  ranks, memory_root)
     job = Job("hpcckpt", env, run_dir, "failure-free-hpcckpt", ranks, nodes, args.restart_delay,
               memory_dir_of(memory_root, "hpcckpt"))
     pairs = []
     for repeat in range(args.prediction_repeats):
-        baseline = clean if repeat == 0 else plain.run([], 3600)
-        outcome = job.run([], 20 * clean.wall_s)
-        training_s = args.steps * (baseline.step_s or 0.0) or baseline.wall_s
-        # The model's waste is per second of training: the steps' span (first to last step line)
-        # leaves out the start and the end (the final version's copy to the PFS), which it has
-        # no term for.
+        baseline = plain.run([], 3600)
+        outcome = job.run([], 20 * baseline.wall_s)
+        training_s = args.prediction_steps * (baseline.step_s or 0.0) or baseline.wall_s
+        # The span of the step lines leaves out the start and the end (the final version's
+        # copy to the PFS), which the choice's waste per second of training has no term for.
         while_training = ((outcome.steps_span_s - baseline.steps_span_s) / baseline.steps_span_s
                           if outcome.steps_span_s and baseline.steps_span_s else None)
+        governed = under_the_choice(outcome, baseline)
         pairs.append({"wall_s": outcome.wall_s, "baseline_wall_s": baseline.wall_s,
-                      "predicted": predicted_checkpoint_waste(outcome.intervals),
+                      "predicted": governed["predicted"] if governed else None,
+                      "realized_under_choice": governed["realized"] if governed else None,
+                      "steps_under_choice": governed["steps"] if governed else 0,
+                      "last_choice_predicted": predicted_checkpoint_waste(outcome.intervals),
                       "realized": (outcome.wall_s - baseline.wall_s) / training_s,
-                      "realized_while_training": while_training, "finished": outcome.finished,
-                      "intervals": outcome.intervals})
+                      "realized_while_training": while_training, "finished": outcome.finished and baseline.finished,
+                      "weights_equal": outcome.digest == baseline.digest, "intervals": outcome.intervals})
 
     def median_of(key):
         values = [pair[key] for pair in pairs if pair[key] is not None]
         return statistics.median(values) if values else None
-    predicted, realized, while_training = median_of("predicted"), median_of("realized"), \
-        median_of("realized_while_training")
-    said = f"{100 * predicted:.1f} %" if predicted is not None else "no choice made"
 
-    def against(value):
-        return f" ({100 * (value / predicted - 1):+.0f} %)" if predicted and value is not None else ""
-    training = f"{100 * while_training:.1f} %" if while_training is not None else "n/a"
-    print(f"hpcckpt without failures (medians of {len(pairs)} pair(s)): {median_of('wall_s'):.1f} s against "
-          f"{median_of('baseline_wall_s'):.1f} s; checkpoint waste predicted {said}, realized while training "
-          f"{training}{against(while_training)}, over the whole run {100 * realized:.1f} %{against(realized)}"
-          f"{'' if all(pair['finished'] for pair in pairs) else ', A RUN DID NOT FINISH'}", flush=True)
-    return {"predicted": predicted, "realized": realized, "realized_while_training": while_training,
+    def percent(value):
+        return f"{100 * value:.1f} %" if value is not None else "n/a"
+    predicted, under_choice = median_of("predicted"), median_of("realized_under_choice")
+    off = f" ({100 * (under_choice / predicted - 1):+.0f} %)" if predicted and under_choice is not None else ""
+    print(f"hpcckpt without failures, {args.prediction_steps} steps (medians of {len(pairs)} pair(s)): "
+          f"{median_of('wall_s'):.1f} s against {median_of('baseline_wall_s'):.1f} s; under the per-level choice "
+          f"({median_of('steps_under_choice'):.0f} steps) checkpoint waste predicted {percent(predicted)}, realized "
+          f"{percent(under_choice)}{off}; over all steps {percent(median_of('realized_while_training'))}, over the "
+          f"whole run {percent(median_of('realized'))}"
+          f"{'' if all(pair['finished'] for pair in pairs) else ', A RUN DID NOT FINISH'}"
+          f"{'' if all(pair['weights_equal'] for pair in pairs) else ', WEIGHTS DIFFER'}", flush=True)
+    for number, pair in enumerate(pairs, 1):
+        print(f"  pair {number}: {pair['wall_s']:.1f} s against {pair['baseline_wall_s']:.1f} s; predicted "
+              f"{percent(pair['predicted'])}, realized {percent(pair['realized_under_choice'])} over "
+              f"{pair['steps_under_choice']} steps; all steps {percent(pair['realized_while_training'])}, whole run "
+              f"{percent(pair['realized'])}", flush=True)
+    return {"predicted": predicted, "realized_under_choice": under_choice,
+            "realized_while_training": median_of("realized_while_training"), "realized": median_of("realized"),
             "pairs": pairs}
+
+
+def under_the_choice(outcome: "Outcome", baseline: "Outcome") -> dict | None:
+    """The steps after the per-level choice first timed every level, to the last: their span
+    against the same steps' span without checkpoints (realized), and the mean over them of the
+    checkpoint share the choice in force said (predicted). None when no such choice was made
+    or fewer than two steps followed it."""
+    choices = [(at, share) for at, line in outcome.interval_times
+               if "not timed yet" not in line and (share := predicted_checkpoint_waste([line])) is not None]
+    ours, theirs = first_line_of_each_step(outcome.step_times), first_line_of_each_step(baseline.step_times)
+    if not choices:
+        return None
+    governed = sorted(step for step, at in ours.items() if at > choices[0][0] and step in theirs)
+    if len(governed) < 2:
+        return None
+    first, last = governed[0], governed[-1]
+    in_force = [next(share for at, share in reversed(choices) if at < ours[step]) for step in governed[1:]]
+    realized = (ours[last] - ours[first]) / (theirs[last] - theirs[first]) - 1
+    return {"predicted": statistics.fmean(in_force), "realized": realized, "steps": last - first}
 
 
 def predicted_checkpoint_waste(interval_lines: list[str]) -> float | None:
@@ -159,6 +199,14 @@ def predicted_checkpoint_waste(interval_lines: list[str]) -> float | None:
         if m := re.search(r"\(checkpoints ([0-9.]+) %", line):
             return float(m.group(1)) / 100
     return None
+
+
+def first_line_of_each_step(step_times: list) -> dict:
+    """step -> seconds of its first line (a step's evaluation line repeats its number)."""
+    first = {}
+    for at, step in step_times:
+        first.setdefault(step, at)
+    return first
 
 
 def seeds_with_failures(first: int, count: int, min_failures: int, within_s: float, mtbf_s: float, mix: dict,
@@ -269,6 +317,8 @@ class Outcome:
     step_s: float | None = None  # seconds per step from the step lines (of a failure-free run: the compute alone)
     lost_steps: int | None = None  # hpcckpt's runs: the steps its restart records say were done again
     steps_span_s: float | None = None  # from the first step line to the last (training, without start and end)
+    step_times: list = field(default_factory=list)  # (seconds since the start, step) of each step line
+    interval_times: list = field(default_factory=list)  # (seconds since the start, line) of each interval change
 
     @property
     def steps_run(self) -> int:
@@ -295,6 +345,7 @@ class Job:
         self.lines: list[tuple[float, str]] = []
 
     def run(self, schedule: list[Failure], timeout_s: float) -> Outcome:
+        self.lines = []  # a Job run again (the prediction check's pairs) reads only this run's output
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         if self.memory_dir is not None:
@@ -413,6 +464,7 @@ class Job:
                 outcome.checkpoints = line
             elif "interval now" in line or "per-level intervals" in line:
                 outcome.intervals.append(line)
+                outcome.interval_times.append((at, line))
         outcome.attempts = attempts
         metrics = self.run_dir / "metrics.jsonl"
         if metrics.is_file():
@@ -420,6 +472,7 @@ class Job:
                         if '"event": "restart"' in line]
             outcome.lost_steps = sum(int(r.get("lost_steps", 0)) for r in restarts)
         steps = [(at, int(m.group(1))) for at, line in self.lines if (m := re.match(r"step\s+(\d+)\s", line))]
+        outcome.step_times = steps
         if len(steps) > 10:
             (t0, s0), (t1, s1) = steps[len(steps) // 5], steps[-1]
             outcome.step_s = (t1 - t0) / max(1, s1 - s0)
@@ -570,6 +623,9 @@ def main(argv=None) -> int:
     parser.add_argument("--root", default="/tmp/hpcckpt-goodput", help="run directories and each job's output")
     parser.add_argument("--prediction-repeats", type=int, default=3,
                         help="pairs of failure-free runs (hpcckpt, none) the prediction check takes medians of")
+    parser.add_argument("--prediction-steps", type=int, default=128,
+                        help="steps of the prediction check's runs: long enough that the per-level choice, not "
+                             "the profile before it, governs most of them")
     parser.add_argument("--no-prediction-check", dest="prediction_check", action="store_false",
                         help="skip hpcckpt's failure-free run (its predicted checkpoint waste against the realized)")
     parser.add_argument("--memory-root", default="/dev/shm/hpcckpt-goodput",
@@ -610,8 +666,7 @@ def main(argv=None) -> int:
                                 ranks, nodes)
     prediction = None
     if "hpcckpt" in args.approaches.split(",") and args.prediction_check:
-        prediction = predicted_against_realized(root, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root,
-                                                clean, plain)
+        prediction = predicted_against_realized(root, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root)
     print(f"seeds {seeds}: the first {args.seeds} from {args.first_seed} whose schedule has at least "
           f"{args.min_failures} failure(s) within the failure-free run's {clean.wall_s:.1f} s", flush=True)
     for seed in seeds:

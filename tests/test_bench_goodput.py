@@ -95,3 +95,28 @@ def test_the_prediction_read_is_the_last_choices_checkpoint_share():
     assert bench.predicted_checkpoint_waste(lines) == 0.125
     assert bench.predicted_checkpoint_waste(lines[:1]) == pytest.approx(0.041)
     assert bench.predicted_checkpoint_waste(["checkpoint interval now 5 steps: Young/Daly"]) is None
+
+
+def test_the_choice_is_judged_over_the_steps_it_governed_against_the_same_steps_without_checkpoints():
+    """The profile's steps (slow here) and a choice made before every level was timed are left
+    out; the prediction is the mean of the shares in force over the governed steps."""
+    def choice(share, pending=""):
+        return (f"checkpoint interval now 4 steps: per-level intervals minimise expected waste 30.00 % "
+                f"(checkpoints {share:.2f} %, failures 10.00 %) with a version every 2 s{pending}")
+    baseline = bench.Outcome("nockpt", 0, 40.0, True, "d", step_times=[(float(s), s) for s in range(1, 31)])
+    times = [(2.0 * s, s) for s in range(1, 6)]  # the profile: twice as slow, not the choice's doing
+    at = 10.0
+    for step in range(6, 31):
+        at += 1.1 if step <= 20 else 1.3
+        times.append((at, step))
+    times.append((at + 0.5, 30))  # the evaluation line repeats the last step's number
+    outcome = bench.Outcome("hpcckpt", 0, 50.0, True, "d", step_times=times, interval_times=[
+        (8.0, choice(50.0, "; pfs not timed yet, rechosen within 6 steps")),
+        (times[5][0] + 0.05, choice(10.0)),  # after step 6's line: steps 7.. are governed
+        (times[15][0] + 0.05, choice(30.0)),  # after step 16's
+    ])
+    governed = bench.under_the_choice(outcome, baseline)
+    assert governed["steps"] == 23  # steps 8..30 after step 7, the first line after the choice
+    assert governed["realized"] == pytest.approx((13 * 1.1 + 10 * 1.3) / 23 - 1)
+    assert governed["predicted"] == pytest.approx((9 * 0.10 + 14 * 0.30) / 23)  # 8..16 and 17..30
+    assert bench.under_the_choice(bench.Outcome("hpcckpt", 0, 1.0, True, "d", step_times=times), baseline) is None
