@@ -1,6 +1,9 @@
 """Host memory stays flat over 1,000 checkpoints: buffers are reused, nothing accumulates."""
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 from conftest import REPO, assert_ok, run_script
 
@@ -35,3 +38,29 @@ def test_a_node_short_of_memory_is_told_before_the_first_checkpoint(tmp_path):
     roomy = run_script(4, script, [str(tmp_path / "roomy" / "run"), "4096"], cwd=tmp_path)
     assert_ok(roomy)
     assert "checkpointing will need" not in roomy.stderr
+
+
+def test_versions_kept_in_memory_are_counted_in_what_a_node_needs(tmp_path):
+    """The same job, 2 ranks per node with 16 MiB shards, on a node with 200 MiB available:
+    its buffers (~74 MiB per node) fit; its versions in /dev/shm would add 3 versions x 2 ranks x
+    (shard + replica + parity) = 288 MiB under a 1000 MB budget, and the node is told; under a
+    50 MB budget (the rest spills to the disk) they fit again."""
+    from hpcckpt.levels.node_places import RAM_FILE_SYSTEMS, file_system_type
+
+    assert file_system_type("/dev/shm") in RAM_FILE_SYSTEMS, "this test keeps versions in /dev/shm, a RAM file system"
+    script = REPO / "tests" / "scripts" / "memory_forecast.py"
+    memory = Path(tempfile.mkdtemp(prefix="hpcckpt-forecast-", dir="/dev/shm"))
+    try:
+        said = {}
+        for budget in (1000, 50):
+            proc = run_script(4, script, [str(tmp_path / f"b{budget}" / "run"), "200",
+                                          str(memory / f"b{budget}" / "node{node}"), str(budget)], cwd=tmp_path)
+            assert_ok(proc)
+            assert "DONE" in proc.stdout
+            said[budget] = [line for line in proc.stderr.splitlines() if "checkpointing will need" in line]
+        assert len(said[1000]) == 1, said
+        assert "GiB of node-local versions in memory (storage.memory_dir)" in said[1000][0]
+        assert "0.28 GiB of node-local versions in memory" in said[1000][0]  # 288 MiB
+        assert said[50] == []
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)

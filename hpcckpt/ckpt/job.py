@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from hpcckpt.ckpt.capture import SnapshotCapture
-from hpcckpt.ckpt.memory_forecast import rank_need, warn_if_short
+from hpcckpt.ckpt.memory_forecast import MemoryTier, rank_need, warn_if_short
 from hpcckpt.ckpt.snapshot import ProtectedArrays
 from hpcckpt.cluster.collectives import quiet_barrier
 from hpcckpt.cluster.placement import discover_topology
@@ -27,6 +27,7 @@ from hpcckpt.errors import CheckpointError, ConfigError, StorageError
 from hpcckpt.exit_record import record_started
 from hpcckpt.format.layout import Layout
 from hpcckpt.format.manifest import record_peers
+from hpcckpt.levels.node_places import RAM_FILE_SYSTEMS, file_system_type
 from hpcckpt.run.job_storage import JobStorage, RunClaim
 from hpcckpt.save.commit_record import CommitRecords
 from hpcckpt.save.pipeline import SavePipeline
@@ -60,6 +61,7 @@ class CommJob:
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         self.log = log
         self.chunk_bytes = config.checkpoint.chunk_bytes
+        self.keep_local = config.checkpoint.keep_local
         self.topology = topology or discover_topology(comm, config.simulated_nodes, config.failure_domains,
                                                       config.simulated_domains)
         self.node = self.topology.node_of_rank[self.rank]
@@ -117,9 +119,19 @@ class CommJob:
         if self.arrays.layout is not None:
             return self.arrays.layout
         layout = self.arrays.ensure_layout()
-        need = rank_need(self.arrays.snapshot_bytes, self.levels, self.chunk_bytes)
-        warn_if_short(self.comm, self.node, need, self.log)
+        tier = self._memory_tier()
+        # The versions kept and the one being written before the oldest goes.
+        need = rank_need(self.arrays.snapshot_bytes, self.levels, self.chunk_bytes,
+                         self.keep_local + 1 if tier is not None else 0)
+        warn_if_short(self.comm, self.node, need, self.log, tier)
         return layout
+
+    def _memory_tier(self) -> MemoryTier | None:
+        """This node's memory directory where its files take the node's RAM (None otherwise)."""
+        places = self.storage.places
+        if places.memory is None or file_system_type(places.memory) not in RAM_FILE_SYSTEMS:
+            return None
+        return MemoryTier(places.budget_bytes, places.memory_used())
 
     def l4_copying(self, step: int) -> bool:
         """L4 is copying version `step` at its own pace right now."""
