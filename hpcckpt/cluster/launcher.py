@@ -77,7 +77,9 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
         # Open MPI starts its daemons with srun inside Slurm; after a node failure slurmctld may
         # keep the failed step's record on the surviving nodes, and a plain srun would wait
         # for them for ever (the job script's own srun passes --overlap for the same reason).
-        env["PRTE_MCA_plm_slurm_args"] = "--overlap"
+        # PRRTE 3 reads this parameter under its full name only (prte_plm_slurm_args): as
+        # PRTE_MCA_plm_slurm_args it is silently ignored.
+        env["PRTE_MCA_prte_plm_slurm_args"] = "--overlap"
     return [mpiexec, *flags, "--with-ft", "ulfm", "--mca", "coll", "^han", *FAILURE_DETECTOR, *forwarded, *placed,
             "-n", str(ranks)], env
 
