@@ -197,15 +197,15 @@ class IntervalPolicy:
             # No level covers any failure set: the overhead bound, as without failure rates.
             overhead_bound = max(1, math.ceil(self.cost / (self.max_overhead * step_time)))
             interval = max(persist_bound, overhead_bound)
-            if untimed:
-                interval = min(interval, max(persist_bound, PROFILE_STEPS + 1))
-            return interval, f"no level covers a failure class set; {chosen.reason}{pending}"
-        interval = max(persist_bound, math.ceil(chosen.interval_s / step_time))
+            reason = f"no level covers a failure class set; {chosen.reason}{pending}"
+        else:
+            interval = max(persist_bound, math.ceil(chosen.interval_s / step_time))
+            takes = ", ".join(f"{name} every {k}" for name, k in self.every.items() if k > 1)
+            reason = (f"{takes or 'every level every version'}; {chosen.reason}; step {1000 * step_time:.2f} ms, "
+                      f"steps {100 * slowdown:.1f} % slower while a persist runs{pending}")
         if untimed:
             interval = min(interval, max(persist_bound, PROFILE_STEPS + 1))
-        takes = ", ".join(f"{name} every {k}" for name, k in self.every.items() if k > 1)
-        return interval, (f"{takes or 'every level every version'}; {chosen.reason}; step {1000 * step_time:.2f} ms, "
-                          f"steps {100 * slowdown:.1f} % slower while a persist runs{pending}")
+        return interval, reason
 
     def state(self) -> dict:
         return {"step_time": self.step_time, "busy_step_time": self.busy_step_time,
