@@ -158,3 +158,43 @@ def test_without_rates_the_fixed_intervals_choose_even_when_adaptive(make_schedu
     assert not schedule.policy.per_level
     assert [schedule.next_checkpoint(step, None)[2] for step in (1, 2)] == [
         ("local", "partner", "erasure"), NAMES]
+
+
+def test_what_the_steps_beside_a_versions_work_lost_is_that_versions_cost(make_schedule):
+    """The steps beside the persist of one version add up to its node-local levels' cost; a
+    copy to L4 at its own pace that runs past the next checkpoint is counted whole, once over;
+    steps beside the copy are not clean steps."""
+    rates = SimpleNamespace(mtbf_crash_hours=1.0, mtbf_node_hours=24.0, mtbf_two_nodes_hours=0.0)
+    schedule = make_schedule(every="auto", resilience=rates, fixed_every={})
+    policy = schedule.policy
+
+    def step(seconds, persisting=False, copying=None):
+        schedule.restart_clock(persisting, copying)
+        schedule.step_over(seconds, observe=True)
+
+    def checkpoint(at):
+        levels = schedule.next_checkpoint(at, None)[2]
+        schedule.checkpoint_taken(at, blocked=0.001, waited=0.0, durable=0.2, level_times=times)
+        return levels
+
+    times = {"local": (0.05, 0.05), "partner": (0.2, 0.15), "erasure": (0.2, 0.2), "pfs": (3.0, 3.0)}
+    for _ in range(5):
+        step(0.1)
+    written = checkpoint(6)  # profiling: waited for, so no step runs beside its persist
+    assert written == NAMES and policy.level_loss == {}
+    step(0.1, copying=6)  # L4 copies version 6 at its own pace
+    step(0.3, copying=6)
+    assert policy.step_time == pytest.approx(0.1)  # a step beside the copy is not a clean one
+    written_by_9 = [name for name in checkpoint(9) if name != "pfs"]  # the copy of 6 still runs: not counted yet
+    assert len(written_by_9) > 1, written_by_9
+    assert "pfs" not in policy.level_loss
+    step(0.5, persisting=True, copying=6)  # beside both: half to each
+    step(0.2, persisting=True)
+    step(0.1)
+    checkpoint(12)
+    # Version 9's persist: 0.2 + 0.1 s over 0.1 s steps, shared over the levels it wrote.
+    shares = {"local": 0.05, "partner": 0.15, "erasure": 0.2}
+    total = sum(shares[name] for name in written_by_9)
+    for name in written_by_9:
+        assert policy.level_loss[name] == pytest.approx(0.3 * shares[name] / total)
+    assert policy.level_loss["pfs"] == pytest.approx(0.0 + 0.2 + 0.2)  # the whole copy of version 6

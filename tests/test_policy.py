@@ -3,6 +3,8 @@
 import math
 from types import SimpleNamespace
 
+import pytest
+
 from hpcckpt.schedule.policy import PROFILE_STEPS, IntervalPolicy
 
 
@@ -157,6 +159,45 @@ def test_an_untimed_level_at_its_own_pace_waits_for_the_final_version_while_the_
     said = policy.observe_checkpoint(6 + policy.interval, blocking=0.001, durable=0.05)
     assert said is None or "not timed yet" not in said
     assert "not timed yet" not in policy.reason and policy.every["pfs"] < 64
+
+
+def test_a_versions_measured_loss_is_shared_over_the_levels_it_wrote_by_their_writing():
+    policy = per_level_policy(crash=0.01, node=0.02)
+    policy.observe_levels({}, {"local": 0.1, "partner": 0.3, "erasure": 0.6, "pfs": 2.0})
+    policy.observe_persist_loss(("local", "partner", "pfs"), persist_loss=0.8, own_pace_loss=None)
+    # L4 copies at its own pace: the persist's loss is the node-local levels' alone.
+    assert policy.level_loss == pytest.approx({"local": 0.2, "partner": 0.6})
+    policy.observe_persist_loss(("local",), persist_loss=0.4, own_pace_loss=1.5)
+    assert policy.level_loss["local"] == pytest.approx((0.2 + 0.4) / 2)  # smoothed
+    assert policy.level_loss["pfs"] == pytest.approx(1.5) and "erasure" not in policy.level_loss
+    policy.observe_persist_loss(("local", "erasure"), persist_loss=None, own_pace_loss=None)  # nothing ran beside
+    assert policy.level_loss["local"] == pytest.approx(0.3) and "erasure" not in policy.level_loss
+    policy.observe_persist_loss(("local",), persist_loss=-0.2, own_pace_loss=None)  # faster than clean: no cost
+    assert policy.level_loss["local"] == pytest.approx(0.15)
+
+
+def test_a_versions_measured_loss_outweighs_the_mean_slowdown_in_the_choice():
+    """Steps right after a snapshot can lose far more than the mean slowdown while a persist
+    runs times its writing says: once measured whole, that loss is the version's cost."""
+    def chosen(loss):
+        policy = per_level_policy(crash=0.01, node=0.02)
+        policy.observe_step(0.100)
+        policy.observe_step(0.110, persisting=True)  # 10 % slower on average
+        times = {"local": 0.05, "partner": 0.1, "erasure": 0.2, "pfs": 2.0}
+        policy.observe_levels(times, times)
+        if loss:
+            policy.observe_persist_loss(("local", "partner", "erasure"), persist_loss=loss, own_pace_loss=None)
+        said = policy.observe_checkpoint(6, blocking=0.001, durable=0.2)
+        return policy, said
+
+    estimated, _ = chosen(None)
+    measured, said = chosen(3.5)  # 10x the estimate: 0.1 * (0.05 + 0.1 + 0.2) s
+    assert "local 501.0 ms" in said, said  # its share of the measured loss (1/7), with the blocking
+    assert measured.interval > estimated.interval
+    assert measured.every["partner"] >= estimated.every["partner"]
+    restored = per_level_policy(crash=0.01, node=0.02)
+    restored.load_state(measured.state())
+    assert restored.level_loss == measured.level_loss
 
 
 def test_the_per_level_choice_survives_a_restart():

@@ -216,7 +216,7 @@ class Checkpointer:
         self.log.heartbeat(step)
         if schedule.step_done(step, stop, last):
             self.confirm_restart()
-        schedule.restart_clock(self.job.pipeline.persisting)
+        schedule.restart_clock(self.job.pipeline.persisting, self.job.pipeline.copying_at_own_pace)
         return planned or stop is not None
 
     def planned(self, step: int, last: bool = False) -> bool:

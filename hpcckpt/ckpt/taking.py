@@ -83,7 +83,7 @@ class CheckpointTaking:
             self.log.info(said, console=True)
         elif said:
             self.log.warning(said)
-        job.schedule.restart_clock(job.pipeline.persisting)
+        job.schedule.restart_clock(job.pipeline.persisting, job.pipeline.copying_at_own_pace)
         return report
 
     def _refuse(self, step: int, refused: list) -> PersistReport:

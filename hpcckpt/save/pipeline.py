@@ -141,6 +141,12 @@ class SavePipeline:
     def persisting(self) -> bool:
         return self.in_flight is not None and not self.in_flight.is_set()
 
+    @property
+    def copying_at_own_pace(self) -> int | None:
+        """The version a copy to the global levels at their own pace is taking on this rank
+        right now (None: no copy runs)."""
+        return self.flush.flushing if self.flush is not None else None
+
     def finish_in_flight(self) -> PersistReport | None:
         """Wait for the checkpoint in flight; raise its failure here, on the main thread."""
         if self.in_flight is not None:

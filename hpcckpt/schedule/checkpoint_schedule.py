@@ -11,13 +11,14 @@ feeds them what they measure and keeps every rank deciding alike:
 - costs of each checkpoint: what it blocked, and how long its persist took to be durable.
   With an adaptive interval they are agreed as maxima over ranks (the slowest rank's costs)
   in one sleeping allreduce after each checkpoint, so the interval is the same everywhere; with
-  failure rates set (resilience.mtbf_*_hours) so are each level's times, and the levels each
-  checkpoint goes to (levels_due).
+  failure rates set (resilience.mtbf_*_hours) so are each level's times, what the steps beside
+  the previous version's persist and beside a copy to L4 at its own pace lost (each step's
+  time less the clean step time, summed), and the levels each checkpoint goes to (levels_due).
 - stops: the per-step OR-reduce of schedule/stopping.py.
 
 Collectives (all ranks, main thread, on a communicator of the schedule's own): one posted
 Iallreduce of an int per step (the stop flags); with an adaptive interval one sleeping
-Iallreduce of four doubles (and two per level) per checkpoint.
+Iallreduce of four doubles (with failure rates: four more, and two per level) per checkpoint.
 """
 
 from __future__ import annotations
@@ -55,13 +56,20 @@ class CheckpointSchedule:
             self.stops.install(log)
         self._clock_started: float | None = None
         self._persisting_at_start = False
+        self._copying_at_start: int | None = None
         self._warned_short_interval = False
+        self.losses = StepLosses()
+        self._newest_levels: tuple[str, ...] | None = None  # the levels of the checkpoint taken last
+        self._persisted_levels: tuple[str, ...] | None = None  # ... of the one before: its persist ran since
 
     # -- the step ---------------------------------------------------------------------------
-    def restart_clock(self, persisting: bool) -> None:
-        """The application's step begins now (after a checkpointer call that blocked)."""
+    def restart_clock(self, persisting: bool, copying_at_own_pace: int | None = None) -> None:
+        """The application's step begins now (after a checkpointer call that blocked), beside
+        a persist (`persisting`) or a copy of version `copying_at_own_pace` to the levels at
+        their own pace, or neither."""
         self._clock_started = time.perf_counter()
         self._persisting_at_start = persisting
+        self._copying_at_start = copying_at_own_pace
 
     def begin(self, restored_step: int | None) -> str | None:
         """(all ranks) After the restart: the interval counts from the version loaded, the
@@ -90,7 +98,10 @@ class CheckpointSchedule:
         if seconds is None and self._clock_started is not None:
             seconds = now - self._clock_started
         if observe and seconds is not None and seconds > 0:
-            self.policy.observe_step(seconds, self._persisting_at_start)
+            persisting, copying = self._persisting_at_start, self._copying_at_start
+            if self.policy.step_time > 0:
+                self.losses.add(seconds - self.policy.step_time, persisting, copying)
+            self.policy.observe_step(seconds, persisting or copying is not None)
         return self.stops.step_over(look_now=checkpointing)
 
     @property
@@ -112,7 +123,9 @@ class CheckpointSchedule:
         The one place that decides which levels take a version."""
         self.ordinal += 1
         final = (step == self.final_step) if final is None else final
-        return self.ordinal, final, self.policy.levels_due(self.ordinal, final)
+        levels = self.policy.levels_due(self.ordinal, final)
+        self._newest_levels = levels
+        return self.ordinal, final, levels
 
     def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None,
                          level_times: dict | None = None) -> str | None:
@@ -134,12 +147,20 @@ class CheckpointSchedule:
         names = [name for name, _, _ in policy.levels] if policy.per_level else []
         times = level_times or {}
         per_level = [value for name in names for value in times.get(name, (-1.0, -1.0))]
-        agreed = self._agreed_max([policy.step_time, policy.busy_step_time, blocked, durable or 0.0, *per_level])
+        losses = self.losses.values(self._copying_at_start) if policy.per_level else []
+        agreed = self._agreed_max([policy.step_time, policy.busy_step_time, blocked, durable or 0.0,
+                                   *losses, *per_level])
         step_time, busy_step_time, blocking, agreed_durable = agreed[:4]
         policy.step_time, policy.busy_step_time = step_time, busy_step_time
-        pairs = dict(zip(names, zip(agreed[4::2], agreed[5::2])))
+        after_losses = agreed[4 + len(losses):]
+        pairs = dict(zip(names, zip(after_losses[0::2], after_losses[1::2])))
         policy.observe_levels({name: d for name, (d, _) in pairs.items() if d >= 0},
                               {name: b for name, (_, b) in pairs.items() if b >= 0})
+        if losses:
+            persist_loss, own_pace_loss = self.losses.settle(agreed[4:4 + len(losses)])
+            if self._persisted_levels is not None:
+                policy.observe_persist_loss(self._persisted_levels, persist_loss, own_pace_loss)
+        self._persisted_levels = self._newest_levels
         return policy.observe_checkpoint(step, blocking, agreed_durable or None)
 
     @property
@@ -169,3 +190,41 @@ class CheckpointSchedule:
         if self.comm is not None:
             self.comm.Free()
             self.comm = None
+
+
+class StepLosses:
+    """What the steps beside checkpoint work lost (seconds over the clean step time, summed)
+    since the last checkpoint: beside the persist of the version before it, and beside each
+    copy to the levels at their own pace, by version (a copy may span several checkpoints: its
+    loss adds up until it is over); a step beside both shares its loss half and half."""
+
+    def __init__(self):
+        self.persist = 0.0
+        self.persist_steps = 0
+        self.by_copy: dict[int, float] = {}
+        self._over: list[int] = []  # the copies over as of values(), dropped by settle()
+
+    def add(self, excess: float, persisting: bool, copying: int | None) -> None:
+        share = excess / 2 if persisting and copying is not None else excess
+        if persisting:
+            self.persist += share
+            self.persist_steps += 1
+        if copying is not None:
+            self.by_copy[copying] = self.by_copy.get(copying, 0.0) + share
+
+    def values(self, copying_now: int | None) -> list[float]:
+        """This rank's part of the agreement (maxima over ranks): the persist's loss and its
+        steps, the losses of the copies over (summed) and how many."""
+        over = [loss for version, loss in self.by_copy.items() if version != copying_now]
+        self._over = [version for version in self.by_copy if version != copying_now]
+        return [self.persist, float(self.persist_steps), sum(over), float(len(over))]
+
+    def settle(self, agreed: list[float]) -> tuple[float | None, float | None]:
+        """From the agreed values: (the persist's loss, None where no step ran beside it; one
+        copy's loss at its own pace, the mean of those over, None where none ended), and start
+        counting again."""
+        persist, persist_steps, copies_loss, copies = agreed
+        self.persist, self.persist_steps = 0.0, 0
+        for version in self._over:
+            del self.by_copy[version]
+        return (persist if persist_steps else None), (copies_loss / copies if copies else None)

@@ -10,13 +10,17 @@ shortest interval N whose overhead stays under `checkpoint.max_overhead`:
     N >= C / (max_overhead * step_time)            the checkpoint's share of run time
 
 `interference` is how much longer a step takes while a persist runs in the background than
-one without (the persist shares the cores, the disk and the network with training); it is
-measured while running, so the interval is retuned after every checkpoint (interference from
-other jobs raises it too). With `checkpoint.mtbf_hours = H` the interval is Young/Daly's
+one without (the persist shares the cores, the disk and the network with training; a copy to
+L4 at its own pace counts as a persist here); it is measured while running, so the interval
+is retuned after every checkpoint (interference from other jobs raises it too). With `checkpoint.mtbf_hours = H` the interval is Young/Daly's
 sqrt(2 * C * MTBF), never below the persist bound. With failure rates by class
 (resilience.mtbf_crash_hours, mtbf_node_hours, mtbf_two_nodes_hours) the interval and how
 often each level takes a version are chosen together from each level's measured cost and the
-failures it covers (schedule/level_intervals.py, where the model is written out).
+failures it covers (schedule/level_intervals.py, where the model is written out). There a
+version's cost on each level is measured whole once it can be: the seconds every step lost
+beside that version's persist (or beside its copy to L4), summed, shared over the levels it
+wrote by their writing time; a mean slowdown times a writing time undercounts the steps
+right after a snapshot, which lose most.
 
 The policy is pure arithmetic over measurements; it is the same on every rank because the
 measurements it is fed are agreed (maxima over ranks) by the caller.
@@ -53,6 +57,8 @@ class IntervalPolicy:
     levels: tuple = ()
     level_durable: dict = field(default_factory=dict)
     level_busy: dict = field(default_factory=dict)
+    # Training seconds one version on each level cost, measured whole (smoothed).
+    level_loss: dict = field(default_factory=dict)
     every: dict = field(default_factory=dict)
     # Without per-level intervals, each level every fixed_every[name]-th checkpoint
     # (resilience.partner_every, erasure_every, storage.pfs_every; L1 every time).
@@ -90,6 +96,25 @@ class IntervalPolicy:
             self.level_durable[name] = _smooth(self.level_durable.get(name, 0.0), seconds)
         for name, seconds in busy.items():
             self.level_busy[name] = _smooth(self.level_busy.get(name, 0.0), seconds)
+
+    def observe_persist_loss(self, written: tuple[str, ...], persist_loss: float | None,
+                             own_pace_loss: float | None) -> None:
+        """What one version cost the steps beside its work: `persist_loss` seconds beside its
+        persist to the levels in `written` (None: it ran beside no step), `own_pace_loss`
+        beside a whole copy to the levels at their own pace (None: no copy ended). Each part
+        is shared over its levels by their writing time (smoothed per level)."""
+        own_pace = {name for name, _, at_own_pace in self.levels if at_own_pace}
+        parts = ((tuple(name for name in written if name not in own_pace), persist_loss),
+                 (tuple(name for name, _, at_own_pace in self.levels if at_own_pace), own_pace_loss))
+        for names, loss in parts:
+            if loss is None or not names:
+                continue
+            writing = {name: max(self.level_busy.get(name, 0.0), 1e-9) for name in names}
+            total = sum(writing.values())
+            for name, seconds in writing.items():
+                share = max(0.0, loss) * seconds / total
+                self.level_loss[name] = share if name not in self.level_loss else \
+                    (1 - EWMA) * self.level_loss[name] + EWMA * share
 
     @property
     def enabled(self) -> bool:
@@ -173,9 +198,10 @@ class IntervalPolicy:
 
     def _choose_per_level(self) -> tuple[int, str]:
         """The base interval and each level's every-k-th from level_intervals.py: a version on
-        a level costs the training the share of its writing that steps lose while a persist
-        runs (the first level also the snapshot's blocking); restoring from it is taken to
-        take as long as writing it did."""
+        a level costs the training what the steps beside its writing lost, as measured whole,
+        or until measured the share of its writing that steps lose while a persist runs (the
+        first level also the snapshot's blocking); restoring from it is taken to take as long
+        as writing it did."""
         step_time = max(self.step_time, 1e-9)
         slowdown = self.interference / step_time
         costs, untimed = [], []
@@ -184,7 +210,8 @@ class IntervalPolicy:
                 untimed.append(name)  # at its own pace, its first copy still running
                 continue
             busy = self.level_busy.get(name, self.level_durable[name])
-            costs.append(LevelCost(name, survives, (self.blocking if index == 0 else 0.0) + slowdown * busy,
+            loss = self.level_loss.get(name, slowdown * busy)
+            costs.append(LevelCost(name, survives, (self.blocking if index == 0 else 0.0) + loss,
                                    self.level_durable[name], busy, own_pace))
         floor = max([self.level_durable[name] for name, _, own_pace in self.levels if not own_pace], default=0.0)
         chosen = choose_level_intervals(costs, list(self.failures), floor)
@@ -212,7 +239,7 @@ class IntervalPolicy:
                 "blocking": self.blocking, "durable": self.durable,
                 "interval": self.interval, "last_checkpoint": self.last_checkpoint, "reason": self.reason,
                 "level_durable": dict(self.level_durable), "level_busy": dict(self.level_busy),
-                "every": dict(self.every)}
+                "level_loss": dict(self.level_loss), "every": dict(self.every)}
 
     def load_state(self, state: dict) -> None:
         """A restart keeps the profile: no second profiling phase."""
@@ -223,6 +250,7 @@ class IntervalPolicy:
         self.last_checkpoint = int(state.get("last_checkpoint", 0))
         self.level_durable = {str(k): float(v) for k, v in state.get("level_durable", {}).items()}
         self.level_busy = {str(k): float(v) for k, v in state.get("level_busy", {}).items()}
+        self.level_loss = {str(k): float(v) for k, v in state.get("level_loss", {}).items()}
         if self.adaptive:
             self.interval = int(state.get("interval", 0))
             self.reason = str(state.get("reason", ""))
