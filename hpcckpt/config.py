@@ -469,6 +469,15 @@ def load_config(
 FAILURE_RATE_KEYS = ("mtbf_crash_hours", "mtbf_node_hours", "mtbf_two_nodes_hours")
 
 
+def failures_per_second(checkpoint: CheckpointConfig, resilience: ResilienceConfig) -> float:
+    """How often the settings say failures come, every class together: the rates of
+    resilience.mtbf_*_hours summed, else 1 / checkpoint.mtbf_hours; 0 where neither is set."""
+    rates = [1 / (3600 * getattr(resilience, key)) for key in FAILURE_RATE_KEYS if getattr(resilience, key) > 0]
+    if rates:
+        return sum(rates)
+    return 1 / (3600 * checkpoint.mtbf_hours) if checkpoint.mtbf_hours > 0 else 0.0
+
+
 def _check_failure_rates(config: JobConfig, where) -> None:
     """resilience.mtbf_*_hours choose the interval and each level's share of the versions:
     nothing else may choose them too."""

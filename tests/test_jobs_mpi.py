@@ -223,6 +223,25 @@ def test_restarts_under_which_a_node_was_lost_do_not_mark_their_version_failed(t
     assert final_record(tmp_path / "run")["weights_digest"] == straight_digest(tmp_path, config)
 
 
+def test_where_failures_are_frequent_two_crashed_restarts_do_not_give_up_a_version(tmp_path):
+    """Failures every 2 s, as configured: two restarts in a row that crash while loading are
+    what such failures do more often than not, so the version is tried again, and loaded."""
+    config = job(tmp_path, checkpoint={"every_steps": "auto", "mtbf_hours": 2 / 3600})
+    # "auto" profiles 5 steps and checkpoints step 6 (waited for); attempt 1 dies after step 7.
+    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
+                          TRAIN_ARGS="--inject rank-kill:rank=1:step=7:attempt=1 "
+                                     "--inject rank-kill:rank=2:step=6:phase=restore:attempt=2 "
+                                     "--inject rank-kill:rank=3:step=6:phase=restore:attempt=3")
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "injected rank-kill on rank 3 (node 1) at step 6 in phase restore" in out
+    assert "2 restarts from it in a row" in out and "one every 2 s" in out and "it is tried again" in out, out
+    assert "is marked failed" not in out and "finished after 4 attempt(s)" in out
+    assert "restored version 6" in out
+    ledger = tmp_path / "run" / "restarts.json"  # gone once nothing is left to remember
+    assert not ledger.exists() or json.loads(ledger.read_text())["failed"] == {}
+
+
 def test_a_version_whose_restart_crashed_twice_is_marked_failed_and_skipped(tmp_path):
     config = job(tmp_path)
     # Attempt 1 crashes once the checkpoint of step 20 is durable (the next snapshot waits for

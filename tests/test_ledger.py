@@ -9,15 +9,17 @@ def test_restart_ledger_marks_a_version_failed_only_after_two_crashed_restarts_i
     ledger = RestartLedger(tmp_path / "restarts.json")
     assert ledger.settle_pending() is None and ledger.failed_steps() == {}
     ledger.begin(300)
-    step, reason, failed, _ = ledger.settle_pending()  # one restart from 300 never confirmed: a node may have died
-    assert (step, failed) == (300, False) and "crashed" in reason and ledger.failed_steps() == {}
+    settled = ledger.settle_pending()  # one restart from 300 never confirmed: a node may have died
+    assert (settled.step, settled.failed, settled.crashes) == (300, False, 1) and "crashed" in settled.reason
+    assert ledger.failed_steps() == {}
     ledger.begin(300)
     ledger.confirm()  # the next one from 300 worked: the crash before is forgotten
     ledger.begin(300)
     assert ledger.settle_pending()[2] is False
     ledger.begin(300)
-    step, reason, failed, _ = ledger.settle_pending()  # a second crash in a row: failed
-    assert failed and reason.startswith("2 restarts from it in a row") and list(ledger.failed_steps()) == [300]
+    settled = ledger.settle_pending()  # a second crash in a row: failed
+    assert settled.failed and settled.reason.startswith("2 restarts from it in a row")
+    assert list(ledger.failed_steps()) == [300]
     assert ledger.settle_pending() is None  # settled only once
     ledger.begin(250)
     ledger.confirm()
@@ -62,3 +64,60 @@ def test_a_crashed_restart_under_which_a_node_was_lost_is_not_counted_against_it
     ledger.begin(300, nodes_with_files=3)
     assert ledger.settle_pending(nodes_with_files=4).failed  # a node more (a spare) explains nothing
     assert list(ledger.failed_steps()) == [300]
+
+
+def test_where_failures_are_frequent_crashed_restarts_mark_a_version_only_once_chance_cannot_explain_them(
+        tmp_path, monkeypatch):
+    """With failures every 15 s (as configured), restarts that each ran 3 s before the next
+    one began are each met by a failure with a chance of 1 - exp(-3/15) = 18 %: two crashes in
+    a row (3.3 %) do not yet mark the version, three (0.6 %) do. Failures every 10 h: two."""
+    import time as real_time
+
+    import hpcckpt.run.ledger as ledger_module
+    from hpcckpt.run.ledger import RestartLedger
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(ledger_module, "time", type("Clock", (), {
+        "time": staticmethod(lambda: clock[0]), "strftime": staticmethod(real_time.strftime),
+        "localtime": staticmethod(real_time.localtime)}))
+    ledger = RestartLedger(tmp_path / "restarts.json")
+
+    def crashed_restart(rate):
+        ledger.begin(300)
+        clock[0] += 3.0
+        return ledger.settle_pending(failures_per_second=rate)
+
+    frequent = 1 / 15
+    first, second = crashed_restart(frequent), crashed_restart(frequent)
+    assert not first.failed and not second.failed and second.crashes == 2
+    assert "one every 15 s" in second.reason and "chance of 3.3 %" in second.reason, second.reason
+    third = crashed_restart(frequent)
+    assert third.failed and third.reason.startswith("3 restarts from it in a row") and "0.6" in third.reason
+    assert list(ledger.failed_steps()) == [300]
+    # A confirmed restart forgets the crashes and their chance.
+    ledger.begin(200)
+    crashed_restart(frequent)
+    ledger.begin(200)
+    ledger.confirm()
+    assert "chance" not in json.loads((tmp_path / "restarts.json").read_text()) or \
+        "200" not in json.loads((tmp_path / "restarts.json").read_text())["chance"]
+    rare = 1 / (10 * 3600)
+    ledger.begin(100)
+    clock[0] += 3.0
+    assert not ledger.settle_pending(failures_per_second=rare).failed
+    ledger.begin(100)
+    clock[0] += 3.0
+    assert ledger.settle_pending(failures_per_second=rare).failed
+
+
+def test_the_failure_rate_the_settings_state():
+    from types import SimpleNamespace
+
+    from hpcckpt.config import failures_per_second
+
+    checkpoint = SimpleNamespace(mtbf_hours=0.0)
+    none = SimpleNamespace(mtbf_crash_hours=0.0, mtbf_node_hours=0.0, mtbf_two_nodes_hours=0.0)
+    assert failures_per_second(checkpoint, none) == 0.0
+    assert failures_per_second(SimpleNamespace(mtbf_hours=2.0), none) == 1 / 7200
+    by_class = SimpleNamespace(mtbf_crash_hours=1.0, mtbf_node_hours=0.0, mtbf_two_nodes_hours=4.0)
+    assert failures_per_second(SimpleNamespace(mtbf_hours=2.0), by_class) == 1 / 3600 + 1 / (4 * 3600)

@@ -43,7 +43,8 @@ def stack(names=ALL, tmp="/nonexistent"):
 def job(levels=ALL, world_size=RANKS):
     geometry = SimpleNamespace(rank=0, world_size=world_size, layout=SimpleNamespace(digest="layout"),
                                topology=Topology(NODE_OF[:world_size]))
-    return SimpleNamespace(job=geometry, levels=stack(levels), run=SimpleNamespace(pfs_dir="/pfs"), log=None)
+    return SimpleNamespace(job=geometry, levels=stack(levels), run=SimpleNamespace(pfs_dir="/pfs"), log=None,
+                           failures_per_second=0.0)
 
 
 def writing(world_size=RANKS, identity="run-a", created=1.0):
@@ -242,7 +243,7 @@ class Ledger:
         self._failed = {step: "the restart crashed twice" for step in failed}
         self.pending = pending
 
-    def settle_pending(self, nodes_with_files):
+    def settle_pending(self, nodes_with_files, failures_per_second=0.0):
         return self.pending
 
     def failed_steps(self):

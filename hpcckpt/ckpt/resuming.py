@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY
+from hpcckpt.config import failures_per_second
 from hpcckpt.errors import DivergenceError
 from hpcckpt.faults import current_attempt
 from hpcckpt.format import pytree
@@ -66,7 +67,8 @@ class Resuming:
             run=RunPlace(job.run.run_id, self.config.recorded, self.config.run_dir, job.storage.pfs_dir,
                          job.storage.local_dir, tuple(map(str, job.storage.places.roots))),
             log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
-            verify_finite=self.config.checkpoint.verify_finite)
+            verify_finite=self.config.checkpoint.verify_finite,
+            failures_per_second=failures_per_second(self.config.checkpoint, self.config.resilience))
 
     def load(self, mode: str, step: int | None, rewinding: bool = False) -> int | None:
         """(all ranks) restart()'s work; a rewind (in process) reports no restart: nothing

@@ -65,6 +65,7 @@ class RestoreContext:
     faults: object
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # what a rebuild moves and decodes at a time (checkpoint.chunk_mib)
     verify_finite: bool = True  # checkpoint.verify_finite (run/health.py)
+    failures_per_second: float = 0.0  # how often the configuration says failures come (run/ledger.py)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from hpcckpt.levels.survey import Writing
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
 from hpcckpt.restore.context import warn
 from hpcckpt.restore.discover import Holdings
+from hpcckpt.run.ledger import CHANCE_EXPLAINED
 
 
 def _one_writing_per_step(ctx, everyone: list[Holdings]) -> list[Holdings]:
@@ -357,15 +358,19 @@ def _table_members(ctx, everyone: list[Holdings], step: int, shared_views: dict,
 def _failed_versions(ctx, ledger, nodes_with_files: int) -> dict[int, str]:
     """Versions that made a restart crash; the previous restart's pending entry, if any, is
     one of them now, unless a node was lost under it."""
-    settled = ledger.settle_pending(nodes_with_files)
+    settled = ledger.settle_pending(nodes_with_files, ctx.failures_per_second)
     if settled is not None:
-        step, what, failed, counted = settled
-        if not counted:
+        step, what = settled.step, settled.reason
+        if not settled.counted:
             warn(ctx, f"version {step}: {what}")
-        elif failed:
+        elif settled.failed:
             warn(ctx, f"version {step} is marked failed: {what}; falling back to an older version (the record is "
                        f"in {ledger.path})")
-        else:
+        elif settled.crashes == 1:
             warn(ctx, f"version {step}: {what}; it is tried once more (one crash may be a node that died under "
-                       "the restart; a second one in a row marks it failed)")
+                       "the restart; a second one in a row marks it failed"
+                       f"{' unless failures as frequent as configured explain both' if ctx.failures_per_second else ''})")
+        else:
+            warn(ctx, f"version {step}: {what}; it is tried again (failures as frequent as configured explain its "
+                       f"crashes in a row with a chance of {100 * CHANCE_EXPLAINED:g} % or more)")
     return ledger.failed_steps()

@@ -12,6 +12,13 @@ evidence says so.
   after. One crash proves nothing (a node that died under the restart, a kill from outside):
   V is tried again, and only a second consecutive restart from V that crashes marks it
   failed (CRASHES_TO_FAIL). A restart from V that is confirmed clears its count.
+- Where the configuration says how often failures come (resilience.mtbf_*_hours, or
+  checkpoint.mtbf_hours), consecutive crashes are also weighed against chance: each crashed
+  restart lasted at most from its pending entry to the next restart, and failures at that
+  rate strike within such a window with probability 1 - exp(-rate * window). V is marked
+  failed only once the chance that failures explain all its crashes in a row is below
+  CHANCE_EXPLAINED; where failures come every few seconds, a good version is not given up
+  because two restarts in a row met one.
 - A crash that lost a node is explained without V: the pending entry records how many
   node-local directories held the run's files when it began, and when the next restart finds
   fewer, that crash is not counted (nodes that die under restarts, one after the other, must
@@ -24,6 +31,7 @@ One JSON file, <run.dir>/restarts.json, owned by rank 0 (run.dir is shared by al
 
     {"pending": {"step": 300, "since": 1700000000.0},
      "crashes": {"300": 1},
+     "chance": {"300": 0.18},
      "failed": {"300": "two restarts from it (the last at 2026-11-23 10:00:00) crashed ..."},
      "set_aside": {"v000000000300.failed": "two restarts from it ... crashed ..."}}
 
@@ -38,6 +46,7 @@ said about failed versions is lost, and restarts go on.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -48,6 +57,7 @@ from hpcckpt.io.atomic import write_bytes_atomically
 
 LEDGER_NAME = "restarts.json"
 CRASHES_TO_FAIL = 2  # consecutive crashed restarts from one version that mark it failed
+CHANCE_EXPLAINED = 0.01  # ... and below this chance of failures at the stated rate explaining them
 
 
 class SettledRestart(NamedTuple):
@@ -57,6 +67,7 @@ class SettledRestart(NamedTuple):
     reason: str
     failed: bool  # this crash marked the version failed
     counted: bool  # the crash was counted against the version (False: a node was lost under it)
+    crashes: int = 0  # counted crashes from it in a row, this one included
 
 
 def ledger_path(run_dir) -> Path:
@@ -70,13 +81,14 @@ class RestartLedger:
         self.warn = warn
 
     def _load(self) -> dict:
-        empty = {"pending": None, "crashes": {}, "failed": {}, "set_aside": {}}
+        empty = {"pending": None, "crashes": {}, "chance": {}, "failed": {}, "set_aside": {}}
         try:
             record = json.loads(self.path.read_text())
             if not isinstance(record, dict):
                 raise ValueError(f"a JSON {type(record).__name__}, not an object")
             return {"pending": _pending(record.get("pending")), "crashes": dict(record.get("crashes", {})),
-                    "failed": dict(record.get("failed", {})), "set_aside": dict(record.get("set_aside", {}))}
+                    "chance": dict(record.get("chance", {})), "failed": dict(record.get("failed", {})),
+                    "set_aside": dict(record.get("set_aside", {}))}
         except FileNotFoundError:
             return empty
         except (ValueError, TypeError, AttributeError) as exc:
@@ -99,7 +111,7 @@ class RestartLedger:
         return aside.name
 
     def _save(self, record: dict) -> None:
-        if not record["pending"] and not record["crashes"] and not record["failed"] and not record["set_aside"]:
+        if not any(record[part] for part in ("pending", "crashes", "chance", "failed", "set_aside")):
             self.path.unlink(missing_ok=True)  # nothing to remember: leave no file behind
             return
         write_bytes_atomically(self.path, json.dumps(record, indent=1).encode(), overwrite=True)
@@ -107,11 +119,13 @@ class RestartLedger:
     def failed_steps(self) -> dict[int, str]:
         return {int(step): reason for step, reason in self._load()["failed"].items()}
 
-    def settle_pending(self, nodes_with_files: int | None = None) -> SettledRestart | None:
+    def settle_pending(self, nodes_with_files: int | None = None, failures_per_second: float = 0.0
+                       ) -> SettledRestart | None:
         """A pending entry left by the previous restart is a crash from its version: (step,
         what happened, whether that marked it failed), or None when there is none.
         `nodes_with_files`: how many node-local directories hold the run's files now; fewer
-        than when the pending restart began means a node was lost under it: not counted."""
+        than when the pending restart began means a node was lost under it: not counted.
+        `failures_per_second`: how often the configuration says failures come (0: not said)."""
         record = self._load()
         pending = record["pending"]
         if not pending:
@@ -126,22 +140,33 @@ class RestartLedger:
                                         f"node(s) of {before} lost their node-local files since: not counted "
                                         "against it", failed=False, counted=False)
         crashes = int(record["crashes"].get(str(step), 0)) + 1
-        if crashes >= CRASHES_TO_FAIL:
+        window = max(0.0, time.time() - float(pending.get("since", 0)))
+        chance = float(record["chance"].get(str(step), 1.0)) * -math.expm1(-failures_per_second * window)
+        failed = crashes >= CRASHES_TO_FAIL and chance < CHANCE_EXPLAINED
+        weighed = (f"; failures at the rate configured (one every {1 / failures_per_second:.3g} s) would explain "
+                   f"{'them' if crashes > 1 else 'it'} with a chance of {100 * chance:.2g} %"
+                   if failures_per_second > 0 else "")
+        if crashes > 1:
             reason = (f"{crashes} restarts from it in a row (the last at {since}) crashed while loading or before "
-                      "they were confirmed")
+                      f"they were confirmed{weighed}")
+        else:
+            reason = f"the restart from it at {since} crashed while loading or before it was confirmed{weighed}"
+        if failed:
             record["failed"][str(step)] = reason
             record["crashes"].pop(str(step), None)
+            record["chance"].pop(str(step), None)
         else:
-            reason = f"the restart from it at {since} crashed while loading or before it was confirmed"
             record["crashes"][str(step)] = crashes
+            record["chance"][str(step)] = chance
         self._save(record)
-        return SettledRestart(step, reason, failed=crashes >= CRASHES_TO_FAIL, counted=True)
+        return SettledRestart(step, reason, failed=failed, counted=True, crashes=crashes)
 
     def mark_failed(self, step: int, reason: str) -> None:
         """The ranks found the version bad themselves: no restart loads it again."""
         record = self._load()
         record["failed"][str(step)] = reason
         record["crashes"].pop(str(step), None)
+        record["chance"].pop(str(step), None)
         if record["pending"] and int(record["pending"]["step"]) == step:
             record["pending"] = None
         self._save(record)
@@ -170,6 +195,7 @@ class RestartLedger:
         record = self._load()
         if record["pending"] is not None:
             record["crashes"].pop(str(record["pending"]["step"]), None)
+            record["chance"].pop(str(record["pending"]["step"]), None)
             record["pending"] = None
             self._save(record)
 
