@@ -53,8 +53,8 @@ all its steps (the profile included) and over the whole run (the start and the f
 version's copy to the PFS included, per second of the failure-free run's training).
 
 Reported per approach (medians over seeds): wall time; goodput = failure-free compute time /
-wall time, the failure-free time being the same job run without checkpoints or failures;
-waste = 1 - goodput; steps redone; restart time by failure class (from the failure until the
+wall time, the failure-free time being the same job run without checkpoints or failures, and
+0 for a run that gave up (it delivered nothing: the job must run again); waste = 1 - goodput; steps redone; restart time by failure class (from the failure until the
 relaunched job has loaded its version); the checkpoints of the last attempt. Every run must end
 on the weights of the failure-free run (the same data order): proof that each restart
 restored what it should.
@@ -537,11 +537,17 @@ def where_the_waste_went(outcome: Outcome, baseline_s: float, step_s: float, ste
     return {"waste_s": waste, "restarts_s": restarts, "redone_s": redone, "rest_s": waste - restarts - redone}
 
 
+def goodput(outcome: Outcome, baseline_s: float) -> float:
+    """The failure-free time over the wall time; nothing for a run that did not finish, whose
+    wall time would otherwise read as little waste."""
+    return baseline_s / outcome.wall_s if outcome.finished else 0.0
+
+
 def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps: int, step_s: dict) -> dict:
     table = {}
     for name in dict.fromkeys(o.approach for o in outcomes):
         runs = [o for o in outcomes if o.approach == name]
-        goodputs = [baseline_s[o.seed] / o.wall_s for o in runs]
+        goodputs = [goodput(o, baseline_s[o.seed]) for o in runs]
         split = [where_the_waste_went(o, baseline_s[o.seed], step_s[o.seed], steps) for o in runs]
         restarts: dict[str, list] = {}
         for o in runs:
@@ -553,7 +559,7 @@ def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps:
             "goodput": statistics.median(goodputs),
             "waste": 1 - statistics.median(goodputs),
             "waste_range": (1 - max(goodputs), 1 - min(goodputs)),
-            "waste_by_seed": {o.seed: 1 - baseline_s[o.seed] / o.wall_s for o in runs},
+            "waste_by_seed": {o.seed: 1 - goodput(o, baseline_s[o.seed]) for o in runs},
             "failures_hit_range": (min(sum(1 for f in o.failures if f[2]) for o in runs),
                                    max(sum(1 for f in o.failures if f[2]) for o in runs)),
             "steps_redone": statistics.median(o.steps_run - steps for o in runs),
@@ -685,7 +691,7 @@ def main(argv=None) -> int:
             outcome.seed = seed
             outcomes.append(outcome)
             hits = sum(1 for f in outcome.failures if f[2])
-            print(f"  {name}: {outcome.wall_s:.1f} s, goodput {100 * clean.wall_s / outcome.wall_s:.1f} %, "
+            print(f"  {name}: {outcome.wall_s:.1f} s, goodput {100 * goodput(outcome, clean.wall_s):.1f} %, "
                   f"{len(outcome.attempts)} attempt(s), {hits} failure(s) hit, {outcome.steps_run - args.steps} "
                   f"step(s) redone, weights "
                   f"{weights_said(None if name == IN_JOB else outcome.digest == clean.digest)}"

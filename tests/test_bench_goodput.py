@@ -120,3 +120,13 @@ def test_the_choice_is_judged_over_the_steps_it_governed_against_the_same_steps_
     assert governed["realized"] == pytest.approx((13 * 1.1 + 10 * 1.3) / 23 - 1)
     assert governed["predicted"] == pytest.approx((9 * 0.10 + 14 * 0.30) / 23)  # 8..16 and 17..30
     assert bench.under_the_choice(bench.Outcome("hpcckpt", 0, 1.0, True, "d", step_times=times), baseline) is None
+
+
+def test_a_run_that_gave_up_delivered_nothing():
+    """Its short wall time must not read as little waste: its goodput is 0."""
+    finished = bench.Outcome("a", 1, 20.0, True, "d", failures=[(1.0, "crash", True, 2.0)])
+    gave_up = bench.Outcome("a", 2, 12.0, False, "", failures=[(1.0, "crash", True, None)])
+    assert bench.goodput(finished, 10.0) == 0.5 and bench.goodput(gave_up, 10.0) == 0.0
+    table = bench.summarise([finished, gave_up], {1: 10.0, 2: 10.0}, {1: "d", 2: "d"}, 32, {1: 0.3, 2: 0.3})
+    assert table["a"]["waste_by_seed"] == {1: 0.5, 2: 1.0} and table["a"]["finished"] is False
+    assert table["a"]["waste_range"] == (0.5, 1.0)
