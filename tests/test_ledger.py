@@ -68,9 +68,10 @@ def test_a_crashed_restart_under_which_a_node_was_lost_is_not_counted_against_it
 
 def test_where_failures_are_frequent_crashed_restarts_mark_a_version_only_once_chance_cannot_explain_them(
         tmp_path, monkeypatch):
-    """With failures every 15 s (as configured), restarts that each ran 3 s before the next
-    one began are each met by a failure with a chance of 1 - exp(-3/15) = 18 %: two crashes in
-    a row (3.3 %) do not yet mark the version, three (0.6 %) do. Failures every 10 h: two."""
+    """With failures every 15 s (as configured), restarts that each ran 2 s before the next
+    one began are each met by a failure with a chance of 1 - exp(-2/15) = 12.5 %: two crashes
+    in a row (1.6 %) and three (0.19 %) do not yet mark the version, four (0.024 %) do.
+    Failures every 10 h: two."""
     import time as real_time
 
     import hpcckpt.run.ledger as ledger_module
@@ -82,32 +83,27 @@ def test_where_failures_are_frequent_crashed_restarts_mark_a_version_only_once_c
         "localtime": staticmethod(real_time.localtime)}))
     ledger = RestartLedger(tmp_path / "restarts.json")
 
-    def crashed_restart(rate):
-        ledger.begin(300)
-        clock[0] += 3.0
+    def crashed_restart(rate, step=300):
+        ledger.begin(step)
+        clock[0] += 2.0
         return ledger.settle_pending(failures_per_second=rate)
 
     frequent = 1 / 15
-    first, second = crashed_restart(frequent), crashed_restart(frequent)
-    assert not first.failed and not second.failed and second.crashes == 2
-    assert "one every 15 s" in second.reason and "chance of 3.3 %" in second.reason, second.reason
-    third = crashed_restart(frequent)
-    assert third.failed and third.reason.startswith("3 restarts from it in a row") and "0.6" in third.reason
+    settled = [crashed_restart(frequent) for _ in range(3)]
+    assert not any(s.failed for s in settled) and [s.crashes for s in settled] == [1, 2, 3]
+    assert "one every 15 s" in settled[1].reason and "chance of 1.6 %" in settled[1].reason, settled[1].reason
+    assert "chance of 0.19 %" in settled[2].reason, settled[2].reason
+    fourth = crashed_restart(frequent)
+    assert fourth.failed and fourth.reason.startswith("4 restarts from it in a row") and "0.024 %" in fourth.reason
     assert list(ledger.failed_steps()) == [300]
     # A confirmed restart forgets the crashes and their chance.
-    ledger.begin(200)
-    crashed_restart(frequent)
+    crashed_restart(frequent, step=200)
     ledger.begin(200)
     ledger.confirm()
-    assert "chance" not in json.loads((tmp_path / "restarts.json").read_text()) or \
-        "200" not in json.loads((tmp_path / "restarts.json").read_text())["chance"]
+    assert "200" not in json.loads((tmp_path / "restarts.json").read_text())["chance"]
     rare = 1 / (10 * 3600)
-    ledger.begin(100)
-    clock[0] += 3.0
-    assert not ledger.settle_pending(failures_per_second=rare).failed
-    ledger.begin(100)
-    clock[0] += 3.0
-    assert ledger.settle_pending(failures_per_second=rare).failed
+    assert not crashed_restart(rare, step=100).failed
+    assert crashed_restart(rare, step=100).failed
 
 
 def test_the_failure_rate_the_settings_state():

@@ -17,8 +17,8 @@ evidence says so.
   restart lasted at most from its pending entry to the next restart, and failures at that
   rate strike within such a window with probability 1 - exp(-rate * window). V is marked
   failed only once the chance that failures explain all its crashes in a row is below
-  CHANCE_EXPLAINED; where failures come every few seconds, a good version is not given up
-  because two restarts in a row met one.
+  CHANCE_EXPLAINED (0.1 %); where failures come every few seconds, a good version is not
+  given up because a few restarts in a row met one.
 - A crash that lost a node is explained without V: the pending entry records how many
   node-local directories held the run's files when it began, and when the next restart finds
   fewer, that crash is not counted (nodes that die under restarts, one after the other, must
@@ -57,7 +57,9 @@ from hpcckpt.io.atomic import write_bytes_atomically
 
 LEDGER_NAME = "restarts.json"
 CRASHES_TO_FAIL = 2  # consecutive crashed restarts from one version that mark it failed
-CHANCE_EXPLAINED = 0.01  # ... and below this chance of failures at the stated rate explaining them
+# ... and below this chance of failures at the stated rate explaining them. A wrong mark costs
+# the run a good version (its only one: the job stops), a late one another restart: a low bar.
+CHANCE_EXPLAINED = 0.001
 
 
 class SettledRestart(NamedTuple):
