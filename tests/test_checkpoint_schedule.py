@@ -198,3 +198,30 @@ def test_what_the_steps_beside_a_versions_work_lost_is_that_versions_cost(make_s
     for name in written_by_9:
         assert policy.level_loss[name] == pytest.approx(0.3 * shares[name] / total)
     assert policy.level_loss["pfs"] == pytest.approx(0.0 + 0.2 + 0.2)  # the whole copy of version 6
+
+
+def test_a_persist_run_inline_is_its_versions_whole_cost(make_schedule):
+    """Where MPI allows no threads, end_checkpoint() runs the persist itself: its seconds are
+    the version's loss (shared over the levels it wrote), and blocking for the other choices."""
+    rates = SimpleNamespace(mtbf_crash_hours=1.0, mtbf_node_hours=24.0, mtbf_two_nodes_hours=0.0)
+    schedule = make_schedule(every="auto", resilience=rates, fixed_every={})
+    times = {"local": (0.1, 0.1), "partner": (0.3, 0.2), "erasure": (0.3, 0.3), "pfs": (0.5, 0.4)}
+    schedule.restart_clock(False)
+    schedule.step_over(0.1, observe=True)
+    written = schedule.next_checkpoint(6, None)[2]
+    schedule.checkpoint_taken(6, blocked=0.001, waited=0.0, durable=1.0, level_times=times, inline=1.0)
+    assert schedule.policy.level_loss == {}  # settled at the next checkpoint, as a persist behind the steps is
+    schedule.restart_clock(False)
+    schedule.step_over(0.1, observe=True)  # no step runs beside anything: the persist is over
+    schedule.next_checkpoint(12, None)
+    schedule.checkpoint_taken(12, blocked=0.001, waited=0.0, durable=1.0, level_times=times, inline=1.0)
+    node_local = [name for name in written if name != "pfs"]
+    busy = {name: times[name][1] for name in node_local}
+    assert schedule.policy.level_loss == pytest.approx({name: 1.0 * b / sum(busy.values()) for name, b in busy.items()})
+    assert schedule.policy.blocking == pytest.approx(0.001)  # the snapshot's; the persist is the levels' cost
+
+    fixed = make_schedule(every="auto")  # no failure rates: the overhead bound counts it as blocking
+    fixed.restart_clock(False)
+    fixed.step_over(0.1, observe=True)
+    fixed.checkpoint_taken(6, blocked=0.001, waited=0.0, durable=1.0, inline=1.0)
+    assert fixed.policy.blocking == pytest.approx(1.001)

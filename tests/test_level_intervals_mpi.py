@@ -3,7 +3,7 @@ only as often as the failures it covers are worth (schedule/level_intervals.py).
 
 import re
 
-from conftest import assert_ok, final_record, run_mpi, small_job
+from conftest import assert_ok, final_record, read_metrics, run_mpi, small_job
 
 ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
 
@@ -65,3 +65,20 @@ def test_a_failure_class_only_l4_covers_is_recovered_from_l4(tmp_path):
     assert_ok(train(tmp_path, config))
     said = (tmp_path / "run" / "log" / "rank0.log").read_text()
     assert "rank crash from local, loss of 1 node(s) from pfs" in said, said[-2000:]
+
+
+def test_where_mpi_allows_no_threads_the_persist_that_stalls_training_is_a_versions_cost(tmp_path):
+    """Under MPI_THREAD_SERIALIZED (the fault-tolerant MPI's launcher asks for it) the persist
+    runs inside end_checkpoint(): training waits for all of it. That wait is blocking time,
+    and it is what a version costs the per-level choice: L1's stores made 0.3 s slower must
+    show in its cost per version (they were counted as nothing: every level every version)."""
+    config = job(tmp_path, mtbf_crash_hours=0.0002, mtbf_node_hours=0.0005)
+    slowed = "slow-level:level=local:seconds=0.3"
+    done = run_mpi(4, ["train", "-c", str(config), "--inject", slowed], cwd=tmp_path,
+                   env={"MPI4PY_RC_THREAD_LEVEL": "serialized"})
+    assert_ok(done)
+    blocking = [r["checkpoint_blocking_s"] for r in read_metrics(tmp_path / "run") if "checkpoint_blocking_s" in r]
+    assert len(blocking) >= 3 and min(blocking) >= 0.3, blocking
+    said = (tmp_path / "run" / "log" / "rank0.log").read_text()
+    costs = [float(ms) for ms in re.findall(r"cost per version: local ([\d.]+) ms", said)]
+    assert costs and costs[-1] >= 100, costs

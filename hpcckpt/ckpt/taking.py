@@ -66,8 +66,11 @@ class CheckpointTaking:
             chain = self.table_chain.next(step, node_local.intersection(levels), final)
         engine_state = {"schedule": job.schedule.state(), "divergence": self.divergence.check.state()}
         snapshot, report, started = job.capture.close(ordinal, metrics or {}, final, levels, engine_state, chain)
+        handing = time.perf_counter()
         job.pipeline.submit(snapshot, report, started, job.capture.copies, job.arrays.copy_piece)
-        blocked, waited = job.tally.closed(report, in_background)
+        # Where MPI allows no threads the persist runs right here: training stands still for it.
+        inline = time.perf_counter() - handing if not job.pipeline.threaded else 0.0
+        blocked, waited = job.tally.closed(report, in_background, inline)
         durable = job.tally.previous_durable
         if job.schedule.profiling:
             # The first interval accounts for the persist's time. L4 at its own pace is not
@@ -78,7 +81,7 @@ class CheckpointTaking:
             now = report.as_of_now()  # L4's thread may still add to the report
             durable = max(now.durable_s.values()) if now.durable_s else 0.0
             job.tally.note_level_times(now, job.pipeline.flush)
-        said = job.schedule.checkpoint_taken(step, blocked, waited, durable, job.tally.level_times)
+        said = job.schedule.checkpoint_taken(step, blocked - inline, waited, durable, job.tally.level_times, inline)
         if said and job.schedule.policy.adaptive:
             self.log.info(said, console=True)
         elif said:

@@ -128,13 +128,17 @@ class CheckpointSchedule:
         return self.ordinal, final, levels
 
     def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None,
-                         level_times: dict | None = None) -> str | None:
+                         level_times: dict | None = None, inline: float = 0.0) -> str | None:
         """(all ranks) One checkpoint's costs: `blocked` in all (`waited` of it for the
         previous persist), `durable` seconds until the last level of the previous (or this
         profiling) checkpoint was durable, `level_times` level -> (seconds until durable, of
-        its own writing) as newest measured on this rank. Returns a line to log (interval
-        changed, or a fixed interval shorter than a persist) or None."""
+        its own writing) as newest measured on this rank, `inline` seconds its persist ran on
+        the caller's thread (where MPI allows no threads: the whole persist stalls training).
+        Returns a line to log (interval changed, or a fixed interval shorter than a persist)
+        or None."""
         policy = self.policy
+        if not policy.per_level:
+            blocked += inline  # the overhead bound and Young/Daly count what training waited for
         if not policy.adaptive:
             policy.observe_checkpoint(step, blocked, None)
             if waited > 0.5 * blocked > 0.01 and not self._warned_short_interval:
@@ -160,6 +164,8 @@ class CheckpointSchedule:
             persist_loss, own_pace_loss = self.losses.settle(agreed[4:4 + len(losses)])
             if self._persisted_levels is not None:
                 policy.observe_persist_loss(self._persisted_levels, persist_loss, own_pace_loss)
+            # A persist run here is this version's loss, whole: settled with the next window.
+            self.losses.add_inline(inline)
         self._persisted_levels = self._newest_levels
         return policy.observe_checkpoint(step, blocking, agreed_durable or None)
 
@@ -200,7 +206,7 @@ class StepLosses:
 
     def __init__(self):
         self.persist = 0.0
-        self.persist_steps = 0
+        self.persist_counted = 0
         self.by_copy: dict[int, float] = {}
         self._over: list[int] = []  # the copies over as of values(), dropped by settle()
 
@@ -208,23 +214,29 @@ class StepLosses:
         share = excess / 2 if persisting and copying is not None else excess
         if persisting:
             self.persist += share
-            self.persist_steps += 1
+            self.persist_counted += 1
         if copying is not None:
             self.by_copy[copying] = self.by_copy.get(copying, 0.0) + share
+
+    def add_inline(self, seconds: float) -> None:
+        """A persist that ran on the caller's thread: training stood still for all of it."""
+        if seconds > 0:
+            self.persist += seconds
+            self.persist_counted += 1
 
     def values(self, copying_now: int | None) -> list[float]:
         """This rank's part of the agreement (maxima over ranks): the persist's loss and its
         steps, the losses of the copies over (summed) and how many."""
         over = [loss for version, loss in self.by_copy.items() if version != copying_now]
         self._over = [version for version in self.by_copy if version != copying_now]
-        return [self.persist, float(self.persist_steps), sum(over), float(len(over))]
+        return [self.persist, float(self.persist_counted), sum(over), float(len(over))]
 
     def settle(self, agreed: list[float]) -> tuple[float | None, float | None]:
         """From the agreed values: (the persist's loss, None where no step ran beside it; one
         copy's loss at its own pace, the mean of those over, None where none ended), and start
         counting again."""
-        persist, persist_steps, copies_loss, copies = agreed
-        self.persist, self.persist_steps = 0.0, 0
+        persist, persist_counted, copies_loss, copies = agreed
+        self.persist, self.persist_counted = 0.0, 0
         for version in self._over:
             del self.by_copy[version]
-        return (persist if persist_steps else None), (copies_loss / copies if copies else None)
+        return (persist if persist_counted else None), (copies_loss / copies if copies else None)

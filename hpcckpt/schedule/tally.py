@@ -38,11 +38,12 @@ class CheckpointTally:
         self.note_level_times(previous, flush)
         self.begin_blocked = (blocked, waited)
 
-    def closed(self, report, copies_in_background: bool) -> tuple[float, float]:
-        """The snapshot of `report.step` was handed over: (seconds it blocked in all, of them
+    def closed(self, report, copies_in_background: bool, inline: float = 0.0) -> tuple[float, float]:
+        """The snapshot of `report.step` was handed over (`inline`: seconds its persist ran on
+        the caller's thread, where MPI allows no threads): (seconds it blocked in all, of them
         waiting for the previous persist)."""
         blocked, waited = self.begin_blocked
-        blocked += report.snapshot_s + report.captured_early_s
+        blocked += report.snapshot_s + report.captured_early_s + inline
         self.begin_blocked = (0.0, 0.0)
         self.last_checkpoint = report.step
         self.taken(report, blocked, copies_in_background)
