@@ -99,5 +99,8 @@ finally:
     ckpt.close(confirm=False)
 for each in comm.gather(result, root=0) or []:
     print("RESULT " + json.dumps(each), flush=True)
+# As in fsdp_model.py: nobody leaves gloo while a peer still uses it, rank 0's store last.
+dist.barrier()
 dist.destroy_process_group()
+comm.Barrier()
 sys.exit(code)

@@ -146,7 +146,11 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps({"final": loop["step"], **digest}), flush=True)
     import torch.distributed as dist
 
+    # Gloo's threads end with the group; a rank tearing it down while a peer still talks to it,
+    # or rank 0 (which hosts its store) leaving first, aborts a process at exit.
+    dist.barrier()
     dist.destroy_process_group()
+    comm.Barrier()
     return code
 
 
