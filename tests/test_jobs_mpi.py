@@ -49,6 +49,14 @@ def straight_digest(tmp_path: Path, config: Path, n: int = 4) -> str:
     return final_record(clean / "run")["weights_digest"]
 
 
+def run_with_faults(tmp_path: Path, config: Path, *faults: str) -> str:
+    """The job script with each of `faults` injected (--inject); its output, once it ended well."""
+    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
+                          TRAIN_ARGS=" ".join(f"--inject {fault}" for fault in faults))
+    assert_ok(proc)
+    return proc.stdout + proc.stderr
+
+
 HEAT2D = REPO / "examples" / "heat2d.py"
 
 
@@ -211,12 +219,9 @@ def test_restarts_under_which_a_node_was_lost_do_not_mark_their_version_failed(t
     config = job(tmp_path)
     # Attempts 2 and 3 each lose a node while loading 20: explained by the node, not by the
     # version, so attempt 4 still loads 20 (two counted crashes would have marked it failed).
-    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
-                          TRAIN_ARGS="--inject rank-kill:rank=1:step=25:phase=snapshot:attempt=1 "
-                                     "--inject node-loss:node=1:step=20:phase=restore:attempt=2 "
-                                     "--inject node-loss:node=0:step=20:phase=restore:attempt=3")
-    assert_ok(proc)
-    out = proc.stdout + proc.stderr
+    out = run_with_faults(tmp_path, config, "rank-kill:rank=1:step=25:phase=snapshot:attempt=1",
+                          "node-loss:node=1:step=20:phase=restore:attempt=2",
+                          "node-loss:node=0:step=20:phase=restore:attempt=3")
     assert out.count("lost their node-local files since: not counted against it") == 2, out
     assert "is marked failed" not in out and "finished after 4 attempt(s)" in out
     assert "restored version 20" in out
@@ -228,12 +233,9 @@ def test_where_failures_are_frequent_two_crashed_restarts_do_not_give_up_a_versi
     what such failures do more often than not, so the version is tried again, and loaded."""
     config = job(tmp_path, checkpoint={"every_steps": "auto", "mtbf_hours": 2 / 3600})
     # "auto" profiles 5 steps and checkpoints step 6 (waited for); attempt 1 dies after step 7.
-    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
-                          TRAIN_ARGS="--inject rank-kill:rank=1:step=7:attempt=1 "
-                                     "--inject rank-kill:rank=2:step=6:phase=restore:attempt=2 "
-                                     "--inject rank-kill:rank=3:step=6:phase=restore:attempt=3")
-    assert_ok(proc)
-    out = proc.stdout + proc.stderr
+    out = run_with_faults(tmp_path, config, "rank-kill:rank=1:step=7:attempt=1",
+                          "rank-kill:rank=2:step=6:phase=restore:attempt=2",
+                          "rank-kill:rank=3:step=6:phase=restore:attempt=3")
     assert "injected rank-kill on rank 3 (node 1) at step 6 in phase restore" in out
     assert "2 restarts from it in a row" in out and "one every 2 s" in out and "it is tried again" in out, out
     assert "is marked failed" not in out and "finished after 4 attempt(s)" in out
@@ -248,12 +250,9 @@ def test_a_version_whose_restart_crashed_twice_is_marked_failed_and_skipped(tmp_
     # it); attempts 2 and 3 crash while loading 20. One crash may be a node dying under the
     # restart: attempt 3 tries 20 again. After the second, attempt 4 must not load 20 again
     # but fall back to 15, and still end bit-identical.
-    proc = run_job_script("slurm.sbatch", tmp_path, CONFIG=config,
-                          TRAIN_ARGS="--inject rank-kill:rank=1:step=25:phase=snapshot:attempt=1 "
-                                     "--inject rank-kill:rank=2:step=20:phase=restore:attempt=2 "
-                                     "--inject rank-kill:rank=3:step=20:phase=restore:attempt=3")
-    assert_ok(proc)
-    out = proc.stdout + proc.stderr
+    out = run_with_faults(tmp_path, config, "rank-kill:rank=1:step=25:phase=snapshot:attempt=1",
+                          "rank-kill:rank=2:step=20:phase=restore:attempt=2",
+                          "rank-kill:rank=3:step=20:phase=restore:attempt=3")
     assert "injected rank-kill on rank 2 (node 1) at step 20 in phase restore" in out
     assert "injected rank-kill on rank 3 (node 1) at step 20 in phase restore" in out
     assert "it is tried once more (one crash may be a node that died under the restart" in out

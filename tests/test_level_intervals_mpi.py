@@ -72,7 +72,13 @@ def test_where_mpi_allows_no_threads_the_persist_that_stalls_training_is_a_versi
     runs inside end_checkpoint(): training waits for all of it. That wait is blocking time,
     and it is what a version costs the per-level choice: L1's stores made 0.3 s slower must
     show in its cost per version (they were counted as nothing: every level every version)."""
-    config = job(tmp_path, mtbf_crash_hours=0.0002, mtbf_node_hours=0.0005)
+    # Long enough for three checkpoints whatever the first interval: until its loss is known
+    # the persist's 0.3 s in steps of a few ms sets it, a few hundred steps.
+    config = small_job(tmp_path, run={"steps": 1500, "log_every": 500},
+                       checkpoint={"every_steps": "auto", "keep_local": 2, "keep_pfs": 2},
+                       resilience={"levels": ALL_LEVELS, "group_size": 4, "parity": 2,
+                                   "mtbf_crash_hours": 0.0002, "mtbf_node_hours": 0.0005},
+                       cluster={"simulated_nodes": 4}, eval={"every_steps": 10 ** 6})
     slowed = "slow-level:level=local:seconds=0.3"
     done = run_mpi(4, ["train", "-c", str(config), "--inject", slowed], cwd=tmp_path,
                    env={"MPI4PY_RC_THREAD_LEVEL": "serialized"})

@@ -161,7 +161,7 @@ class CheckpointSchedule:
         policy.observe_levels({name: d for name, (d, _) in pairs.items() if d >= 0},
                               {name: b for name, (_, b) in pairs.items() if b >= 0})
         if losses:
-            persist_loss, own_pace_loss = self.losses.settle(agreed[4:4 + len(losses)])
+            persist_loss, own_pace_loss = self.losses.settle(agreed[4:4 + len(losses)], self._copying_at_start)
             if self._persisted_levels is not None:
                 policy.observe_persist_loss(self._persisted_levels, persist_loss, own_pace_loss)
             # A persist run here is this version's loss, whole: settled with the next window.
@@ -208,7 +208,6 @@ class StepLosses:
         self.persist = 0.0
         self.persist_counted = 0
         self.by_copy: dict[int, float] = {}
-        self._over: list[int] = []  # the copies over as of values(), dropped by settle()
 
     def add(self, excess: float, persisting: bool, copying: int | None) -> None:
         share = excess / 2 if persisting and copying is not None else excess
@@ -228,15 +227,13 @@ class StepLosses:
         """This rank's part of the agreement (maxima over ranks): the persist's loss and its
         steps, the losses of the copies over (summed) and how many."""
         over = [loss for version, loss in self.by_copy.items() if version != copying_now]
-        self._over = [version for version in self.by_copy if version != copying_now]
         return [self.persist, float(self.persist_counted), sum(over), float(len(over))]
 
-    def settle(self, agreed: list[float]) -> tuple[float | None, float | None]:
+    def settle(self, agreed: list[float], copying_now: int | None) -> tuple[float | None, float | None]:
         """From the agreed values: (the persist's loss, None where no step ran beside it; one
         copy's loss at its own pace, the mean of those over, None where none ended), and start
-        counting again."""
+        counting again (`copying_now` as given to values())."""
         persist, persist_counted, copies_loss, copies = agreed
         self.persist, self.persist_counted = 0.0, 0
-        for version in self._over:
-            del self.by_copy[version]
+        self.by_copy = {version: loss for version, loss in self.by_copy.items() if version == copying_now}
         return (persist if persist_counted else None), (copies_loss / copies if copies else None)
