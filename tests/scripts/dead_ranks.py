@@ -1,7 +1,9 @@
 """Ranks that go on after others die: every step is an allreduce of ones (which counts the
-ranks alive); `--kill STEP:RANK[+RANK...]` makes those ranks (numbered in the communicator of
-that moment) SIGKILL themselves just before that step's allreduce, and may repeat (a second
-failure after the first recovery). Survivors shrink and go on from the earliest step one of
+ranks alive); `--kill STEP:RANK[+RANK...]` kills those ranks (COMM_WORLD ranks) just before
+that step's allreduce, and may repeat (a second failure after the first recovery). The lowest
+of them SIGKILLs the others and then itself, so that they die together as a node's ranks do: a
+rank killing only itself can leave a peer of the same kill still inside the previous step's
+allreduce, which fails there, joins the shrink, and dies only after it (two recoveries). Survivors shrink and go on from the earliest step one of
 them had not finished. Each rank writes one JSON line per recovery ("recovered") and one at
 the end ("final") to records-WORLDRANK.jsonl in the working directory (lines that ranks print
 at the same moment can come out of the launcher interleaved); with --why, only why in-job
@@ -44,10 +46,14 @@ def main() -> None:
         kills[int(step)] = {int(r) for r in ranks.split("+")}
     comm = MPI.COMM_WORLD
     world_rank = comm.Get_rank()
+    pids = comm.allgather(os.getpid())
     ones, counted = np.ones(1), np.zeros(1)
     step = 0
     while step < args.steps:
-        if comm.Get_rank() in kills.get(step, ()):
+        doomed = kills.get(step, set())
+        if doomed and world_rank == min(doomed):
+            for other in sorted(doomed - {world_rank}):
+                os.kill(pids[other], signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             comm.Allreduce(ones, counted)
@@ -56,7 +62,6 @@ def main() -> None:
                 raise
             survivors = shrink(comm, timeout=60)
             comm = survivors.comm
-            kills.pop(step, None)
             # A collective can finish on some ranks and fail on others: those that finished it
             # are a step ahead. All go on from the earliest step any survivor has not finished.
             earliest = np.array([step])
