@@ -34,7 +34,12 @@
 #                   when it ends a job whose node daemon it lost) and the attempt is retried
 #   START_TIMEOUT   seconds the ranks may take to get through MPI start-up (default 300); an
 #                   attempt still starting then is stopped and counts as failed (a PMI server
-#                   that dropped a request or a node that does not answer hangs MPI_Init for good)
+#                   that dropped a request, a node that does not answer, or under ULFM a rank
+#                   that died before the others were through hangs MPI_Init for good)
+#   START_TIMEOUT_MIN  once an attempt of this job got through start-up, later attempts may
+#                   take 4 times the longest start-up seen, but at least this many seconds
+#                   (default 30), never more than START_TIMEOUT; doubled after each attempt
+#                   stopped so, in case start-ups have grown slower
 #
 # Exit codes of `hpcckpt train` (and of an APP run through hpcckpt.run_main): 0 finished; 75
 # stopped on request after a final checkpoint
@@ -54,6 +59,26 @@ read -r -a HPCCKPT_CMD <<< "$HPCCKPT"
 _hpcckpt_child=""
 _hpcckpt_stop_signal=""
 _hpcckpt_trapped=0
+# The longest start-up (launch until every rank is through MPI_Init) an attempt of this job
+# took, in seconds (empty before one got through), and the factor after stopped start-ups.
+_hpcckpt_longest_start=""
+_hpcckpt_start_backoff=1
+
+_hpcckpt_start_timeout() {
+    # How long this attempt may take to get through start-up. The first attempt of a job has
+    # START_TIMEOUT (a cold start at scale may be slow); after that the job knows what its
+    # start-up takes, and one that takes far longer is stuck: under ULFM a rank that died
+    # before the others were through MPI_Init leaves them there, which would otherwise cost
+    # the whole START_TIMEOUT at every such crash.
+    local limit=${START_TIMEOUT:-300} measured
+    if [ -n "$_hpcckpt_longest_start" ]; then
+        measured=$(( 4 * _hpcckpt_longest_start ))
+        [ "$measured" -ge "${START_TIMEOUT_MIN:-30}" ] || measured=${START_TIMEOUT_MIN:-30}
+        measured=$(( measured * _hpcckpt_start_backoff ))
+        [ "$measured" -ge "$limit" ] || limit=$measured
+    fi
+    echo "$limit"
+}
 
 hpcckpt_say() { echo "hpcckpt-job: $*"; }
 
@@ -71,9 +96,9 @@ _hpcckpt_on_signal() {
 
 _hpcckpt_watch_startup() {
     # $1: the marker rank 0 writes once every rank is through MPI start-up; $2: the launcher;
-    # $3: the flag this writes when it stopped an attempt that never got through.
+    # $3: the flag this writes when it stopped an attempt that never got through; $4: seconds.
     local waited=0
-    while [ "$waited" -lt "${START_TIMEOUT:-300}" ]; do
+    while [ "$waited" -lt "$4" ]; do
         [ -e "$1" ] && return 0
         kill -0 "$2" 2>/dev/null || return 0
         sleep 1
@@ -150,7 +175,7 @@ hpcckpt_restart_loop() {
         export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
-    local attempt=0 status=0 attempt_started recorded exit_file watcher
+    local attempt=0 status=0 attempt_started recorded exit_file watcher start_timeout launched started_in
     local job=${SLURM_JOB_ID:-${PBS_JOBID:-pid$$}}
     local -a train_args=() command=()
     # read -a splits at blanks without pathname expansion, which an unquoted $TRAIN_ARGS would
@@ -178,10 +203,12 @@ hpcckpt_restart_loop() {
         export HPCCKPT_EXIT_FILE=$exit_file
         hpcckpt_say "attempt $attempt (at most $((MAX_RESTARTS + 1))): $HPCCKPT ${command[*]}"
         attempt_started=$(( $(date +%s) - 1 ))
+        start_timeout=$(_hpcckpt_start_timeout)
+        launched=$(date +%s)
         # In the background, so a signal reaches the trap while we wait.
         hpcckpt_launch "${command[@]}" &
         _hpcckpt_child=$!
-        _hpcckpt_watch_startup "$exit_file.started" "$_hpcckpt_child" "$exit_file.hung" &
+        _hpcckpt_watch_startup "$exit_file.started" "$_hpcckpt_child" "$exit_file.hung" "$start_timeout" &
         watcher=$!
         while :; do
             _hpcckpt_trapped=0
@@ -197,7 +224,20 @@ hpcckpt_restart_loop() {
         kill "$watcher" 2>/dev/null
         wait "$watcher" 2>/dev/null
         if [ -e "$exit_file.hung" ]; then
-            hpcckpt_say "attempt $attempt did not get through MPI start-up in ${START_TIMEOUT:-300} s (a PMI request lost at start-up, or a node that does not answer): stopped it"
+            if [ -n "$_hpcckpt_longest_start" ]; then
+                hpcckpt_say "attempt $attempt did not get through MPI start-up in $start_timeout s (its longest so far took ${_hpcckpt_longest_start} s; a rank that died before the others were through, a PMI request lost at start-up, or a node that does not answer): stopped it"
+                _hpcckpt_start_backoff=$(( _hpcckpt_start_backoff * 2 ))
+            else
+                hpcckpt_say "attempt $attempt did not get through MPI start-up in $start_timeout s (a PMI request lost at start-up, or a node that does not answer): stopped it"
+            fi
+        elif [ -e "$exit_file.started" ]; then
+            # From the launch to the marker, rounded up: whole seconds are what both clocks give.
+            # (A shared file system's clock may differ from this host's: never under a second.)
+            started_in=$(( $(stat -c %Y "$exit_file.started" 2>/dev/null || echo "$launched") - launched + 1 ))
+            [ "$started_in" -ge 1 ] || started_in=1
+            if [ -z "$_hpcckpt_longest_start" ] || [ "$started_in" -gt "$_hpcckpt_longest_start" ]; then
+                _hpcckpt_longest_start=$started_in
+            fi
         fi
         rm -f "$exit_file.started" "$exit_file.hung"
         if [ "$status" = 0 ] && [ "${EXIT_RECORD_REQUIRED:-0}" = 1 ] && [ ! -f "$exit_file" ]; then

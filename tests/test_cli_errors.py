@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -180,3 +181,42 @@ def test_an_attempt_hung_in_mpi_start_up_is_stopped_and_started_again(tmp_path):
     assert "attempt 2 did not get through" not in proc.stdout
     assert "finished after 2 attempt(s)" in proc.stdout
     assert not list(tmp_path.glob(".hpcckpt-exit.*"))  # markers cleaned up
+
+
+def test_once_the_job_knows_its_start_up_a_stuck_one_is_stopped_long_before_start_timeout(tmp_path):
+    """After an attempt got through start-up, a later one that takes far longer (under ULFM, a
+    rank that died before the others were through MPI_Init leaves them there for good) is
+    stopped after 4 times the longest start-up seen (at least START_TIMEOUT_MIN), not after
+    START_TIMEOUT; the one after it gets twice that, in case start-ups have grown slower."""
+    import sys
+    import time
+
+    script = tmp_path / "loop.sh"
+    script.write_text(
+        "set -u\n"
+        f". {REPO / 'jobs' / 'restart-loop.sh'}\n"
+        "CONFIG=job.toml\n"
+        # Attempt 1 starts in about a second, then fails; 2 is stuck in start-up; 3 finishes.
+        "hpcckpt_launch() {\n"
+        "  case $HPCCKPT_ATTEMPT in\n"
+        "    1) sleep 1; : > \"$HPCCKPT_EXIT_FILE.started\"; exit 1 ;;\n"
+        "    2) exec sleep 600 ;;\n"
+        "    *) : > \"$HPCCKPT_EXIT_FILE.started\"; exit 0 ;;\n"
+        "  esac\n"
+        "}\n"
+        "hpcckpt_replan() { :; }\n"
+        "hpcckpt_restart_loop\n"
+    )
+    env = {**os.environ, "START_TIMEOUT": "300", "START_TIMEOUT_MIN": "3", "RESTART_DELAY": "0",
+           "HPCCKPT": f"{sys.executable} -m hpcckpt", "PYTHONPATH": str(REPO)}
+    began = time.monotonic()
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - began
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stopped = re.search(r"attempt 2 did not get through MPI start-up in (\d+) s \(its longest so far took (\d+) s",
+                        proc.stdout)
+    assert stopped, proc.stdout
+    limit, longest = int(stopped.group(1)), int(stopped.group(2))
+    assert 1 <= longest <= 3 and limit == max(3, 4 * longest), proc.stdout
+    assert "finished after 3 attempt(s)" in proc.stdout
+    assert took < 60, f"{took:.0f} s: the stuck attempt waited for START_TIMEOUT"

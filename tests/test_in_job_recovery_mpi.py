@@ -13,8 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import (REPO, assert_ok, final_record, mpi_env, read_metrics, run_mpi, run_script, run_ulfm,
-                      run_ulfm_script, script_results, small_job)
+from conftest import (REPO, assert_ok, final_record, mpi_env, read_metrics, run_job, run_mpi, run_script,
+                      run_ulfm, run_ulfm_script, script_results, small_job)
 
 DEAD_RANKS = REPO / "tests" / "scripts" / "dead_ranks.py"
 
@@ -49,6 +49,26 @@ def test_two_ranks_lost_at_once_shrink_in_one_recovery(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {(tuple(r["lost"]), r["size"]) for r in lines(tmp_path, "recovered")} == {((1, 2), 2)}, proc.stdout
     assert sorted(r["world_rank"] for r in lines(tmp_path, "final")) == [0, 3], proc.stdout
+
+
+def test_a_rank_dead_before_mpi_start_up_costs_the_job_a_few_start_ups_not_start_timeout(tmp_path):
+    """Under ULFM a rank that dies before the others are through MPI_Init leaves them there
+    for good: the job script's loop, which has seen what a start-up of this job takes, stops
+    that attempt after a few times that (START_TIMEOUT_MIN here 2 s) instead of START_TIMEOUT
+    and starts the next."""
+    from test_jobs_mpi import script_env
+
+    env = script_env(tmp_path, LAUNCHER="ulfm", ULFM_MPIEXEC=f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec",
+                     APP=f"{sys.executable} {REPO / 'tests' / 'scripts' / 'start_up_death.py'}", NRANKS="4",
+                     START_TIMEOUT="250", START_TIMEOUT_MIN="2")
+    env.pop("MPIEXEC")
+    proc = run_job(["bash", str(REPO / "jobs" / "slurm.sbatch")], tmp_path, env, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stopped = re.search(r"attempt 2 did not get through MPI start-up in (\d+) s \(its longest so far took (\d+) s",
+                        proc.stdout)
+    assert stopped and int(stopped.group(1)) < 60, proc.stdout
+    assert "finished after 3 attempt(s)" in proc.stdout, proc.stdout
+    assert proc.stdout.count("attempt 3 rank") == 4, proc.stdout
 
 
 def test_the_ulfm_mpi_says_in_job_recovery_is_available(tmp_path):
