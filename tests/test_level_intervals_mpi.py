@@ -71,7 +71,8 @@ def test_where_mpi_allows_no_threads_the_persist_that_stalls_training_is_a_versi
     """Under MPI_THREAD_SERIALIZED (the fault-tolerant MPI's launcher asks for it) the persist
     runs inside end_checkpoint(): training waits for all of it. That wait is blocking time,
     and it is what a version costs the per-level choice: L1's stores made 0.3 s slower must
-    show in its cost per version (they were counted as nothing: every level every version)."""
+    show in its cost per version (they were counted as nothing: every level every version),
+    from the first choice on."""
     # Long enough for three checkpoints whatever the first interval: until its loss is known
     # the persist's 0.3 s in steps of a few ms sets it, a few hundred steps.
     config = small_job(tmp_path, run={"steps": 1500, "log_every": 500},
@@ -87,4 +88,5 @@ def test_where_mpi_allows_no_threads_the_persist_that_stalls_training_is_a_versi
     assert len(blocking) >= 3 and min(blocking) >= 0.3, blocking
     said = (tmp_path / "run" / "log" / "rank0.log").read_text()
     costs = [float(ms) for ms in re.findall(r"cost per version: local ([\d.]+) ms", said)]
-    assert costs and costs[-1] >= 100, costs
+    # Already in the first choice, before a version's loss was measured: its writing, whole.
+    assert costs and costs[0] >= 100 and costs[-1] >= 100, costs

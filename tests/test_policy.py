@@ -200,6 +200,28 @@ def test_a_versions_measured_loss_outweighs_the_mean_slowdown_in_the_choice():
     assert restored.level_loss == measured.level_loss
 
 
+def test_where_the_persist_runs_inline_a_level_costs_all_its_writing_before_a_loss_is_measured():
+    """Without threads (serialized MPI) training stands still for the whole persist, and no
+    step ever runs beside one: the slowdown measured is 0, which made the first choice after
+    the profile take every level on every version, L4 at the PFS's pace included."""
+    def first_choice(inline):
+        policy = per_level_policy(crash=0.01, node=0.02)
+        policy.levels = tuple((name, survives, False) for name, survives, _ in STACK)  # L4 in the persist
+        policy.persist_inline = inline
+        policy.observe_step(0.150)
+        times = {"local": 0.04, "partner": 0.07, "erasure": 0.09, "pfs": 2.0}
+        policy.observe_levels(times, times)
+        return policy, policy.observe_checkpoint(6, blocking=0.001, durable=2.2)
+
+    threaded, said_threaded = first_choice(False)
+    inline, said = first_choice(True)
+    assert "partner 0.0 ms, erasure 0.0 ms, pfs 0.0 ms" in said_threaded  # their writing looked free
+    assert "partner 70.0 ms, erasure 90.0 ms, pfs 2000.0 ms" in said, said
+    assert inline.interval > threaded.interval
+    assert all(inline.every[name] >= threaded.every[name] for name in inline.every)
+    assert inline.every != threaded.every
+
+
 def test_the_per_level_choice_survives_a_restart():
     policy = per_level_policy(crash=0.01, node=0.02)
     policy.observe_step(0.010)

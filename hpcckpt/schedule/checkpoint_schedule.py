@@ -137,6 +137,8 @@ class CheckpointSchedule:
         Returns a line to log (interval changed, or a fixed interval shorter than a persist)
         or None."""
         policy = self.policy
+        if inline > 0:
+            policy.persist_inline = True
         if not policy.per_level:
             blocked += inline  # the overhead bound and Young/Daly count what training waited for
         if not policy.adaptive:

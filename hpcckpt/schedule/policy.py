@@ -59,6 +59,9 @@ class IntervalPolicy:
     level_busy: dict = field(default_factory=dict)
     # Training seconds one version on each level cost, measured whole (smoothed).
     level_loss: dict = field(default_factory=dict)
+    # The persist runs on the training's thread (MPI allows no threads): training stands still
+    # for all of a level's writing, which is then its cost until a version's loss is measured.
+    persist_inline: bool = False
     every: dict = field(default_factory=dict)
     # Without per-level intervals, each level every fixed_every[name]-th checkpoint
     # (resilience.partner_every, erasure_every, storage.pfs_every; L1 every time).
@@ -199,9 +202,9 @@ class IntervalPolicy:
     def _choose_per_level(self) -> tuple[int, str]:
         """The base interval and each level's every-k-th from level_intervals.py: a version on
         a level costs the training what the steps beside its writing lost, as measured whole,
-        or until measured the share of its writing that steps lose while a persist runs (the
-        first level also the snapshot's blocking); restoring from it is taken to take as long
-        as writing it did."""
+        or until measured the share of its writing that steps lose while a persist runs (all
+        of it where the persist runs inline; the first level also the snapshot's blocking);
+        restoring from it is taken to take as long as writing it did."""
         step_time = max(self.step_time, 1e-9)
         slowdown = self.interference / step_time
         costs, untimed = [], []
@@ -210,7 +213,7 @@ class IntervalPolicy:
                 untimed.append(name)  # at its own pace, its first copy still running
                 continue
             busy = self.level_busy.get(name, self.level_durable[name])
-            loss = self.level_loss.get(name, slowdown * busy)
+            loss = self.level_loss.get(name, busy if self.persist_inline else slowdown * busy)
             costs.append(LevelCost(name, survives, (self.blocking if index == 0 else 0.0) + loss,
                                    self.level_durable[name], busy, own_pace))
         floor = max([self.level_durable[name] for name, _, own_pace in self.levels if not own_pace], default=0.0)
