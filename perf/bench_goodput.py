@@ -7,7 +7,8 @@ single-level checkpointing, under one seeded failure schedule replayed for every
 The workload is the trainer (`hpcckpt train`'s model, data order and steps), 4 ranks on 4
 simulated nodes, a state of about --state-mb MB (parameters and SGD momentum). Every attempt is
 launched by the job scripts' restart loop (`bash jobs/slurm.sbatch` over mpiexec, outside
-Slurm), which relaunches it after each failure until the run reaches its last step.
+Slurm), which relaunches it after each failure until the run reaches its last step, with
+START_TIMEOUT set as a site would for this job's start-up (START_TIMEOUT_S).
 
 Failures come from this script, from outside the job, as a cluster's do: at exponential
 intervals (mean --mtbf-s seconds of wall time), each a rank crash (SIGKILL of one rank), the
@@ -80,6 +81,10 @@ from pathlib import Path
 from harness import REPO, find_mpiexec, machine, print_machine, worker_env, write_durably, write_json
 
 APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
+# The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a
+# margin; here 2-3 s): under ULFM a rank killed before the others are through MPI_Init leaves
+# them there, and the loop's default of 300 s would hold a job that met it in its first attempt.
+START_TIMEOUT_S = 30
 MULTI_LEVEL = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job")
 IN_JOB = "hpcckpt_in_job"
 CLASSES = ("crash", "node", "two_nodes")
@@ -340,7 +345,7 @@ class Job:
         self.in_job = env.get("LAUNCHER") == "ulfm"
         self.env = dict(worker_env(), NRANKS=str(ranks), MPIEXEC=find_mpiexec(), MAX_RESTARTS="1000",
                         EXIT_DIR=str(run_dir), GOODPUT_JOB_TAG=tag, HPCCKPT=f"{sys.executable} -m hpcckpt",
-                        RESTART_DELAY=str(restart_delay))
+                        RESTART_DELAY=str(restart_delay), START_TIMEOUT=str(START_TIMEOUT_S))
         self.env.update(env)
         self.lines: list[tuple[float, str]] = []
 
