@@ -46,10 +46,12 @@ Approaches:
   (perf/goodput_app.py), restarting from their own files.
 
 Before the seeds, hpcckpt runs without failures, --prediction-steps long (--prediction-repeats
-times, each beside a run without checkpoints; medians): the checkpoint waste its per-level
-choice predicted ("checkpoints X %" of the choice in force, averaged over the steps it
-governed, from its first choice that timed every level) beside the waste realized over those
-same steps against the run without checkpoints; then, for the run as a whole, the waste over
+times, each between two runs without checkpoints, shared with its neighbours: the machine
+drifts between runs by as much as the waste measured; medians): the checkpoint waste its
+per-level choice predicted ("checkpoints X %" of the choice in force, averaged over the steps
+it governed, from its first choice that timed every level) beside the waste realized over
+those same steps against the mean of the runs without checkpoints before and after it; then,
+for the run as a whole, the waste over
 all its steps (the profile included) and over the whole run (the start and the final
 version's copy to the PFS included, per second of the failure-free run's training).
 
@@ -116,10 +118,12 @@ def failure_schedule(seed: int, mtbf_s: float, mix: dict, ranks: int, nodes: int
 
 
 def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root) -> dict:
-    """hpcckpt without failures, --prediction-repeats times, each beside a run without
-    checkpoints, both --prediction-steps long: the checkpoint waste the per-level choice
-    predicted against the waste it realized, medians over the pairs. Single runs on a shared
-    machine differ by more than the effect.
+    """hpcckpt without failures, --prediction-repeats times, each between two runs without
+    checkpoints (one before, one after, shared with the neighbouring pairs), all
+    --prediction-steps long: the checkpoint waste the per-level choice predicted against the
+    waste it realized against the mean of the two, medians over the pairs. Single runs on a
+    shared machine differ by more than the effect, and drift: one run without checkpoints
+    beside each run with them took the drift between the two for the checkpoints' doing.
 
     The choice's waste is per second of steady training under it, so the comparison is made
     over the steps it governed: from its first choice that timed every level to the last step
@@ -136,23 +140,30 @@ def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, rank
     job = Job("hpcckpt", env, run_dir, "failure-free-hpcckpt", ranks, nodes, args.restart_delay,
               memory_dir_of(memory_root, "hpcckpt"))
     pairs = []
+    baselines = [plain.run([], 3600)]
     for repeat in range(args.prediction_repeats):
-        baseline = plain.run([], 3600)
-        outcome = job.run([], 20 * baseline.wall_s)
-        training_s = args.prediction_steps * (baseline.step_s or 0.0) or baseline.wall_s
+        outcome = job.run([], 20 * baselines[-1].wall_s)
+        baselines.append(plain.run([], 3600))
+        around = baselines[-2:]
+        baseline_wall = statistics.fmean(b.wall_s for b in around)
+        step_s = statistics.fmean(b.step_s or 0.0 for b in around)
+        training_s = args.prediction_steps * step_s or baseline_wall
         # The span of the step lines leaves out the start and the end (the final version's
         # copy to the PFS), which the choice's waste per second of training has no term for.
-        while_training = ((outcome.steps_span_s - baseline.steps_span_s) / baseline.steps_span_s
-                          if outcome.steps_span_s and baseline.steps_span_s else None)
-        governed = under_the_choice(outcome, baseline)
-        pairs.append({"wall_s": outcome.wall_s, "baseline_wall_s": baseline.wall_s,
+        spans = [b.steps_span_s for b in around]
+        while_training = ((outcome.steps_span_s - statistics.fmean(spans)) / statistics.fmean(spans)
+                          if outcome.steps_span_s and all(spans) else None)
+        governed = under_the_choice(outcome, around)
+        pairs.append({"wall_s": outcome.wall_s, "baseline_wall_s": baseline_wall,
+                      "baselines_wall_s": [b.wall_s for b in around],
                       "predicted": governed["predicted"] if governed else None,
                       "realized_under_choice": governed["realized"] if governed else None,
                       "steps_under_choice": governed["steps"] if governed else 0,
                       "last_choice_predicted": predicted_checkpoint_waste(outcome.intervals),
-                      "realized": (outcome.wall_s - baseline.wall_s) / training_s,
-                      "realized_while_training": while_training, "finished": outcome.finished and baseline.finished,
-                      "weights_equal": outcome.digest == baseline.digest, "intervals": outcome.intervals})
+                      "realized": (outcome.wall_s - baseline_wall) / training_s,
+                      "realized_while_training": while_training,
+                      "finished": outcome.finished and all(b.finished for b in around),
+                      "weights_equal": all(outcome.digest == b.digest for b in around), "intervals": outcome.intervals})
 
     def median_of(key):
         values = [pair[key] for pair in pairs if pair[key] is not None]
@@ -162,7 +173,8 @@ def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, rank
         return f"{100 * value:.1f} %" if value is not None else "n/a"
     predicted, under_choice = median_of("predicted"), median_of("realized_under_choice")
     off = f" ({100 * (under_choice / predicted - 1):+.0f} %)" if predicted and under_choice is not None else ""
-    print(f"hpcckpt without failures, {args.prediction_steps} steps (medians of {len(pairs)} pair(s)): "
+    print(f"hpcckpt without failures, {args.prediction_steps} steps (medians of {len(pairs)} run(s), each against "
+          f"the mean of the runs without checkpoints before and after it): "
           f"{median_of('wall_s'):.1f} s against {median_of('baseline_wall_s'):.1f} s; under the per-level choice "
           f"({median_of('steps_under_choice'):.0f} steps) checkpoint waste predicted {percent(predicted)}, realized "
           f"{percent(under_choice)}{off}; over all steps {percent(median_of('realized_while_training'))}, over the "
@@ -170,7 +182,8 @@ def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, rank
           f"{'' if all(pair['finished'] for pair in pairs) else ', A RUN DID NOT FINISH'}"
           f"{'' if all(pair['weights_equal'] for pair in pairs) else ', WEIGHTS DIFFER'}", flush=True)
     for number, pair in enumerate(pairs, 1):
-        print(f"  pair {number}: {pair['wall_s']:.1f} s against {pair['baseline_wall_s']:.1f} s; predicted "
+        before, after = pair["baselines_wall_s"]
+        print(f"  run {number}: {pair['wall_s']:.1f} s against {before:.1f} s before and {after:.1f} s after; predicted "
               f"{percent(pair['predicted'])}, realized {percent(pair['realized_under_choice'])} over "
               f"{pair['steps_under_choice']} steps; all steps {percent(pair['realized_while_training'])}, whole run "
               f"{percent(pair['realized'])}", flush=True)
@@ -179,22 +192,23 @@ def predicted_against_realized(root: Path, args, hidden, rates_h, pfs_mbps, rank
             "pairs": pairs}
 
 
-def under_the_choice(outcome: "Outcome", baseline: "Outcome") -> dict | None:
+def under_the_choice(outcome: "Outcome", baselines: "list[Outcome]") -> dict | None:
     """The steps after the per-level choice first timed every level, to the last: their span
-    against the same steps' span without checkpoints (realized), and the mean over them of the
-    checkpoint share the choice in force said (predicted). None when no such choice was made
-    or fewer than two steps followed it."""
+    against the same steps' mean span in `baselines`, runs without checkpoints (realized), and
+    the mean over them of the checkpoint share the choice in force said (predicted). None when
+    no such choice was made or fewer than two steps followed it."""
     choices = [(at, share) for at, line in outcome.interval_times
                if "not timed yet" not in line and (share := predicted_checkpoint_waste([line])) is not None]
-    ours, theirs = first_line_of_each_step(outcome.step_times), first_line_of_each_step(baseline.step_times)
+    ours = first_line_of_each_step(outcome.step_times)
+    theirs = [first_line_of_each_step(baseline.step_times) for baseline in baselines]
     if not choices:
         return None
-    governed = sorted(step for step, at in ours.items() if at > choices[0][0] and step in theirs)
+    governed = sorted(step for step, at in ours.items() if at > choices[0][0] and all(step in t for t in theirs))
     if len(governed) < 2:
         return None
     first, last = governed[0], governed[-1]
     in_force = [next(share for at, share in reversed(choices) if at < ours[step]) for step in governed[1:]]
-    realized = (ours[last] - ours[first]) / (theirs[last] - theirs[first]) - 1
+    realized = (ours[last] - ours[first]) / statistics.fmean(t[last] - t[first] for t in theirs) - 1
     return {"predicted": statistics.fmean(in_force), "realized": realized, "steps": last - first}
 
 
@@ -633,7 +647,8 @@ def main(argv=None) -> int:
                         help="the restart loop's pause between attempts (RESTART_DELAY), the same for all")
     parser.add_argument("--root", default="/tmp/hpcckpt-goodput", help="run directories and each job's output")
     parser.add_argument("--prediction-repeats", type=int, default=3,
-                        help="pairs of failure-free runs (hpcckpt, none) the prediction check takes medians of")
+                        help="failure-free hpcckpt runs (each between two runs without checkpoints) the "
+                             "prediction check takes medians of")
     parser.add_argument("--prediction-steps", type=int, default=128,
                         help="steps of the prediction check's runs: long enough that the per-level choice, not "
                              "the profile before it, governs most of them")

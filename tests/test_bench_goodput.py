@@ -115,11 +115,16 @@ def test_the_choice_is_judged_over_the_steps_it_governed_against_the_same_steps_
         (times[5][0] + 0.05, choice(10.0)),  # after step 6's line: steps 7.. are governed
         (times[15][0] + 0.05, choice(30.0)),  # after step 16's
     ])
-    governed = bench.under_the_choice(outcome, baseline)
+    governed = bench.under_the_choice(outcome, [baseline])
     assert governed["steps"] == 23  # steps 8..30 after step 7, the first line after the choice
     assert governed["realized"] == pytest.approx((13 * 1.1 + 10 * 1.3) / 23 - 1)
     assert governed["predicted"] == pytest.approx((9 * 0.10 + 14 * 0.30) / 23)  # 8..16 and 17..30
-    assert bench.under_the_choice(bench.Outcome("hpcckpt", 0, 1.0, True, "d", step_times=times), baseline) is None
+    assert bench.under_the_choice(bench.Outcome("hpcckpt", 0, 1.0, True, "d", step_times=times), [baseline]) is None
+    # Against the runs without checkpoints before and after it, whose steps drifted from 1 s
+    # to 1.2 s: against their mean, not against either one.
+    slower = bench.Outcome("nockpt", 0, 46.0, True, "d", step_times=[(1.2 * s, s) for s in range(1, 31)])
+    between = bench.under_the_choice(outcome, [baseline, slower])
+    assert between["realized"] == pytest.approx((13 * 1.1 + 10 * 1.3) / (23 * 1.1) - 1)
 
 
 def test_a_run_that_gave_up_delivered_nothing():
