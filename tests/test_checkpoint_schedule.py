@@ -209,12 +209,12 @@ def test_a_persist_run_inline_is_its_versions_whole_cost(make_schedule):
     schedule.restart_clock(False)
     schedule.step_over(0.1, observe=True)
     written = schedule.next_checkpoint(6, None)[2]
-    schedule.checkpoint_taken(6, blocked=0.001, waited=0.0, durable=1.0, level_times=times, inline=1.0)
+    schedule.checkpoint_taken(6, blocked=1.001, waited=0.0, durable=1.0, level_times=times, inline=1.0)
     assert schedule.policy.level_loss == {}  # settled at the next checkpoint, as a persist behind the steps is
     schedule.restart_clock(False)
     schedule.step_over(0.1, observe=True)  # no step runs beside anything: the persist is over
     schedule.next_checkpoint(12, None)
-    schedule.checkpoint_taken(12, blocked=0.001, waited=0.0, durable=1.0, level_times=times, inline=1.0)
+    schedule.checkpoint_taken(12, blocked=1.001, waited=0.0, durable=1.0, level_times=times, inline=1.0)
     node_local = [name for name in written if name != "pfs"]
     busy = {name: times[name][1] for name in node_local}
     assert schedule.policy.level_loss == pytest.approx({name: 1.0 * b / sum(busy.values()) for name, b in busy.items()})
@@ -223,5 +223,5 @@ def test_a_persist_run_inline_is_its_versions_whole_cost(make_schedule):
     fixed = make_schedule(every="auto")  # no failure rates: the overhead bound counts it as blocking
     fixed.restart_clock(False)
     fixed.step_over(0.1, observe=True)
-    fixed.checkpoint_taken(6, blocked=0.001, waited=0.0, durable=1.0, inline=1.0)
+    fixed.checkpoint_taken(6, blocked=1.001, waited=0.0, durable=1.0, inline=1.0)
     assert fixed.policy.blocking == pytest.approx(1.001)

@@ -81,7 +81,7 @@ class CheckpointTaking:
             now = report.as_of_now()  # L4's thread may still add to the report
             durable = max(now.durable_s.values()) if now.durable_s else 0.0
             job.tally.note_level_times(now, job.pipeline.flush)
-        said = job.schedule.checkpoint_taken(step, blocked - inline, waited, durable, job.tally.level_times, inline)
+        said = job.schedule.checkpoint_taken(step, blocked, waited, durable, job.tally.level_times, inline)
         if said and job.schedule.policy.adaptive:
             self.log.info(said, console=True)
         elif said:

@@ -130,17 +130,17 @@ class CheckpointSchedule:
     def checkpoint_taken(self, step: int, blocked: float, waited: float, durable: float | None,
                          level_times: dict | None = None, inline: float = 0.0) -> str | None:
         """(all ranks) One checkpoint's costs: `blocked` in all (`waited` of it for the
-        previous persist), `durable` seconds until the last level of the previous (or this
-        profiling) checkpoint was durable, `level_times` level -> (seconds until durable, of
-        its own writing) as newest measured on this rank, `inline` seconds its persist ran on
-        the caller's thread (where MPI allows no threads: the whole persist stalls training).
+        previous persist, `inline` of it its persist on the caller's thread, where MPI allows
+        no threads: the whole persist stalls training), `durable` seconds until the last level
+        of the previous (or this profiling) checkpoint was durable, `level_times` level ->
+        (seconds until durable, of its own writing) as newest measured on this rank.
         Returns a line to log (interval changed, or a fixed interval shorter than a persist)
         or None."""
         policy = self.policy
         if inline > 0:
             policy.persist_inline = True
-        if not policy.per_level:
-            blocked += inline  # the overhead bound and Young/Daly count what training waited for
+        if policy.per_level:
+            blocked -= inline  # a version's loss, whole, settled with the next window (below)
         if not policy.adaptive:
             policy.observe_checkpoint(step, blocked, None)
             if waited > 0.5 * blocked > 0.01 and not self._warned_short_interval:
