@@ -341,6 +341,22 @@ def test_under_the_ulfm_launcher_a_killed_rank_goes_on_in_the_job_and_a_failed_n
     assert final_record(lost / "run")["step"] == STEPS
 
 
+def test_under_the_ulfm_launcher_a_rank_dead_before_mpi_start_up_costs_a_few_start_ups(cluster, tmp_path):
+    """A rank that dies before MPI_Init leaves the others there for good under ULFM: the loop,
+    having seen one attempt of the job through start-up, stops that attempt after a few times
+    its start-up (START_TIMEOUT_MIN here 2 s) and starts the next, on the same nodes."""
+    directory = workdir(tmp_path)
+    job = submit(directory, "--nodes=4", "--ntasks-per-node=1", LAUNCHER="ulfm",
+                 ULFM_MPIEXEC=f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec", START_TIMEOUT="200",
+                 START_TIMEOUT_MIN="2", APP=f"{sys.executable} {REPO / 'tests' / 'scripts' / 'start_up_death.py'} --nodes 0")
+    code, out = wait_for(job, directory)
+    assert code == 0, out
+    stopped = re.search(r"attempt 2 did not get through MPI start-up in (\d+) s \(its longest so far took (\d+) s", out)
+    assert stopped and int(stopped.group(1)) < 60, out
+    assert "finished after 3 attempt(s)" in out, out
+    assert out.count("attempt 3 rank") == 4, out
+
+
 def test_a_failed_node_without_a_spare_stops_the_job_with_allow_shrink_0(cluster, tmp_path):
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1", ALLOW_SHRINK=0)

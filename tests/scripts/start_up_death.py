@@ -1,13 +1,14 @@
 """An application whose rank dies before MPI start-up, run by the job scripts' loop on the
 fault-tolerant MPI (LAUNCHER=ulfm), where the other ranks then wait in MPI_Init for good.
 
-    APP="python start_up_death.py" LAUNCHER=ulfm NRANKS=4 bash jobs/slurm.sbatch
+    APP="python start_up_death.py [--nodes N]" LAUNCHER=ulfm NRANKS=4 bash jobs/slurm.sbatch
 
 Attempt 1 gets through start-up (its Checkpointer marks it) and fails (exit code 1); in
 attempt 2 rank 2 SIGKILLs itself before importing MPI; attempt 3 protects, checkpoints and
-finishes.
+finishes. --nodes: simulated nodes (default 2; 0 on real hosts).
 """
 
+import argparse
 import os
 import signal
 
@@ -22,8 +23,11 @@ from hpcckpt import Checkpointer, load_config, run_main  # noqa: E402
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=2)
+    nodes = parser.parse_args().nodes
     comm = MPI.COMM_WORLD
-    config = load_config(None, ["run.dir=run", "cluster.simulated_nodes=2", "checkpoint.every_steps=1"])
+    config = load_config(None, ["run.dir=run", f"cluster.simulated_nodes={nodes}", "checkpoint.every_steps=1"])
     weights = np.zeros(1024)
     ckpt = Checkpointer(comm, config)
     try:
