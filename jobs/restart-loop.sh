@@ -175,7 +175,7 @@ hpcckpt_restart_loop() {
         export HPCCKPT_RUN_END_TIME=$END_TIME HPCCKPT_RUN_HALT_SECONDS=$HALT_SECONDS
         hpcckpt_say "the allocation ends at $(date -d "@$END_TIME" 2>/dev/null || echo "$END_TIME"); runs stop cleanly ${HALT_SECONDS} s before"
     fi
-    local attempt=0 status=0 attempt_started recorded exit_file watcher start_timeout launched started_in
+    local attempt=0 status=0 attempt_started recorded exit_file watcher start_timeout launched started_in why
     local job=${SLURM_JOB_ID:-${PBS_JOBID:-pid$$}}
     local -a train_args=() command=()
     # read -a splits at blanks without pathname expansion, which an unquoted $TRAIN_ARGS would
@@ -224,12 +224,12 @@ hpcckpt_restart_loop() {
         kill "$watcher" 2>/dev/null
         wait "$watcher" 2>/dev/null
         if [ -e "$exit_file.hung" ]; then
+            why="a PMI request lost at start-up, or a node that does not answer"
             if [ -n "$_hpcckpt_longest_start" ]; then
-                hpcckpt_say "attempt $attempt did not get through MPI start-up in $start_timeout s (its longest so far took ${_hpcckpt_longest_start} s; a rank that died before the others were through, a PMI request lost at start-up, or a node that does not answer): stopped it"
+                why="its longest so far took ${_hpcckpt_longest_start} s; a rank that died before the others were through, $why"
                 _hpcckpt_start_backoff=$(( _hpcckpt_start_backoff * 2 ))
-            else
-                hpcckpt_say "attempt $attempt did not get through MPI start-up in $start_timeout s (a PMI request lost at start-up, or a node that does not answer): stopped it"
             fi
+            hpcckpt_say "attempt $attempt did not get through MPI start-up in $start_timeout s ($why): stopped it"
         elif [ -e "$exit_file.started" ]; then
             # From the launch to the marker, rounded up: whole seconds are what both clocks give.
             # (A shared file system's clock may differ from this host's: never under a second.)

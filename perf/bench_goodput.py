@@ -84,8 +84,9 @@ from harness import REPO, find_mpiexec, machine, print_machine, worker_env, writ
 
 APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
 # The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a
-# margin; here 2-3 s): under ULFM a rank killed before the others are through MPI_Init leaves
-# them there, and the loop's default of 300 s would hold a job that met it in its first attempt.
+# margin; this small job starts in seconds): under ULFM a rank killed before the others are
+# through MPI_Init leaves them there, and the loop's default of 300 s would hold a job that met
+# it in its first attempt.
 START_TIMEOUT_S = 30
 MULTI_LEVEL = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job")
 IN_JOB = "hpcckpt_in_job"
