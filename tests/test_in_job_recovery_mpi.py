@@ -497,3 +497,30 @@ def test_heat2d_goes_on_in_the_job_on_a_grid_cut_for_the_survivors_and_ends_on_t
     assert "rank(s) 3 of 4 died: going on in the job on the 3 left" in proc.stderr
     final = np.load(in_job / "grids" / "final.npy")
     assert final.tobytes() == np.load(straight / "grids" / "final.npy").tobytes()
+
+
+VERDICT = REPO / "tests" / "scripts" / "failure_verdict.py"
+
+
+@pytest.mark.parametrize("case, ranks", [("death", 3), ("revoke", 2)])
+def test_an_error_of_another_class_is_judged_a_process_failure_once_mpi_hears_of_one(tmp_path, case, ranks):
+    """An MPI error that is not of a process failure's class (ULFM reports a death unevenly:
+    MPI_ERR_OTHER on one survivor, MPI_ERR_PROC_FAILED on the others) waits for the failure
+    detector's report of the death or another survivor's revoke; both arrive only through MPI's
+    progress, which a rank waiting outside MPI must drive, or it ends the job alone while the
+    others recover."""
+    proc = run_ulfm_script(ranks, VERDICT, ["--case", case], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = script_results(proc)
+    assert sorted(r["rank"] for r in results) == list(range(ranks - 1)), proc.stdout
+    assert all(r["verdict"] for r in results), proc.stdout
+    assert all(r["seconds"] < 5 for r in results), proc.stdout
+
+
+def test_an_error_of_another_class_with_no_death_behind_it_ends_the_job(tmp_path):
+    proc = run_ulfm_script(2, VERDICT, ["--case", "none", "--detection", "1"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = script_results(proc)
+    assert [(r["rank"], r["verdict"]) for r in sorted(results, key=lambda r: r["rank"])] == [
+        (0, False), (1, False)], proc.stdout
+    assert all(r["seconds"] >= 1 for r in results), proc.stdout

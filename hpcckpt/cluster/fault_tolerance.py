@@ -96,6 +96,24 @@ def a_rank_died() -> bool:
     return bool(_watching) and _failures_known() > _failures_handled
 
 
+def failure_reported(*comms) -> bool:
+    """Whether MPI has learnt of a dead rank since the last recovery, or another survivor has
+    revoked one of `comms` (which it does only after a process failure). Both reach this rank
+    in MPI's progress engine, which runs only inside MPI calls: a rank that waits for the
+    verdict outside MPI (sleeping) would never learn of either, so this makes one."""
+    from mpi4py import MPI
+
+    # A probe of this rank's own messages on COMM_SELF: it drives progress and, unlike an
+    # ANY_SOURCE probe on a communicator with a dead member, never fails for that death.
+    MPI.COMM_SELF.Iprobe(0, _PROGRESS_TAG)
+    if a_rank_died():
+        return True
+    return any(comm is not None and comm != MPI.COMM_NULL and comm.Is_revoked() for comm in comms)
+
+
+_PROGRESS_TAG = 32100  # a tag nothing sends to
+
+
 def raise_if_a_rank_died() -> None:
     """For a wait on nonblocking requests: raise a process failure if MPI has learnt of a dead
     rank since the last recovery. Open MPI never completes some nonblocking collectives with a

@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Callable, TypeVar
 
-from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, a_rank_died, in_job_recovery_unavailable,
+from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
                                              is_process_failure, revoke, shrink)
 
 T = TypeVar("T")
@@ -134,11 +134,11 @@ LINGER_S = 0.5
 _survivors = None  # the communicator of the last recovery's survivors
 
 
-def caused_by_process_failure(exc: BaseException) -> bool:
+def caused_by_process_failure(exc: BaseException, comms=()) -> bool:
     """`exc` or an error it was raised from or while handling is an MPI error that says a
     rank died, or MPI's failure detector knows of a death the survivors have not recovered
-    from: then whatever failed (the library's agreed error about a transfer, say) failed
-    because of it."""
+    from, or another survivor revoked one of `comms` after one: then whatever failed (the
+    library's agreed error about a transfer, say) failed because of it."""
     from mpi4py import MPI
 
     from hpcckpt.errors import CheckpointError
@@ -151,14 +151,16 @@ def caused_by_process_failure(exc: BaseException) -> bool:
     if any(is_process_failure(error) for error in chain):
         return True
     # An error about communication (an MPI error of another class, an agreed checkpoint
-    # error) may be a death the failure detector has not confirmed yet: wait for its verdict.
+    # error) may be a death the failure detector has not confirmed yet, or one that only
+    # other survivors saw (ULFM does not report a failure to every rank alike): wait for
+    # either verdict.
     if any(isinstance(error, (MPI.Exception, CheckpointError)) for error in chain):
         deadline = time.monotonic() + DETECTION_S
         while time.monotonic() < deadline:
-            if a_rank_died():
+            if failure_reported(*comms):
                 return True
             time.sleep(0.05)
-    return a_rank_died()
+    return failure_reported(*comms)
 
 
 # How long an error about communication waits for MPI to report a dead process (the runtime
@@ -187,7 +189,8 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
         except BaseException as exc:
             if unavailable is not None:
                 raise
-            confirmed = caused_by_process_failure(exc)
+            confirmed = caused_by_process_failure(exc, [comm, *_application_comms, *[
+                derived for ckpt in open_checkpointers() for derived in ckpt.job.communicators()]])
             if not confirmed:
                 print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
                       f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
