@@ -200,6 +200,43 @@ def test_what_the_steps_beside_a_versions_work_lost_is_that_versions_cost(make_s
     assert policy.level_loss["pfs"] == pytest.approx(0.0 + 0.2 + 0.2)  # the whole copy of version 6
 
 
+def test_the_steps_right_after_a_persist_are_its_versions_cost_and_not_clean_steps(make_schedule):
+    """A persist's wake: the steps after it ended that still run slow count in the version's
+    loss and are not taken for clean ones; the steps after them are clean again, and their
+    excess over the clean time (noise around it) adds nothing on average."""
+    from hpcckpt.schedule.checkpoint_schedule import SETTLING_STEPS
+
+    rates = SimpleNamespace(mtbf_crash_hours=1.0, mtbf_node_hours=24.0, mtbf_two_nodes_hours=0.0)
+    schedule = make_schedule(every="auto", resilience=rates, fixed_every={"pfs": 64})
+    policy = schedule.policy
+    times = {"local": (0.05, 0.05), "partner": (0.2, 0.15), "erasure": (0.2, 0.2)}
+
+    def step(seconds, persisting=False):
+        schedule.restart_clock(persisting)
+        schedule.step_over(seconds, observe=True)
+
+    def checkpoint(at):
+        levels = schedule.next_checkpoint(at, None)[2]
+        schedule.checkpoint_taken(at, blocked=0.001, waited=0.0, durable=0.2, level_times=times)
+        return levels
+
+    for _ in range(5):
+        step(0.1)
+    checkpoint(6)
+    written = checkpoint(7)
+    step(0.3, persisting=True)
+    for _ in range(SETTLING_STEPS):
+        step(0.15)  # the persist is over, the steps still pay for it
+    assert policy.step_time == pytest.approx(0.1)
+    step(0.12)
+    step(0.08)
+    assert policy.step_time == pytest.approx(0.095)  # clean again: (0.1 + 0.12) / 2, then with 0.08
+    checkpoint(8)
+    node_local = [name for name in written if name != "pfs"]
+    loss = 0.2 + SETTLING_STEPS * 0.05 + 0.02 - 0.03  # the last against the clean mean with 0.12 in it
+    assert sum(policy.level_loss[name] for name in node_local) == pytest.approx(loss)
+
+
 def test_a_persist_run_inline_is_its_versions_whole_cost(make_schedule):
     """Where MPI allows no threads, end_checkpoint() runs the persist itself: its seconds are
     the version's loss (shared over the levels it wrote), and blocking for the other choices."""
