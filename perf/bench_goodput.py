@@ -8,7 +8,8 @@ The workload is the trainer (`hpcckpt train`'s model, data order and steps), 4 r
 simulated nodes, a state of about --state-mb MB (parameters and SGD momentum). Every attempt is
 launched by the job scripts' restart loop (`bash jobs/slurm.sbatch` over mpiexec, outside
 Slurm), which relaunches it after each failure until the run reaches its last step, with
-START_TIMEOUT set as a site would for this job's start-up (START_TIMEOUT_S).
+START_TIMEOUT set as a site would for this job's start-up (START_TIMEOUT_S). The checkout is
+compiled to bytecode first, as an installed package is: no attempt compiles it again.
 
 Failures come from this script, from outside the job, as a cluster's do: at exponential
 intervals (mean --mtbf-s seconds of wall time), each a rank crash (SIGKILL of one rank), the
@@ -80,7 +81,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import REPO, find_mpiexec, machine, print_machine, worker_env, write_durably, write_json
+from harness import (REPO, compile_checkout, find_mpiexec, machine, print_machine, worker_env, write_durably,
+                     write_json)
 
 APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
 # The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a
@@ -667,6 +669,7 @@ def main(argv=None) -> int:
     root.mkdir(parents=True)
     host = machine(directory=root)
     print_machine(host)
+    compile_checkout()
     mix = {k: float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     if set(mix) - set(CLASSES):
         raise SystemExit(f"--mix: classes are {', '.join(CLASSES)}")

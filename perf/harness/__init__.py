@@ -24,8 +24,8 @@ import sys
 
 from .baselines import (Dcp, bcast_arrays, fsync_path, gloo_close, gloo_group, h5py_load, h5py_save,
                         shard_bounds, write_durably)
-from .launch import (REPO, THREAD_VARS, find_mpiexec, mpiexec_command, pin_threads, run_mpi, run_worker,
-                     worker_env)
+from .launch import (REPO, THREAD_VARS, compile_checkout, find_mpiexec, mpiexec_command, pin_threads, run_mpi,
+                     run_worker, worker_env)
 from .load import ForeignLoad
 from .machine import describe, machine, mem_total, print_machine
 from .results import write_json
@@ -54,7 +54,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
-__all__ = ["REPO", "THREAD_VARS", "Dcp", "ForeignLoad", "alternated", "available", "bcast_arrays", "describe",
+__all__ = ["REPO", "THREAD_VARS", "Dcp", "ForeignLoad", "alternated", "available", "bcast_arrays", "compile_checkout",
+           "describe",
            "find_mpiexec", "fsync_path", "gloo_close", "gloo_group", "h5py_load", "h5py_save", "machine",
            "median", "mem_total", "mpiexec_command", "paper_delay", "paper_overhead", "pin_threads",
            "print_machine", "quiet_barrier", "rotated", "run_mpi", "run_worker", "shard_bounds", "time_median",
