@@ -12,9 +12,10 @@ feeds them what they measure and keeps every rank deciding alike:
   With an adaptive interval they are agreed as maxima over ranks (the slowest rank's costs)
   in one sleeping allreduce after each checkpoint, so the interval is the same everywhere; with
   failure rates set (resilience.mtbf_*_hours) so are each level's times, what the steps
-  since the previous version lost (beside its persist and after it) and beside a copy to L4
-  at its own pace (each step's time less the clean step time, summed; clean steps are those
-  beside no such work and not right after it), and the levels each checkpoint goes to.
+  beside (or right after) the previous version's persist and a copy to L4 at its own pace
+  lost (each step's time less the clean step time, summed; clean steps are those beside no
+  such work and not right after it, and not a process's first), and the levels each
+  checkpoint goes to.
 - stops: the per-step OR-reduce of schedule/stopping.py.
 
 Collectives (all ranks, main thread, on a communicator of the schedule's own): one posted
@@ -34,8 +35,8 @@ from hpcckpt.cluster.collectives import wait_all
 
 
 # The steps right after a persist or a copy ended still pay for it (caches refilled, memory
-# the copy held given back, a thread that finished its bookkeeping): they are counted in the
-# version's loss and not taken for clean steps, whose time that loss is measured against.
+# the copy held given back, a thread finishing its bookkeeping): they are counted in that
+# work's loss and not taken for clean steps, whose time the losses are measured against.
 SETTLING_STEPS = 2
 
 
@@ -64,8 +65,11 @@ class CheckpointSchedule:
         self._clock_started: float | None = None
         self._persisting_at_start = False
         self._copying_at_start: int | None = None
-        # Steps since the last one beside a persist or copy; the profile's count as settled.
-        self._clean_steps_in_a_row = SETTLING_STEPS
+        self._warmed_up = False
+        # Steps since the last one beside a persist or a copy, and what that one was beside
+        # (persisting, copying): the profile's steps count as settled.
+        self._since_work = SETTLING_STEPS
+        self._work_before: tuple[bool, int | None] = (False, None)
         self._warned_short_interval = False
         self.losses = StepLosses()
         self._newest_levels: tuple[str, ...] | None = None  # the levels of the checkpoint taken last
@@ -107,14 +111,27 @@ class CheckpointSchedule:
         if seconds is None and self._clock_started is not None:
             seconds = now - self._clock_started
         if observe and seconds is not None and seconds > 0:
-            persisting, copying = self._persisting_at_start, self._copying_at_start
-            beside_work = persisting or copying is not None
-            self._clean_steps_in_a_row = 0 if beside_work else self._clean_steps_in_a_row + 1
+            if self._warmed_up:
+                self._time_step(seconds)
+            # A process's first step pays once for what it sets up (imports finished, memory
+            # touched first, connections made): neither a clean step nor a checkpoint's loss.
+            self._warmed_up = True
+        return self.stops.step_over(look_now=checkpointing)
+
+    def _time_step(self, seconds: float) -> None:
+        persisting, copying = self._persisting_at_start, self._copying_at_start
+        if persisting or copying is not None:
+            self._since_work, self._work_before = 0, (persisting, copying)
             if self.policy.step_time > 0:
                 self.losses.add(seconds - self.policy.step_time, persisting, copying)
-            if beside_work or self._clean_steps_in_a_row > SETTLING_STEPS:
-                self.policy.observe_step(seconds, beside_work)
-        return self.stops.step_over(look_now=checkpointing)
+            self.policy.observe_step(seconds, persisting=True)
+            return
+        self._since_work += 1
+        if self._since_work <= SETTLING_STEPS:
+            if self.policy.step_time > 0:
+                self.losses.add(seconds - self.policy.step_time, *self._work_before)
+            return
+        self.policy.observe_step(seconds)
 
     @property
     def stopping(self) -> str | None:
@@ -213,12 +230,11 @@ class CheckpointSchedule:
 
 
 class StepLosses:
-    """What the steps lost against the clean step time (seconds over it, summed) since the
-    last checkpoint: the steps beside a copy to the levels at their own pace, by version (a
-    copy may span several checkpoints: its loss adds up until it is over), and every other
-    step, the persist of the version before and what follows it (the version's wake: the
-    steps right after a persist lose too, and a clean step's excess over a mean of clean steps
-    sums to nothing); a step beside both shares its loss half and half."""
+    """What the steps beside checkpoint work lost (seconds over the clean step time, summed)
+    since the last checkpoint: beside (or right after) the persist of the version before it,
+    and beside (or right after) each copy to the levels at their own pace, by version (a copy
+    may span several checkpoints: its loss adds up until it is over); a step beside both
+    shares its loss half and half."""
 
     def __init__(self):
         self.persist = 0.0
@@ -227,7 +243,7 @@ class StepLosses:
 
     def add(self, excess: float, persisting: bool, copying: int | None) -> None:
         share = excess / 2 if persisting and copying is not None else excess
-        if persisting or copying is None:
+        if persisting:
             self.persist += share
             self.persist_counted += 1
         if copying is not None:
@@ -246,7 +262,7 @@ class StepLosses:
         return [self.persist, float(self.persist_counted), sum(over), float(len(over))]
 
     def settle(self, agreed: list[float], copying_now: int | None) -> tuple[float | None, float | None]:
-        """From the agreed values: (the persist's loss, None where no step counted in it; one
+        """From the agreed values: (the persist's loss, None where no step ran beside it; one
         copy's loss at its own pace, the mean of those over, None where none ended), and start
         counting again (`copying_now` as given to values())."""
         persist, persist_counted, copies_loss, copies = agreed

@@ -18,10 +18,10 @@ sqrt(2 * C * MTBF), never below the persist bound. With failure rates by class
 often each level takes a version are chosen together from each level's measured cost and the
 failures it covers (schedule/level_intervals.py, where the model is written out). There a
 version's cost on each level is measured whole once it can be: the seconds every step lost
-from that version to the next, beside its persist and in its wake (or beside its copy to
-L4), summed, shared over the levels it wrote by their writing time; a mean slowdown times a
-writing time undercounts the steps right after a snapshot, which lose most, and the steps
-right after a persist, which lose too.
+beside that version's persist and right after it (or beside its copy to L4), summed, shared
+over the levels it wrote by their writing time; a mean slowdown times a writing time
+undercounts the steps right after a snapshot, which lose most, and those right after a
+persist, which lose too.
 
 The policy is pure arithmetic over measurements; it is the same on every rank because the
 measurements it is fed are agreed (maxima over ranks) by the caller.
@@ -103,9 +103,8 @@ class IntervalPolicy:
 
     def observe_persist_loss(self, written: tuple[str, ...], persist_loss: float | None,
                              own_pace_loss: float | None) -> None:
-        """What one version cost the steps beside its work: `persist_loss` seconds lost from
-        it to the next version, beside its persist to the levels in `written` and after it
-        (None: no step was counted), `own_pace_loss`
+        """What one version cost the steps beside its work: `persist_loss` seconds beside its
+        persist to the levels in `written` and right after it (None: it ran beside no step), `own_pace_loss`
         beside a whole copy to the levels at their own pace (None: no copy ended). Each part
         is shared over its levels by their writing time (smoothed per level)."""
         own_pace = {name for name, _, at_own_pace in self.levels if at_own_pace}
