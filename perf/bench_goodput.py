@@ -372,6 +372,9 @@ class Job:
         self.run_dir.mkdir(parents=True)
         if self.memory_dir is not None:
             shutil.rmtree(self.memory_dir, ignore_errors=True)
+        # What the runs before wrote (the PFS copies, a whole run directory) is written back to
+        # the disk now, not by the kernel during this run: no run pays for another's writes.
+        os.sync()
         started = time.monotonic()
         proc = subprocess.Popen(["bash", str(REPO / "jobs" / "slurm.sbatch")], cwd=self.run_dir, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
