@@ -104,9 +104,10 @@ class IntervalPolicy:
     def observe_persist_loss(self, written: tuple[str, ...], persist_loss: float | None,
                              own_pace_loss: float | None) -> None:
         """What one version cost the steps beside its work: `persist_loss` seconds beside its
-        persist to the levels in `written` and right after it (None: it ran beside no step), `own_pace_loss`
-        beside a whole copy to the levels at their own pace (None: no copy ended). Each part
-        is shared over its levels by their writing time (smoothed per level)."""
+        persist to the levels in `written` and right after it (None: it ran beside no step),
+        `own_pace_loss` beside a whole copy to the levels at their own pace (None: no copy
+        ended). Each part is shared over its levels by their writing time (smoothed per
+        level)."""
         own_pace = {name for name, _, at_own_pace in self.levels if at_own_pace}
         parts = ((tuple(name for name in written if name not in own_pace), persist_loss),
                  (tuple(name for name, _, at_own_pace in self.levels if at_own_pace), own_pace_loss))
