@@ -135,3 +135,19 @@ def test_a_run_that_gave_up_delivered_nothing():
     table = bench.summarise([finished, gave_up], {1: 10.0, 2: 10.0}, {1: "d", 2: "d"}, 32, {1: 0.3, 2: 0.3})
     assert table["a"]["waste_by_seed"] == {1: 0.5, 2: 1.0} and table["a"]["finished"] is False
     assert table["a"]["waste_range"] == (0.5, 1.0)
+
+
+def test_the_checkout_is_compiled_to_bytecode_before_the_runs(tmp_path):
+    """Every module of the package gets its bytecode beside it, newer than its source, so that
+    no rank of any attempt compiles it again (the interpreter then only reads it)."""
+    import importlib.util
+
+    from harness import compile_checkout
+
+    removed = Path(importlib.util.cache_from_source(str(REPO / "hpcckpt" / "schedule" / "level_intervals.py")))
+    removed.unlink(missing_ok=True)  # a fresh clone's: no bytecode at all
+    compile_checkout()
+    assert removed.exists()
+    for source in (REPO / "hpcckpt").rglob("*.py"):
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        assert cached.exists() and cached.stat().st_mtime >= source.stat().st_mtime, source

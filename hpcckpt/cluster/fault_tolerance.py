@@ -108,7 +108,7 @@ def failure_reported(*comms) -> bool:
     MPI.COMM_SELF.Iprobe(0, _PROGRESS_TAG)
     if a_rank_died():
         return True
-    return any(comm is not None and comm != MPI.COMM_NULL and comm.Is_revoked() for comm in comms)
+    return any(_is_communicator(comm) and comm.Is_revoked() for comm in comms)
 
 
 _PROGRESS_TAG = 32100  # a tag nothing sends to
@@ -175,11 +175,15 @@ class RecoveryWatchdog:
 def revoke(*comms) -> None:
     """Revoke each communicator not revoked yet: every pending and later operation on it fails,
     on every rank, which is how the survivors that did not see the failure learn of it."""
+    for comm in comms:
+        if _is_communicator(comm) and not comm.Is_revoked():
+            comm.Revoke()
+
+
+def _is_communicator(comm) -> bool:
     from mpi4py import MPI
 
-    for comm in comms:
-        if comm is not None and comm != MPI.COMM_NULL and not comm.Is_revoked():
-            comm.Revoke()
+    return comm is not None and comm != MPI.COMM_NULL
 
 
 def shrink(comm, also_revoke=(), *, timeout: float, log=None) -> Survivors:

@@ -189,8 +189,7 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
         except BaseException as exc:
             if unavailable is not None:
                 raise
-            confirmed = caused_by_process_failure(exc, [comm, *_application_comms, *[
-                derived for ckpt in open_checkpointers() for derived in ckpt.job.communicators()]])
+            confirmed = caused_by_process_failure(exc, _job_communicators(comm, open_checkpointers()))
             if not confirmed:
                 print(f"hpcckpt: rank {comm.Get_rank()}: {type(exc).__name__} is not a process failure MPI "
                       f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
@@ -211,6 +210,12 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
             _surviving -= 1
 
 
+def _job_communicators(comm, checkpointers) -> list:
+    """`comm`, what main derived from it (revoke_on_failure) and what `checkpointers` derived:
+    what a process failure revokes, and where another survivor's revoke shows."""
+    return [comm, *_application_comms, *[derived for ckpt in checkpointers for derived in ckpt.job.communicators()]]
+
+
 def recover(comm, timeout: float):
     """(all survivors) Abandon this process's checkpointers, shrink `comm` to the survivors and
     return their communicator."""
@@ -225,7 +230,7 @@ def recover(comm, timeout: float):
         _held[str(ckpt.config.run_dir)] = ckpt.commits.held()
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
-    revoke(comm, *_application_comms, *[derived for ckpt in abandoned for derived in ckpt.job.communicators()])
+    revoke(*_job_communicators(comm, abandoned))
     _application_comms.clear()
     holders = {}
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):

@@ -120,18 +120,16 @@ class CheckpointSchedule:
 
     def _time_step(self, seconds: float) -> None:
         persisting, copying = self._persisting_at_start, self._copying_at_start
-        if persisting or copying is not None:
+        beside_work = persisting or copying is not None
+        if beside_work:
             self._since_work, self._work_before = 0, (persisting, copying)
-            if self.policy.step_time > 0:
-                self.losses.add(seconds - self.policy.step_time, persisting, copying)
-            self.policy.observe_step(seconds, persisting=True)
-            return
-        self._since_work += 1
-        if self._since_work <= SETTLING_STEPS:
-            if self.policy.step_time > 0:
-                self.losses.add(seconds - self.policy.step_time, *self._work_before)
-            return
-        self.policy.observe_step(seconds)
+        else:
+            self._since_work += 1
+        settling = not beside_work and self._since_work <= SETTLING_STEPS
+        if (beside_work or settling) and self.policy.step_time > 0:
+            self.losses.add(seconds - self.policy.step_time, *self._work_before)
+        if not settling:
+            self.policy.observe_step(seconds, persisting=beside_work)
 
     @property
     def stopping(self) -> str | None:
