@@ -17,7 +17,7 @@ def test_blocks_from_every_rank_make_one_layout():
 
 @pytest.mark.parametrize("everyone, message", [
     ([("d", [_block()]), ("e", [_block(offset=(0, 3))])],
-     "the ranks protected different arrays (names, kinds, dtypes or shapes): ranks 0 vs ranks 1"),
+     "the ranks protected different arrays or registered different state (names, kinds, dtypes, shapes, per_rank): ranks 0 vs ranks 1"),
     ([("d", [_block()]), ("d", [])], "the ranks protected different block arrays: rank 0 ['u'], rank 1 []"),
     ([("d", [_block()]), ("d", [_block(dtype="float32", offset=(0, 3))])],
      "array 'u': the ranks give different values of dtype: float32 (ranks 1), float64 (ranks 0)"),

@@ -59,16 +59,31 @@ def test_a_survivor_offers_its_step_only_for_replicated_arrays_the_same_as_those
     commits.commit(9, agreed)
     commits.step_done(9, registry, dict)
     held = commits.held()
-    assert offer(held, registry_of(w=np.zeros(4), m=np.ones(3))) == (9, None)
-    assert offer(None, registry)[1].startswith("it holds no finished step")
-    assert "not those it held" in offer(held, registry_of(w=np.zeros(4)))[1]
+    assert offer(held, registry_of(w=np.zeros(4), m=np.ones(3)), 1) == (9, None)
+    assert offer(None, registry, 1)[1].startswith("it holds no finished step")
+    assert "not those it held" in offer(held, registry_of(w=np.zeros(4)), 1)[1]
     assert "protected now as float64[5], held as float64[4]" in offer(held, registry_of(w=np.zeros(5),
-                                                                                        m=np.ones(3)))[1]
+                                                                                        m=np.ones(3)), 1)[1]
     blocks = ArrayRegistry()
     blocks.protect("w", protectable("w", np.zeros(4)), True, (8,), (0,))
     blocks.protect("m", protectable("m", np.ones(3)), True)
-    assert "array 'w' is not replicated" in offer(held, blocks)[1]
+    assert "array 'w' is not replicated" in offer(held, blocks, 1)[1]
     per_rank = ArrayRegistry()
     per_rank.protect("w", protectable("w", np.zeros(4)), False)
     per_rank.protect("m", protectable("m", np.ones(3)), True)
-    assert "array 'w' is not replicated" in offer(held, per_rank)[1]
+    assert "array 'w' is not replicated" in offer(held, per_rank, 1)[1]
+
+
+def test_per_rank_state_goes_on_from_memory_onto_fewer_ranks_only_through_its_reshard():
+    registry = registry_of(w=np.zeros(4))
+    registry.register_state("rng", dict, lambda state: None, per_rank=True)
+    commits = StepCommits()
+    commits.commit(3, agreed)
+    commits.step_done(3, registry, dict, rank=2, world_size=4)
+    held = commits.held()
+    assert (held.rank, held.world_size) == (2, 4)
+    assert offer(held, registry, 4) == (3, None)  # the same ranks: each survivor keeps its own
+    assert "state 'rng' is per rank and has no reshard for 4 -> 3 ranks" in offer(held, registry, 3)[1]
+    resharded = registry_of(w=np.zeros(4))
+    resharded.register_state("rng", dict, lambda state: None, per_rank=True, reshard=lambda states, rank, size: {})
+    assert offer(held, resharded, 3) == (3, None)

@@ -109,9 +109,11 @@ def test_the_summary_counts_the_checkpoints_and_sums_the_bytes_of_each_level(log
         tally.closed(report(step, snapshot_s=seconds), False)
     flush = Flush()
     flush.stats.offered, flush.stats.skipped, flush.stats.copied = 3, 1, [(10, 0.5), (30, 0.25)]
-    tally.summarise(MPI.COMM_SELF, {"local": 300, "pfs": 100}, ("local", "pfs"), flush)
+    tally.summarise(MPI.COMM_SELF, ({"local": 3, "pfs": 2}, {"local": 300, "pfs": 100}), ("local", "pfs"), flush,
+                    replaced=1)
     summary = log.records[-1]
     assert summary["event"] == "checkpoint_summary" and summary["checkpoints"] == 3
+    assert summary["versions_per_level"] == {"local": 3, "pfs": 2} and summary["replaced_before_stored"] == 1
     assert (summary["blocking_median_s"], summary["blocking_max_s"]) == (0.5, 0.75)
     assert summary["bytes_per_level"] == {"local": 300, "pfs": 100}
     assert summary["l4_async"] == {"offered": 3, "skipped": 1, "copied": [10, 30], "lag_s": [0.5, 0.25]}
@@ -121,6 +123,6 @@ def test_the_summary_counts_the_checkpoints_and_sums_the_bytes_of_each_level(log
 def test_a_run_without_checkpoints_summarises_to_none(log):
     from mpi4py import MPI
 
-    CheckpointTally(log).summarise(MPI.COMM_SELF, {}, ("local",), None)
+    CheckpointTally(log).summarise(MPI.COMM_SELF, ({}, {}), ("local",), None)
     summary = log.records[-1]
     assert summary["checkpoints"] == 0 and summary["bytes_per_level"] == {"local": 0} and "l4_async" not in summary

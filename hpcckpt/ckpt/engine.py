@@ -2,7 +2,7 @@
 
     ckpt = Checkpointer(comm, config)        # (all ranks) also catches the scheduler's stop signals
     ckpt.protect("w", w)                     # NumPy/CuPy array (or a PyTorch tensor), filled in place on restart
-    ckpt.register_state("loop", get, set)    # small state: nested dicts/lists/tuples, scalars, small arrays
+    ckpt.register_state("loop", get, set)    # small state, the same on every rank (per_rank=True: each rank's own)
     ckpt.protect_table("emb", table)         # a KeyedTable: rows placed by id hash, saved whole or as deltas
     ckpt.protect_state_dict("train", sd)     # every tensor of a state dict (DTensors too), the rest as state
     start = ckpt.restart() or 0              # (all ranks) newest version every rank can load
@@ -103,7 +103,7 @@ class Checkpointer:
         self.taking = CheckpointTaking(self.job, self.table_chain, self.divergence, self.log, faults, self._settle,
                                        self.confirm_restart)
         self.resuming = Resuming(self.job, self.table_chain, self.divergence, config, self.log, faults, read_only,
-                                 self._finish_in_flight, self.commits)
+                                 self._all_stored, self.commits)
         _open_checkpointers.add(self)
         from hpcckpt.run.in_job import take_unrecorded
 
@@ -170,12 +170,20 @@ class Checkpointer:
         each rank the rows whose id hashes to it, from whatever levels survived."""
         self.job.arrays.protect_table(name, table)
 
-    def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
+    def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None], *,
+                       per_rank: bool = False, reshard: Callable | None = None) -> None:
         """Small state (step, iterator position, RNG states) saved with every version: what
         get() returns, a nested "pytree" of dicts, lists and tuples of None, bool, int, float,
         str, bytes, NumPy scalars and small NumPy arrays (format/pytree.py), is given to set()
-        at a restart with its types intact; anything else fails the checkpoint naming it."""
-        self.registry.register_state(name, get, set)
+        at a restart with its types intact; anything else fails the checkpoint naming it.
+        By default it is the same on every rank (checked at the first checkpoint: an error
+        names the state and the ranks), stored once and given to every rank. `per_rank`: each
+        rank's own (an RNG stream, a rank's data position), stored in its shard on every level
+        and given back to the rank that wrote it; onto another rank count `reshard(states,
+        rank, size)` returns this rank's state from the old ranks' handed to it ({old rank:
+        state}, old rank r to new rank r % size), and without it such a restart is refused
+        (ckpt/registered_state.py)."""
+        self.registry.register_state(name, get, set, per_rank, reshard)
 
     # -- when: the schedule ----------------------------------------------------------------
     def commit_step(self, step: int) -> None:
@@ -207,7 +215,7 @@ class Checkpointer:
         decide alike without a blocking collective. The step's time is measured from the
         return of the checkpointer's previous call; `step_seconds` reports it instead."""
         schedule, capture = self.job.schedule, self.job.capture
-        self.commits.step_done(step, self.registry, self._frozen_state)
+        self.commits.step_done(step, self.registry, self._frozen_state, self.job.rank, self.job.world_size)
         if schedule.stopping is not None:
             return capture.is_open_at(step)
         planned = schedule.planned(step, last) or capture.is_open_at(step)
@@ -293,6 +301,7 @@ class Checkpointer:
         each copy is verified against its checksums before its manifest is written. close()
         calls it after a clean run."""
         self._finish_in_flight()
+        self.taking.write_pending()
         return self.job.drain()
 
     def close(self, confirm: bool | None = None, drain: bool | None = None) -> int:
@@ -312,7 +321,7 @@ class Checkpointer:
         clean = confirm if confirm is not None else in_flight is None
         drain = clean if drain is None else drain
         job = self.job
-        job.capture.abandon()
+        self.taking.drop_open("the checkpointer was closed with a snapshot open")
         if confirm is None and isinstance(in_flight, NOT_THE_VERSIONS_DOING):
             self.confirm_restart()  # storage, settings or another job: the version loaded is not to blame
         try:
@@ -321,9 +330,14 @@ class Checkpointer:
                 self.confirm_restart()
             if drain and not self.read_only:
                 self.drain()
+                job.require_newest_on_global_levels(self.job.tally.last_checkpoint)
+            elif self.taking.pending_step is not None:
+                self.log.warning(f"version {self.taking.pending_step}, the newest taken, is not stored: no level was "
+                                 "due for it and the run did not end cleanly")
             if clean and not self.read_only:
-                job.tally.summarise(job.comm, job.pipeline.bytes_stored, tuple(level.name for level in job.levels),
-                                    job.pipeline.flush)
+                pipeline = job.pipeline
+                job.tally.summarise(job.comm, (pipeline.versions_stored, pipeline.bytes_stored),
+                                    tuple(level.name for level in job.levels), pipeline.flush, pipeline.pending_replaced)
             if self.stopping is not None and clean:
                 job.report_stop(drained=drain)
             elif clean and drain and not self.read_only:
@@ -407,6 +421,7 @@ class Checkpointer:
         `before` on marked bad (and the one the last rewind restored, if the run diverged
         again from it), the newest older version restored by the restart's path. Returns its
         step; DivergenceError (exit 2) when none is left."""
+        self.taking.drop_open(f"the run was rewound from step {before}")
         return self.resuming.rewind(before, reason)
 
     # -- internals -----------------------------------------------------------------------
@@ -424,3 +439,9 @@ class Checkpointer:
 
     def _finish_in_flight(self) -> PersistReport | None:
         return self.job.finish_in_flight(self._settle)
+
+    def _all_stored(self) -> None:
+        """Before a load fills the snapshot buffers: what is in flight over, a version no
+        level was due for written."""
+        self._finish_in_flight()
+        self.taking.write_pending()

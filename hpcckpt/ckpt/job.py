@@ -173,6 +173,24 @@ class CommJob:
                                  collective=True)
             raise error from None
 
+    def require_newest_on_global_levels(self, newest: int | None) -> None:
+        """(all ranks) After the end-of-run drain: every global level holds version `newest`,
+        the newest checkpoint() took; a StorageError (exit 3) naming it and where it is otherwise."""
+        if newest is None or not self.levels.global_levels:
+            return
+        from hpcckpt.cluster.collectives import on_root
+
+        def where() -> tuple[list, list]:
+            return ([level.number for level in self.levels.global_levels if newest not in level.committed_steps()],
+                    [level.number for level in self.levels.node_local if newest in level.committed_steps()])
+        lacking, held = on_root(self.comm, "listing the levels' versions", where)
+        if lacking:
+            there = f"rank 0's node holds it on {', '.join(held)}" if held else "rank 0's node does not hold it"
+            raise StorageError(f"the run's newest version ({newest}) is not on {', '.join(lacking)} after the "
+                               f"end-of-run copy ({there}; the rank logs say why); run the job again before the "
+                               "allocation ends: it resumes from the newest version it can load and copies it",
+                               collective=True)
+
     def release_memory(self) -> None:
         """(all ranks) After a run that finished and whose newest version L4 holds (the drain):
         the versions in memory (storage.memory_dir) would hold the nodes' RAM until they reboot,

@@ -30,6 +30,19 @@ class BlockOf:
     gaps: bool
 
 
+@dataclass(frozen=True)
+class RegisteredState:
+    """Small state handed over with register_state: read with get() at each checkpoint,
+    given to set() at a restart. `per_rank`: each rank's own, saved in its shard;
+    `reshard(states, rank, size)`: what this rank gets onto another rank count, from the old
+    ranks' states handed to it ({old rank: state}, old rank r to new rank r % size)."""
+
+    get: Callable[[], object]
+    set: Callable[[object], None]
+    per_rank: bool = False
+    reshard: Callable | None = None
+
+
 @dataclass
 class Protected:
     name: str
@@ -50,7 +63,7 @@ class ArrayRegistry:
     def __init__(self):
         self.arrays: dict[str, Protected] = {}
         self.tables: dict = {}  # name -> KeyedTable, in protect order
-        self.states: dict[str, tuple[Callable[[], dict], Callable[[dict], None]]] = {}
+        self.states: dict[str, RegisteredState] = {}
         self.closed = False  # a layout was made: the first checkpoint or restart
 
     def protect(self, name: str, kept: Protectable, replicated: bool, global_shape: Sequence[int] | None = None,
@@ -104,10 +117,22 @@ class ArrayRegistry:
             raise CheckpointError(f"protect_table({name!r}): a table's name must be non-empty and hold no '/'")
         self.tables[name] = table
 
-    def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None]) -> None:
+    def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None], per_rank: bool = False,
+                       reshard: Callable | None = None) -> None:
         if name in self.states or name == ENGINE_STATE_KEY:
             raise CheckpointError(f"state {name!r} is already registered")
-        self.states[name] = (get, set)
+        if reshard is not None and not per_rank:
+            raise ConfigError(f"register_state({name!r}): reshard says what each rank gets of per-rank state onto "
+                              "another rank count; give per_rank=True too (replicated state goes to every rank as "
+                              "it is)")
+        if reshard is not None and not callable(reshard):
+            raise ConfigError(f"register_state({name!r}): reshard must be callable (states, rank, size) -> state, "
+                              f"got {type(reshard).__name__}")
+        self.states[name] = RegisteredState(get, set, bool(per_rank), reshard)
+
+    @property
+    def per_rank_states(self) -> set[str]:
+        return {name for name, registered in self.states.items() if registered.per_rank}
 
     @property
     def local_array_names(self) -> tuple[str, ...]:

@@ -8,6 +8,8 @@ array, silently. So the first checkpoint of each process checks it: each rank ha
 copy of every replicated array (xxh3_64), one allreduce of the digests and their
 complements gives each array's largest and smallest digest, and an array whose two differ
 is refused on every rank, naming it and which ranks hold which copy (gathered only then).
+Registered state that is not per rank is stored once in the commit record and given to
+every rank at a restore: it is checked the same way, by the digest of its encoding.
 Blocks held whole by several ranks (a DTensor replicated over some mesh dimensions and
 sharded over others) are checked the same way within each group of holders.
 
@@ -50,27 +52,47 @@ def digest(array) -> int:
 def check_alike(comm, arrays: list[tuple[str, object]], what: str = "replicated") -> None:
     """(all ranks; the same names in the same order everywhere) Refuse, on every rank, the
     arrays whose copies differ between the ranks of `comm`: one allreduce when they agree."""
-    if not arrays:
-        return
-    mine = np.array([digest(array) for _, array in arrays], dtype=np.uint64)
+    problems = _differing_copies(comm, [(name, digest(array)) for name, array in arrays])
+    if problems:
+        raise ConfigError(
+            f"protected as {what} but not the same on every rank that holds it: {problems}; a replicated array is "
+            "stored once and restored onto every rank, so these would come back wrong. If each rank holds its own "
+            "part of a larger array, protect it as a block (global_shape and offset; a DTensor itself rather than "
+            "its to_local()), or with replicated=False if it belongs to its rank alone; if the ranks should agree, "
+            "make them (broadcast the initial values) before the first checkpoint", collective=True)
+
+
+def check_state_alike(comm, digests: list[tuple[str, int]]) -> None:
+    """(all ranks; the same names in the same order everywhere) Refuse, on every rank, the
+    registered states (name, digest of its encoding) that differ between the ranks of
+    `comm`: a state not registered per rank is stored once and given to every rank."""
+    problems = _differing_copies(comm, digests)
+    if problems:
+        raise ConfigError(
+            f"registered state not the same on every rank: {problems}; state registered without per_rank=True is "
+            "stored once and given back to every rank, so these would come back as one rank's. If it belongs to "
+            "each rank (an RNG stream, a rank's data position), register it with register_state(name, get, set, "
+            "per_rank=True); if the ranks should agree, make them before the first checkpoint", collective=True)
+
+
+def _differing_copies(comm, digests: list[tuple[str, int]]) -> str:
+    """(all ranks) '' when every named digest is the same on every rank; else which differ
+    and which ranks hold which copy (gathered only then)."""
+    if not digests:
+        return ""
+    mine = np.array([d for _, d in digests], dtype=np.uint64)
     differ = differing(comm, mine)
     if not differ:
-        return
+        return ""
     everyone = comm.allgather([int(mine[i]) for i in differ])
     problems = []
     for position, index in enumerate(differ):
         holders: dict[int, list[int]] = {}
-        for rank, digests in enumerate(everyone):
-            holders.setdefault(digests[position], []).append(rank)
+        for rank, held in enumerate(everyone):
+            holders.setdefault(held[position], []).append(rank)
         groups = sorted(holders.values(), key=lambda ranks: (-len(ranks), ranks))
-        problems.append(f"{arrays[index][0]!r} (" + " vs ".join(f"ranks {_ranks(g)}" for g in groups) + ")")
-    raise ConfigError(
-        f"protected as {what} but not the same on every rank that holds it: {', '.join(problems[:8])}"
-        + (f" and {len(problems) - 8} more" if len(problems) > 8 else "")
-        + "; a replicated array is stored once and restored onto every rank, so these would come back wrong. If "
-        "each rank holds its own part of a larger array, protect it as a block (global_shape and offset; a DTensor "
-        "itself rather than its to_local()), or with replicated=False if it belongs to its rank alone; if the ranks "
-        "should agree, make them (broadcast the initial values) before the first checkpoint", collective=True)
+        problems.append(f"{digests[index][0]!r} (" + " vs ".join(f"ranks {_ranks(g)}" for g in groups) + ")")
+    return ", ".join(problems[:8]) + (f" and {len(problems) - 8} more" if len(problems) > 8 else "")
 
 
 def differing(comm, digests: np.ndarray) -> list[int]:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import time
 
-from hpcckpt.ckpt.registry import ENGINE_STATE_KEY
+from hpcckpt.ckpt import registered_state
 from hpcckpt.config import failures_per_second
 from hpcckpt.errors import DivergenceError
 from hpcckpt.faults import current_attempt
-from hpcckpt.format import pytree
 from hpcckpt.restore import flow
 from hpcckpt.restore.context import JobGeometry, RestoreTargets, RunPlace
 from hpcckpt.restore.from_memory import MEMORY
@@ -32,7 +31,8 @@ from hpcckpt.schedule.rewind import mark_versions_bad, plan_rewind, versions_hel
 
 class Resuming:
     def __init__(self, job, table_chain, divergence, config, log, faults, read_only: bool, finish, commits):
-        """`finish()`: the checkpoint in flight and L4's copy over (the facade's); `commits`:
+        """`finish()`: the checkpoint in flight and L4's copy over, a version no level was due
+        for stored (the facade's: a load fills the snapshot buffers); `commits`:
         the steps this process holds (ckpt/step_commits.py), forgotten by any load."""
         self.job = job
         self.table_chain = table_chain
@@ -63,7 +63,7 @@ class Resuming:
                             arrays.local_array_names),
             levels=job.levels,
             targets=RestoreTargets(dict(arrays.buffers), {name: p.array for name, p in arrays.arrays.items()},
-                                   self.apply_state, dict(arrays.tables)),
+                                   self.apply_state, dict(arrays.tables), self.state_problems),
             run=RunPlace(job.run.run_id, self.config.recorded, self.config.run_dir, job.storage.pfs_dir,
                          job.storage.local_dir, tuple(map(str, job.storage.places.roots))),
             log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
@@ -81,8 +81,9 @@ class Resuming:
         memory = self._from_memory() if resuming and not rewinding and mode != "never" else None
         result = flow.restore(self.context(), mode, step) if memory is None else None
         restored = memory.step if memory is not None else result.step if result is not None else None
+        self.job.tally.last_checkpoint = None  # none taken since what was loaded
         if memory is not None:
-            self.apply_state(memory.state)
+            self.apply_state(memory.state, memory.rank_states, memory.world_size)
             self.restored_sources, self.restore_traffic = (MEMORY,) * self.job.world_size, (0, 0)
         if result is not None:
             self.job.arrays.share_block_copies()
@@ -154,15 +155,20 @@ class Resuming:
                           f"version read ({memory.seconds:.3f} s)", console=True)
         return memory
 
-    def apply_state(self, state: dict) -> None:
-        """A loaded version's registered state into the application, its own into the engine."""
-        for name, (_, setter) in self.job.arrays.states.items():
-            if name in state:
-                setter(pytree.decode(state[name]))
-        engine = state.get(ENGINE_STATE_KEY, {})
-        self.job.schedule.ordinal = int(engine.get("ordinal", 0))
+    def state_problems(self, saved: dict, written_by: int) -> list[str]:
+        """Why a version's registered state cannot go to this job's (ckpt/registered_state.py)."""
+        return registered_state.state_problems(self.job.arrays.states, saved, written_by, self.job.world_size)
+
+    def apply_state(self, state: dict, rank_states: dict | None = None, written_by: int | None = None) -> None:
+        """A loaded version's registered state into the application (shared, and the per-rank
+        states of the old ranks handed to this rank), its own into the engine."""
+        job = self.job
+        engine = registered_state.apply_state(job.arrays.states, state, rank_states,
+                                              job.world_size if written_by is None else written_by, job.rank,
+                                              job.world_size)
+        job.schedule.ordinal = int(engine.get("ordinal", 0))
         if "schedule" in engine:  # the interval's profile: a restart does not profile again
-            self.job.schedule.load_state(engine["schedule"])
+            job.schedule.load_state(engine["schedule"])
         self.divergence.check.load_state(engine.get("divergence", {}))
 
     def _report_restart(self, restored: int | None, reached_before, memory=None) -> None:

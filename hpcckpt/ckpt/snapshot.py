@@ -19,9 +19,10 @@ import threading
 from collections import defaultdict
 
 import numpy as np
+import xxhash
 
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
-from hpcckpt.ckpt.replicas import CopyGroups, check_alike
+from hpcckpt.ckpt.replicas import CopyGroups, check_alike, check_state_alike
 from hpcckpt.save.save_types import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import decide_at_root
@@ -37,6 +38,7 @@ from hpcckpt.format.layout import (
     plan_layout,
 )
 from hpcckpt.format.keyed_rows import TableSpec, piece_names
+from hpcckpt.format.rank_state import PER_RANK_NAMES_KEY, RANK_STATE_PIECE, rank_state_piece, split_state
 from hpcckpt.format.shardfile import payload_layout
 from hpcckpt.io import direct_io
 
@@ -82,6 +84,7 @@ class ProtectedArrays:
         if not self._checked_alike:
             check_alike(self.comm, [(p.name, p.array) for p in self.arrays.values()
                                     if p.replicated and p.block is None])
+            check_state_alike(self.comm, self.replicated_state_digests())
             self.copy_groups.check_alike(self._block_copies())
             self._checked_alike = True
 
@@ -141,7 +144,8 @@ class ProtectedArrays:
                    p.block.gaps) for p in self.arrays.values() if p.block is not None]
         others = sorted((p.name, "per-rank" if p.per_rank else "replicated") for p in self.arrays.values()
                         if p.block is None) + [(s.name, s.dtype, s.shape) for s in specs] + \
-            [(name, "table", t.dim, str(t.dtype)) for name, t in self.tables.items()]
+            [(name, "table", t.dim, str(t.dtype)) for name, t in self.tables.items()] + \
+            [(name, "state", registered.per_rank) for name, registered in self.states.items()]
         digest = hashlib.blake2b(repr(others).encode(), digest_size=8).hexdigest()
         layouts, _ = decide_at_root(self.comm, "checking the protected arrays", (digest, blocks),
                                     lambda everyone: (_block_layouts(everyone), None), scatter=False)
@@ -206,29 +210,46 @@ class ProtectedArrays:
 
     def restored_snapshot(self, step: int, ordinal: int, state: dict, metrics: dict, levels: tuple) -> Snapshot:
         """A version just loaded, as a snapshot to write to `levels` again: a restore leaves
-        this rank's pieces in the buffers, and the state is the version's own; its tables go
-        whole, as a version of its own chain."""
-        pieces = self._pieces() + self._table_pieces(full=True)
-        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), False, tuple(levels),
+        this rank's pieces in the buffers, and the state is the version's own (this rank's
+        per-rank state as it was just set); its tables go whole, as a version of its own chain."""
+        per_rank = self.registry.per_rank_states
+        shared, _ = split_state(state, per_rank)
+        own = {name: pytree.encode(self.states[name].get(), repr(name)) for name in sorted(per_rank)}
+        pieces = self._pieces() + self._table_pieces(full=True) + self._rank_state_pieces(own)
+        return Snapshot(step, ordinal, tuple(pieces), shared, copy.deepcopy(metrics), False, tuple(levels),
                         self.table_specs, (step,) if self.tables else ())
 
     def freeze(self, step: int, ordinal: int, metrics: dict, final: bool, levels: tuple,
                engine_state: dict | None = None, table_chain: tuple = ()) -> Snapshot:
         """The snapshot of `step`; `table_chain` (save/table_chain.py) says whether the tables
-        go whole (a chain of this step alone) or as the rows changed since the version before."""
+        go whole (a chain of this step alone) or as the rows changed since the version before.
+        The registered state every rank holds alike goes in the commit record, the per-rank
+        state in this rank's shard (format/rank_state.py)."""
+        per_rank = self.registry.per_rank_states
         state = frozen_state(self.states, {"ordinal": ordinal, **(engine_state or {})})
+        shared, own = split_state(state, per_rank)
         # The tables' rows last: a state that fails to encode leaves their changed rows as they were.
-        pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1)
-        return Snapshot(step, ordinal, tuple(pieces), state, copy.deepcopy(metrics), final, tuple(levels),
+        pieces = self._pieces() + self._table_pieces(full=len(table_chain) <= 1) + self._rank_state_pieces(own)
+        return Snapshot(step, ordinal, tuple(pieces), shared, copy.deepcopy(metrics), final, tuple(levels),
                         self.table_specs, tuple(table_chain) if self.tables else ())
+
+    def _rank_state_pieces(self, own: dict) -> list:
+        return [(RANK_STATE_PIECE, rank_state_piece(own))] if self.registry.per_rank_states else []
+
+    def replicated_state_digests(self) -> list[tuple[str, int]]:
+        """(name, xxh3_64 of its encoding) of each registered state that is not per rank."""
+        return [(name, xxhash.xxh3_64_intdigest(json.dumps(pytree.encode(registered.get(), repr(name)),
+                                                           sort_keys=True).encode()))
+                for name, registered in self.states.items() if not registered.per_rank]
 
 
 def frozen_state(states: dict, engine_state: dict) -> dict:
     """The registered state (name -> (get, set)) as it is now, with the engine's under
     ENGINE_STATE_KEY: encoded (format/pytree.py: nested containers, scalars, small arrays,
     types kept) and through JSON once, so that nothing get() returned is shared with it."""
-    state = {name: pytree.encode(get(), repr(name)) for name, (get, _) in states.items()}
-    state[ENGINE_STATE_KEY] = engine_state
+    state = {name: pytree.encode(registered.get(), repr(name)) for name, registered in states.items()}
+    per_rank = sorted(name for name, registered in states.items() if registered.per_rank)
+    state[ENGINE_STATE_KEY] = {**engine_state, **({PER_RANK_NAMES_KEY: per_rank} if per_rank else {})}
     return json.loads(json.dumps(state))
 
 
@@ -241,7 +262,8 @@ def _block_layouts(everyone: list) -> tuple[BlockLayout, ...]:
     problems = []
     if len(by_digest) > 1:
         groups = sorted(by_digest.values(), key=len, reverse=True)
-        problems.append("the ranks protected different arrays (names, kinds, dtypes or shapes): ranks "
+        problems.append("the ranks protected different arrays or registered different state (names, kinds, dtypes, "
+                        "shapes, per_rank): ranks "
                         + " vs ranks ".join(_ranks(g) for g in groups))
     names = [tuple(b[0] for b in blocks) for _, blocks in everyone]
     if len(set(names)) > 1:

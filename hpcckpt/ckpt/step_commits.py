@@ -23,6 +23,8 @@ class HeldStep:
     step: int
     arrays: dict  # name -> the application's array (not a copy)
     state: dict  # the registered state and the engine's, frozen at due(step)
+    rank: int = 0  # this process's rank then, and the job's ranks (its per-rank state's owner)
+    world_size: int = 1
 
 
 class StepCommits:
@@ -39,16 +41,18 @@ class StepCommits:
         agree()  # raising here, nobody changed anything: the step finished before is still held
         self.committing = step  # until due(step) the arrays change
 
-    def step_done(self, step: int, registry, frozen_state) -> None:
+    def step_done(self, step: int, registry, frozen_state, rank: int = 0, world_size: int = 1) -> None:
         """due(step) was called: the arrays are those of `step` if it was committed;
-        `frozen_state()` the registered and the engine's state now."""
+        `frozen_state()` the registered and the engine's state now; `rank` of `world_size`
+        this process's place in the job."""
         if not self.in_use:
             return
         committed, self.committing = self.committing, None
         if committed != step:
             self.finished = None  # arrays changed outside the promise, or the step numbers disagree
             return
-        self.finished = HeldStep(step, {name: p.array for name, p in registry.arrays.items()}, frozen_state())
+        self.finished = HeldStep(step, {name: p.array for name, p in registry.arrays.items()}, frozen_state(), rank,
+                                 world_size)
 
     def forget(self) -> None:
         """A restore or a rewind replaced the arrays: no step is held until the next due()."""

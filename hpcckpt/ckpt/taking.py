@@ -8,6 +8,9 @@
                   to the save pipeline behind the step, its cost told to the tally and the
                   schedule; the first checkpoint of an adaptive interval is waited for (it
                   measures what the interval is chosen from)
+    write_pending a version no level was due for (every level every n-th version) is held
+                  by the snapshot buffers alone until the next snapshot replaces it: stored
+                  here (close, wait, drain, a rewind), so no version acknowledged is missing
 
 Every rank calls these alike; the only collectives are the pipeline's and the schedule's.
 """
@@ -32,6 +35,7 @@ class CheckpointTaking:
         self.faults = faults
         self.settle = settle
         self.confirm = confirm
+        self._overwriting: int | None = None  # the pending version whose buffers the open snapshot fills
 
     def begin(self, step: int, copy_in_background: bool) -> PersistReport | None:
         """(all ranks) Open the snapshot of `step`; the previous checkpoint's report."""
@@ -45,6 +49,7 @@ class CheckpointTaking:
         job.ensure_layout()
         job.arrays.check_before_snapshot()
         self.faults.strike(step, "snapshot")
+        self._overwriting = job.pipeline.take_pending()
         job.capture.open(step, copy_in_background and job.pipeline.threaded)
         job.tally.opened(previous, time.perf_counter() - opened, waited, job.pipeline.flush)
         return previous.as_of_now() if previous is not None else None
@@ -60,10 +65,12 @@ class CheckpointTaking:
             return self._refuse(step, refused)
         in_background = job.capture.copies is not None
         ordinal, final, levels = job.schedule.next_checkpoint(step, final)
+        self._overwriting = None  # replaced by this version
         chain = ()
         if job.arrays.tables:
             node_local = {level.name for level in job.levels.node_local}
-            chain = self.table_chain.next(step, node_local.intersection(levels), final)
+            # A version no level is due for may be written to every level later (write_pending).
+            chain = self.table_chain.next(step, node_local.intersection(levels or node_local), final)
         engine_state = {"schedule": job.schedule.state(), "divergence": self.divergence.check.state()}
         snapshot, report, started = job.capture.close(ordinal, metrics or {}, final, levels, engine_state, chain)
         handing = time.perf_counter()
@@ -90,11 +97,38 @@ class CheckpointTaking:
         return report
 
     def _refuse(self, step: int, refused: list) -> PersistReport:
-        self.job.capture.abandon()
+        self.drop_open(f"step {step}'s snapshot was refused")
         self.log.warning(f"step {step} is not checkpointed: its metrics {', '.join(refused)} are not finite (a "
                          "diverged state is never saved); the newest version stays the one before it")
         self.log.metrics({"event": "checkpoint_refused", "step": step, "metrics": refused})
         return PersistReport(step)
+
+    def drop_open(self, why: str) -> None:
+        """The open snapshot, if any, is dropped (`why`); the version no level was due for
+        whose buffers it filled is then lost, and said so."""
+        self.job.capture.abandon()
+        lost, self._overwriting = self._overwriting, None
+        if lost is not None:
+            self.log.warning(f"version {lost}, which no level was due for yet, is lost: {why} after taking its place "
+                             "in the snapshot buffers; the newest version stored is an older one (resilience.levels "
+                             "with a level every version, such as local, avoids this)")
+            self.log.metrics({"event": "version_lost", "step": lost, "reason": why})
+
+    def write_pending(self) -> None:
+        """(all ranks) After the checkpoint in flight is over: the version no level was due
+        for, if any, stored on every level now."""
+        report = self.job.pipeline.write_pending()
+        if report is not None:
+            self.settle(report.held)
+            self.job.tally.durable(report)
+            self.log.info(f"version {report.step}, the newest taken, which no level was due for, written to every "
+                          "level", console=True)
+
+    @property
+    def pending_step(self) -> int | None:
+        """The version no level was due for and held by the snapshot buffers alone, if any."""
+        pending = self.job.pipeline.pending
+        return pending.step if pending is not None else None
 
     def _persist_over(self) -> None:
         """(all ranks) The checkpoint in flight over on the levels it waits for (not L4 at its
@@ -104,8 +138,10 @@ class CheckpointTaking:
         job.tally.durable(job.persist_over(self.settle), job.l4_copying)
 
     def wait(self) -> PersistReport | None:
-        """(all ranks) The checkpoint in flight durable, on L4 too at its own pace."""
+        """(all ranks) The checkpoint in flight durable, on L4 too at its own pace; a version
+        no level was due for written."""
         report = self.job.finish_in_flight(self.settle)
         self.job.tally.durable(report)
+        self.write_pending()
         self.job.schedule.restart_clock(False)
         return report

@@ -30,8 +30,12 @@ class RestoreTargets:
 
     buffers: dict  # name -> this rank's snapshot buffer of the array
     arrays: dict  # name -> the protected array, filled in place
+    # apply_state(shared state, {old rank: per-rank states} or None, ranks that wrote it)
     apply_state: object = None
     tables: dict = field(default_factory=dict)  # name -> KeyedTable, loaded with this job's rows
+    # state_problems(shared state, ranks that wrote it) -> why the version's registered state
+    # cannot go to this job's (a kind changed, per-rank state onto another rank count unasked)
+    state_problems: object = None
 
 
 @dataclass(frozen=True)

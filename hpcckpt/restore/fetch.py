@@ -19,6 +19,7 @@ import numpy as np
 from hpcckpt.cluster.collectives import failing_ranks, fold_at_root, quiet_any, quiet_bcast, quiet_gather, quiet_scatter
 from hpcckpt.errors import CheckpointError, ChecksumError, HpcckptError
 from hpcckpt.format.manifest import Manifest, records_listed
+from hpcckpt.format.rank_state import RANK_STATE_PIECE
 from hpcckpt.format.shardfile import read_shard_table, read_tensor
 from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import DeliveryRequest
@@ -87,7 +88,8 @@ def attempt(ctx, level, path: Path, manifest: Manifest):
 
 
 def read_pieces(ctx, path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
-    """This rank's pieces under the current layout, read from its shard file and verified."""
+    """This rank's pieces under the current layout, read from its shard file and verified
+    (with its per-rank state's piece, where the version has one)."""
     if manifest.world_size != ctx.job.world_size or manifest.layout != ctx.job.layout:
         raise CheckpointError(f"version {manifest.step} was written by {manifest.world_size} ranks with another "
                               "layout; it is loaded over the old job's shards, not as written")
@@ -99,6 +101,8 @@ def read_pieces(ctx, path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
             pieces[tl.name] = read_tensor(f, table, tl.name, out=ctx.targets.buffers[tl.name])
         for name in ctx.job.local_array_names:
             pieces[name] = read_tensor(f, table, name, out=ctx.targets.buffers[name])
+        if RANK_STATE_PIECE in table.names:
+            pieces[RANK_STATE_PIECE] = read_tensor(f, table, RANK_STATE_PIECE)
     refuse_non_finite(ctx, manifest, pieces)
     log_reads(ctx, [path], sum(p.nbytes for p in pieces.values()))
     return pieces

@@ -170,6 +170,8 @@ def _check_compatible(ctx, manifest: Manifest) -> None:
     if manifest.local_arrays and manifest.world_size != ctx.job.world_size:
         problems.append(f"per-rank arrays {list(manifest.local_arrays)} were saved by {manifest.world_size} ranks "
                         f"and cannot be re-partitioned onto {ctx.job.world_size}")
+    if ctx.targets.state_problems is not None:
+        problems += ctx.targets.state_problems(manifest.state, manifest.world_size)
     if problems:
         raise IncompatibleCheckpointError(
             f"checkpoint version {manifest.step} is incompatible with this job (it does not match): "

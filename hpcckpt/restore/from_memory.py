@@ -13,7 +13,9 @@ and the restart reads a version as before. Otherwise each rank hashes the arrays
 commit_step .. due()) send the restart to a version, said in the log, before anything is
 copied. Then each survivor copies what it held into the arrays protected now (the same
 objects, where the application kept them: no copy), and the registered state goes from rank
-0 to all, as a version holds rank 0's. Never wrong in silence.
+0 to all, as a version holds it, but for per-rank state, which each survivor takes from what
+it held itself (ckpt/registered_state.py: onto fewer ranks through its reshard). Never wrong
+in silence.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcckpt.ckpt.replicas import differing, digest
+from hpcckpt.format.rank_state import split_state
 
 
 MEMORY = "memory"  # where each rank's state came from, in the restart record
@@ -32,12 +35,15 @@ MEMORY = "memory"  # where each rank's state came from, in the restart record
 @dataclass(frozen=True)
 class FromMemory:
     step: int
-    state: dict  # the registered state and the engine's, as frozen at due(step)
+    state: dict  # the registered state and the engine's, as frozen at due(step) on rank 0
     seconds: float
+    rank_states: dict  # {this survivor's rank then: its own per-rank state then}
+    world_size: int  # the job's ranks then
 
 
-def offer(held, registry) -> tuple[int, str | None]:
-    """What this rank can go on from: (its finished step, None), or (-1, why it cannot)."""
+def offer(held, registry, world_size: int) -> tuple[int, str | None]:
+    """What this rank can go on from onto `world_size` ranks: (its finished step, None), or
+    (-1, why it cannot)."""
     if held is None:
         return -1, ("it holds no finished step (the application does not call commit_step each step, or this rank "
                     "was between commit_step and due() when the rank died)")
@@ -45,6 +51,11 @@ def offer(held, registry) -> tuple[int, str | None]:
         return -1, "keyed tables are protected (each rank holds only the rows whose id hashes to it)"
     if set(held.arrays) != set(registry.arrays):
         return -1, "the arrays protected now are not those it held"
+    unshared = sorted(name for name, registered in registry.states.items()
+                      if registered.per_rank and registered.reshard is None)
+    if unshared and held.world_size != world_size:
+        return -1, (f"state {unshared[0]!r} is per rank and has no reshard for {held.world_size} -> {world_size} "
+                    "ranks")
     for name, protected in registry.arrays.items():
         array = held.arrays[name]
         if protected.per_rank or protected.block is not None or protected.copies is not None:
@@ -61,7 +72,7 @@ def go_on_from_memory(comm, held, registry, log) -> FromMemory | None:
     arrays untouched, where the restart must read a version instead."""
     started = time.perf_counter()
     rank = comm.Get_rank()
-    everyone = comm.allgather(offer(held, registry))
+    everyone = comm.allgather(offer(held, registry, comm.Get_size()))
     refusing = [(r, why) for r, (_, why) in enumerate(everyone) if why is not None]
     if refusing:
         first, why = refusing[0]
@@ -86,4 +97,5 @@ def go_on_from_memory(comm, held, registry, log) -> FromMemory | None:
         if array is not target:
             target[...] = array
     state = comm.bcast(held.state if rank == 0 else None, root=0)
-    return FromMemory(steps[0], state, time.perf_counter() - started)
+    _, own = split_state(held.state, registry.per_rank_states)
+    return FromMemory(steps[0], state, time.perf_counter() - started, {held.rank: own}, held.world_size)

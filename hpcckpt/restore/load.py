@@ -18,17 +18,22 @@ import numpy as np
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import wait_all
 from hpcckpt.format.layout import BlockLayout, Layout, copy_strided, extract_piece
+from hpcckpt.format.rank_state import RANK_STATE_PIECE, read_rank_state_piece
 
 
-def load(ctx, manifest, pieces: dict[str, np.ndarray]) -> None:
+def load(ctx, manifest, pieces: dict[str, np.ndarray], rank_states: dict | None = None) -> None:
     """(all ranks) Every replicated tensor everywhere, each rank's blocks on it, and the
     per-rank arrays, written in place; then the engine sets the registered state
-    (ctx.targets.apply_state)."""
+    (ctx.targets.apply_state): the version's shared state, and the per-rank states of the old
+    ranks handed to this rank (`rank_states`, {old rank: states}; by default this rank's own,
+    from its shard's piece; None where the version has none)."""
     assemble(ctx, ctx.job.layout, pieces)
     for name in ctx.job.local_array_names:
         write_in_place(ctx.targets.arrays[name], pieces[name])
+    if rank_states is None and RANK_STATE_PIECE in pieces:
+        rank_states = {ctx.job.rank: read_rank_state_piece(pieces[RANK_STATE_PIECE])}
     if ctx.targets.apply_state is not None:
-        ctx.targets.apply_state(manifest.state)
+        ctx.targets.apply_state(manifest.state, rank_states, manifest.world_size)
 
 
 def assemble(ctx, layout: Layout, pieces: dict[str, np.ndarray]) -> None:

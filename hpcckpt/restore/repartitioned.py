@@ -16,6 +16,7 @@ from hpcckpt.repartition.plan import RepartitionPlan
 from hpcckpt.restore.context import RestoreResult, warn
 from hpcckpt.restore.fetch import log_reads, refuse_non_finite
 from hpcckpt.restore.load import keep_what_gaps_leave, load
+from hpcckpt.restore.rank_states import gather_rank_states, holds_rank_states
 
 
 def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> RestoreResult | None:
@@ -42,7 +43,12 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
                       "though the version recorded a finite loss (damaged before they were checksummed); trying an "
                       "older one")
         return None
-    load(ctx, manifest, outcome.pieces)
+    rank_states = None
+    if holds_rank_states(manifest):
+        rank_states = gather_rank_states(ctx, manifest, candidate)
+        if rank_states is None:
+            return None
+    load(ctx, manifest, outcome.pieces, rank_states)
     _log_moved(ctx, manifest, outcome)
     again = tuple(level for level in ctx.levels if level.node_local or whole is None) if repair else ()
     changed = manifest.world_size != ctx.job.world_size or tuple(manifest.node_of_rank) != ctx.job.topology.node_of_rank

@@ -16,11 +16,11 @@ from hpcckpt.io.mapped import map_readonly
 from hpcckpt.levels.base import VersionImage
 
 
-def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log, stored: dict) -> list[int]:
+def drain(comm, source, target, records, pruner, stage: Callable, skip: set, log, stored: Callable) -> list[int]:
     """(all ranks) Copy to the global level `target` the versions `source` (the landing
     level, L1) committed that `target`'s retention would keep; `skip`: versions made room
     for on `target` by dropping them (not copied back). `stage(step, label, action)`
-    runs one agreed stage; `stored` (level -> bytes this rank stored) counts the copies.
+    runs one agreed stage; `stored(level, nbytes)` counts each copy.
     Returns the steps copied."""
     rank, world_size = comm.Get_rank(), comm.Get_size()
     # Versions every rank holds with a readable record (a damaged one is not copied from).
@@ -67,7 +67,7 @@ def with_chains(kept: list[int], chains: dict, on_target: set, available: set) -
     return sorted(copied), incomplete
 
 
-def copy_version(comm, source, target, manifest, stage: Callable, log, stored: dict) -> None:
+def copy_version(comm, source, target, manifest, stage: Callable, log, stored: Callable) -> None:
     """(all ranks) One version: every rank's shard copied and verified, then the commit."""
     step = manifest.step
     # A copy of this version that a killed job began and never committed would make every
@@ -85,7 +85,7 @@ def copy_version(comm, source, target, manifest, stage: Callable, log, stored: d
         problems = verify_shard(target.shard_path(step))
         if problems:
             raise CheckpointError(f"{target.number} copy of {source.shard_path(step)}: {problems[0]}")
-        stored[target.name] = stored.get(target.name, 0) + int(data.nbytes)
+        stored(target.name, data.nbytes)
     stage(step, f"drain to {target.number}", copy_shard)
     manifest = dataclasses.replace(manifest, levels=manifest.levels + (target.name,))
     stage(step, f"{target.number} commit", lambda: target.commit(manifest))

@@ -87,7 +87,7 @@ class GlobalStage:
             raise_if_any_failed(comm, f"{level.number} chain of version {manifest.step}", failure, step=step)
             copy_version(comm, self.landing, level, record,
                          lambda at, label, action: self.runner.run(at, label, action, comm=comm), None,
-                         self.runner.bytes_stored)
+                         self.runner.note_stored)
             if self.pruner.log:
                 self.pruner.log.info(f"version {step} copied to {level.number} before version {manifest.step}, "
                                      "whose tables build on it")

@@ -26,6 +26,7 @@ and raised on the main thread at the next call; the end-of-run drain is save/dra
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -93,6 +94,10 @@ class SavePipeline:
         self.log, self.threaded, self.lease = job.log, job.threaded, job.lease
         self.record_peers = job.record_peers
         self.last_report: PersistReport | None = None
+        # A version no level was due for (every level every n-th version): held only by the
+        # snapshot buffers until a newer version replaces it or write_pending() stores it.
+        self.pending: Snapshot | None = None
+        self.pending_replaced = 0  # such versions replaced by a newer one before any level took them
         self.worker_error: BaseException | None = None
         self.in_flight: threading.Event | None = None
         # Copies run at normal priority (training may wait for them in before_update()), the
@@ -121,6 +126,7 @@ class SavePipeline:
             self.flush = AsyncFlush(comm, self.global_stage.copy_from_files, self.log, on_start=threads.writing)
 
     bytes_stored = property(lambda self: self.runner.bytes_stored)  # level -> bytes this rank stored, this run
+    versions_stored = property(lambda self: self.runner.versions_stored)  # level -> versions this rank stored
     node_local_label = property(lambda self: self.node_local_stage.label)
 
     # -- hand-over from the snapshot ---------------------------------------------------------
@@ -222,6 +228,26 @@ class SavePipeline:
             if done is not None:
                 done.set()
 
+    def take_pending(self) -> int | None:
+        """The step of the version no level was due for, whose buffers the next snapshot is
+        about to fill (it is then replaced, or lost if that snapshot is dropped); None."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        self.pending_replaced += 1
+        return pending.step
+
+    def write_pending(self) -> PersistReport | None:
+        """(all ranks, main thread, nothing in flight) The version no level was due for, if
+        any, written now to every level of the stack, as a final version is: its report."""
+        if self.pending is None:
+            return None
+        snapshot = dataclasses.replace(self.pending, levels=tuple(level.name for level in self.levels))
+        self.pending = None
+        report = PersistReport(snapshot.step)
+        self.persist(snapshot, report, time.perf_counter())
+        return report
+
     def levels_due(self, snapshot: Snapshot) -> tuple:
         """The levels the snapshot goes to, as the schedule decided, in the stack's order."""
         return tuple(level for level in self.levels if level.name in snapshot.levels)
@@ -231,8 +257,10 @@ class SavePipeline:
         levels by its outcome, then retention."""
         step = snapshot.step
         plan = plan_save(self.levels_due(snapshot))
+        self.pending = None  # a restored version written again
         if plan.empty:
             report.held = False  # no level was due: a table's rows changed since are not stored yet
+            self.pending = snapshot
             return
         version, shard_infos = self._version(snapshot, (plan.node_local or plan.global_levels)[0],
                                              len(plan.node_local))
@@ -343,4 +371,4 @@ class SavePipeline:
     def drain(self, source, target) -> list[int]:
         """(all ranks) The end-of-run drain of `source`'s versions to `target` (save/drain.py)."""
         return drain(self.comm, source, target, self.records, self.pruner, self.runner.run,
-                     self.room.dropped.get(target.name, set()), self.log, self.runner.bytes_stored)
+                     self.room.dropped.get(target.name, set()), self.log, self.runner.note_stored)

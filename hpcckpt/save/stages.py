@@ -66,7 +66,8 @@ def once_more_after_making_room(attempt: Callable, make_room: Callable[[], bool]
 
 class StageRunner:
     """(all ranks) Runs stages and agrees on them; `writer` is the thread the first
-    node-local store runs on. `bytes_stored`: level -> bytes this rank stored there, this run."""
+    node-local store runs on. `bytes_stored`, `versions_stored`: level -> bytes and versions
+    this rank stored there, this run."""
 
     def __init__(self, comm, log, writer):
         self.comm = comm
@@ -74,6 +75,7 @@ class StageRunner:
         self.log = log
         self.writer = writer
         self.bytes_stored: dict[str, int] = {}
+        self.versions_stored: dict[str, int] = {}
 
     def run(self, step: int, label: str, action, comm=None):
         """One stage of the persist; a failure on any rank fails it on all."""
@@ -116,10 +118,15 @@ class StageRunner:
 
     def mark(self, report, step: int, level: str, started: float, nbytes: int, finished: float | None = None) -> None:
         report.durable_s[level] = (finished or time.perf_counter()) - started
-        self.bytes_stored[level] = self.bytes_stored.get(level, 0) + int(nbytes)
+        self.note_stored(level, nbytes)
         if self.log:
             self.log.info(f"step {step}: {level} done after {report.durable_s[level]:.3f} s "
                           f"({nbytes} bytes stored by this rank)")
+
+    def note_stored(self, level: str, nbytes: int) -> None:
+        """This rank stored one more version on `level`, `nbytes` of it."""
+        self.bytes_stored[level] = self.bytes_stored.get(level, 0) + int(nbytes)
+        self.versions_stored[level] = self.versions_stored.get(level, 0) + 1
 
     def withdraw(self, step: int, levels) -> None:
         """A version some rank could not commit is committed nowhere: the ranks that did drop

@@ -174,8 +174,10 @@ class CheckpointSchedule:
                 # At most one checkpoint is in flight: a fixed interval shorter than a persist
                 # turns the persist's duration into blocking time.
                 self._warned_short_interval = True
-                return (f"checkpoint.every_steps = {self.every_steps} is shorter than a persist takes: step {step} "
-                        f"waited {waited:.3f} s for the previous one; use a larger interval or every_steps = \"auto\"")
+                return (f"step {step} waited {waited:.3f} s for the previous checkpoint to persist: checkpoints come "
+                        "faster than they persist, and the wait is blocking time; checkpoint where due() says (now "
+                        f"every {self.every_steps} steps), with a larger checkpoint.every_steps, or every_steps = "
+                        "\"auto\"")
             return None
         names = [name for name, _, _ in policy.levels] if policy.per_level else []
         times = level_times or {}

@@ -1,6 +1,6 @@
 """What checkpoints cost one run of an application: the per-checkpoint records in
 metrics.jsonl as they happen, and one summary line at the end (how many, blocking median and
-max, estimated overhead, bytes per level, what L4 at its own pace copied or skipped).
+max, estimated overhead, versions and bytes per level, what L4 at its own pace copied or skipped).
 
 A checkpoint blocks the application in begin_checkpoint() (waiting for the previous persist),
 in capture() during the step, in end_checkpoint(), and later in before_update() while a
@@ -87,25 +87,31 @@ class CheckpointTally:
             self.log.metrics({"step": behind.step, "checkpoint_copy_wait_s": behind.copy_wait_s,
                               "checkpoint_background_copy_s": behind.background_copy_s})
 
-    def summarise(self, comm, bytes_stored: dict, levels: tuple[str, ...], flush) -> None:
-        """(all ranks) One line per run: how many checkpoints, what they cost the application,
-        and how many bytes each level took (summed over ranks)."""
+    def summarise(self, comm, stored: tuple[dict, dict], levels: tuple[str, ...], flush, replaced: int = 0) -> None:
+        """(all ranks) One line per run: how many checkpoints were taken, how many versions
+        (and bytes, summed over ranks) each level stored, and what they cost the application.
+        `stored`: (level -> versions, level -> bytes) this rank stored; a level's versions are
+        those every rank stored. `replaced`: versions no level was due for that a newer one
+        replaced before any level took them."""
         seconds = time.perf_counter() - self.started
-        per_level = fold_at_root(comm, bytes_stored, lambda stored: {
-            level: sum(s.get(level, 0) for s in stored) for level in levels})
+        versions, nbytes = fold_at_root(comm, stored, lambda everyone: (
+            {level: min(v.get(level, 0) for v, _ in everyone) for level in levels},
+            {level: sum(b.get(level, 0) for _, b in everyone) for level in levels}))
         if not self.log:
             return
         blocking = np.asarray(self.blocking or [0.0])
         overhead = 100.0 * blocking.sum() / seconds if seconds else 0.0
-        written = ", ".join(f"{LEVEL_NUMBERS[level]} {_megabytes(n)}" for level, n in per_level.items())
-        self.log.info(f"checkpoints: {len(self.blocking)} taken, blocking median {1000 * np.median(blocking):.1f} ms, "
-                      f"max {1000 * blocking.max():.1f} ms, estimated overhead {overhead:.2f} % of the run's time; "
-                      f"written {written}", console=True)
+        kept = ", ".join(f"{LEVEL_NUMBERS[level]} {versions[level]} ({_megabytes(nbytes[level])})" for level in levels)
+        instead = f" ({replaced} replaced by a newer one before any level was due)" if replaced else ""
+        self.log.info(f"checkpoints: {len(self.blocking)} taken{instead}; versions stored: {kept}; blocking median "
+                      f"{1000 * np.median(blocking):.1f} ms, max {1000 * blocking.max():.1f} ms, estimated overhead "
+                      f"{overhead:.2f} % of the run's time", console=True)
         if flush is not None and flush.stats.describe():
             self.log.info(flush.stats.describe(), console=True)
         self.log.metrics({"event": "checkpoint_summary", "checkpoints": len(self.blocking),
                           "blocking_median_s": float(np.median(blocking)), "blocking_max_s": float(blocking.max()),
-                          "overhead_pct": overhead, "bytes_per_level": per_level,
+                          "overhead_pct": overhead, "bytes_per_level": nbytes, "versions_per_level": versions,
+                          "replaced_before_stored": replaced,
                           **({"l4_async": {"offered": flush.stats.offered, "skipped": flush.stats.skipped,
                                            "copied": [step for step, _ in flush.stats.copied],
                                            "lag_s": [lag for _, lag in flush.stats.copied]}}

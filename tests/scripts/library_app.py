@@ -2,7 +2,8 @@
 library's own tests on real ranks.
 
     mpiexec -n N python library_app.py RUN_DIR NODES STEPS [--set KEY=VALUE ...] [--explicit K ...]
-        [--crash-at K] [--steps-ms MS] [--no-due] [--close-with-error]
+        [--crash-at K] [--steps-ms MS] [--no-due] [--close-with-error] [--every-step]
+        [--rank-state [--reshard]] [--state-differs]
 
 Protects a replicated array, a block of a global array and a per-rank-free nested state;
 each step adds the step number to them. --explicit K: checkpoint at step K by hand (no due());
@@ -10,7 +11,12 @@ each step adds the step number to them. --explicit K: checkpoint at step K by ha
 each step sleeps that long; --close-with-error: raise inside the loop after the last step, so
 close() runs while an exception is being handled. Rank 0 prints one RESULT line: the step
 restored, the last step, the interval chosen, why it stopped, the exit code, and a digest of
-each array's global bytes.
+each array's global bytes. --every-step: checkpoint() every step, without due() (the last step
+too, not as the final one). --rank-state: each rank registers per-rank state ({"owner": its
+rank, "count": grows by rank + 1 each step}) and RESULT has every rank's as restored
+("rank_states"); --reshard gives it a reshard hook that sums the old ranks' counts it is
+handed. --state-differs: a state registered as shared holds the rank (refused at the first
+checkpoint).
 """
 
 import argparse
@@ -39,6 +45,10 @@ def parse(argv=None):
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--steps-ms", type=float, default=0.0)
     parser.add_argument("--close-with-error", action="store_true")
+    parser.add_argument("--every-step", action="store_true")
+    parser.add_argument("--rank-state", action="store_true")
+    parser.add_argument("--reshard", action="store_true")
+    parser.add_argument("--state-differs", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -48,6 +58,11 @@ def digest(comm, weights, block) -> dict:
         return {}
     return {"weights": hashlib.sha256(weights.tobytes()).hexdigest()[:16],
             "field": hashlib.sha256(np.concatenate(blocks).tobytes()).hexdigest()[:16]}
+
+
+def resharded(states: dict, rank: int, size: int) -> dict:
+    """This rank's state onto another rank count: the old ranks' counts it is handed, summed."""
+    return {"owner": rank, "count": sum(state["count"] for state in states.values()), "from": sorted(states)}
 
 
 def main(argv=None) -> int:
@@ -64,7 +79,14 @@ def main(argv=None) -> int:
         ckpt.protect("weights", weights)
         ckpt.protect("field", block, global_shape=(N,), offset=(low,))
         ckpt.register_state("loop", lambda: dict(loop), loop.update)
+        mine = {"owner": comm.rank, "count": 0}
+        if args.rank_state:
+            ckpt.register_state("mine", lambda: dict(mine), mine.update, per_rank=True,
+                                reshard=resharded if args.reshard else None)
+        if args.state_differs:
+            ckpt.register_state("rank", lambda: {"rank": comm.rank}, lambda state: None)
         restored = ckpt.restart()
+        rank_states = comm.gather(dict(mine), root=0)
         for step in range(loop["step"] + 1, args.steps + 1):
             if step == args.crash_at and comm.rank == comm.size - 1:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -73,7 +95,8 @@ def main(argv=None) -> int:
             loop["step"] = step
             if args.steps_ms:
                 time.sleep(args.steps_ms / 1000)
-            if step in args.explicit:
+            mine["count"] += comm.rank + 1
+            if step in args.explicit or args.every_step:
                 ckpt.checkpoint(step)
             elif not args.no_due and ckpt.due(step, last=step == args.steps):
                 ckpt.checkpoint(step)
@@ -91,7 +114,8 @@ def main(argv=None) -> int:
     if comm.rank == 0:
         policy = ckpt.schedule.policy
         print("RESULT " + json.dumps({"restored": restored, "step": loop["step"], "interval": policy.interval,
-                                      "reason": policy.reason, "stopped": ckpt.stopping, "code": code, **result}),
+                                      "reason": policy.reason, "stopped": ckpt.stopping, "code": code,
+                                      "rank_states": rank_states, **result}),
               flush=True)
     return code
 

@@ -1,4 +1,4 @@
-"""Registered state as a nested pytree (#23 item 2), saved and restored on real ranks.
+"""Registered state as a nested pytree, saved and restored on real ranks.
 
     mpiexec -n 2 python nested_state.py <run dir> save|restore|bad
 
@@ -51,7 +51,8 @@ ckpt.protect("w", weights)
 holder = {"state": expected(comm.rank) if mode == "save" else {}}
 if mode == "bad":
     holder["state"] = {"seen": {1, 2}}
-ckpt.register_state("loop", lambda: holder["state"], lambda s: holder.update(state=s))
+# Per rank: the mask differs by rank, and each rank gets its own back.
+ckpt.register_state("loop", lambda: holder["state"], lambda s: holder.update(state=s), per_rank=True)
 result = None
 try:
     if mode == "restore":
