@@ -88,13 +88,12 @@ def _exit_code(value) -> int:
 
 
 def prepare_mpi_startup() -> None:
-    """Settings MPI_Init reads, made before anything imports mpi4py.MPI; too late after."""
-    if "mpi4py.MPI" in sys.modules:
-        return
+    """Settings MPI_Init reads, made before anything imports mpi4py.MPI; too late after,
+    which is said once (rank 0) where a setting was needed."""
     from hpcckpt.cluster.slurm_pmi import prepare_mpi_startup as prepare
 
-    said = prepare()
-    if said and os.environ.get("PMI_RANK", "0") == "0":
+    said = prepare(too_late="mpi4py.MPI" in sys.modules)
+    if said and rank_or_zero() == 0:
         print(f"hpcckpt: {said}", file=sys.stderr, flush=True)
 
 

@@ -18,6 +18,14 @@ from hpcckpt.errors import StorageError
 HEARTBEAT_NAME = "heartbeat"
 
 
+def bytes_text(n: float) -> str:
+    """A byte count as a person reads it: 28064 -> "28.1 KB", 512 -> "512 bytes"."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
 def read_heartbeat(run_dir) -> tuple[int, float] | None:
     """(step, time) of the last step a previous run of this run.dir finished, if any."""
     try:

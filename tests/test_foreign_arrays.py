@@ -35,7 +35,7 @@ def test_buffer_protocol_objects_are_viewed_in_place():
     assert doubles[1] == 5.0
     with pytest.raises(ConfigError, match=r"the bytes is read-only and cannot be restored in place"):
         protectable_array("b", b"abc")
-    with pytest.raises(ConfigError, match=r"expected a NumPy or CuPy array, or an array that speaks DLPack"):
+    with pytest.raises(ConfigError, match=r"expected a NumPy or CuPy array, an array that speaks DLPack or the buffer protocol"):
         protectable_array("s", {1, 2})
 
 

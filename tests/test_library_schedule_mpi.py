@@ -33,6 +33,9 @@ def test_close_leaves_the_newest_version_on_l4_and_a_restart_on_fewer_nodes_gets
     assert again["restored"] == 10 and again["step"] == 10
     assert (again["weights"], again["field"]) == (first["weights"], first["field"])
     assert "restored version 10 (written by 4 ranks) onto 3 rank(s)" in restored.stdout, restored.stdout
+    # What one rank moved, in units that show it (not "0.0 MB" for tens of kilobytes).
+    assert re.search(r"at most \d+\.\d KB read and [\d.]+ (bytes|KB) received by one rank", restored.stdout), \
+        restored.stdout
 
 
 def test_close_during_an_exception_copies_nothing_more_to_l4(tmp_path):

@@ -39,3 +39,14 @@ def test_prepare_sets_the_variable_and_says_why(monkeypatch):
     assert environ["MPIR_CVAR_CH4_NETMOD"] == "ofi"
     assert "1024 bytes" in said and "MPIR_CVAR_CH4_NETMOD" in said
     assert prepare_mpi_startup(environ) is None  # now the variable is set: a second call changes nothing
+
+
+def test_after_mpi_started_nothing_is_set_and_what_was_needed_is_said(monkeypatch):
+    """A framework that imports mpi4py on import (Heat, Devito) starts MPI before run_main."""
+    monkeypatch.setattr("hpcckpt.cluster.slurm_pmi.mpich_wheel_installed", lambda: True)
+    environ = dict(SRUN_PMI2)
+    said = prepare_mpi_startup(environ, too_late=True)
+    assert "MPIR_CVAR_CH4_NETMOD" not in environ
+    assert "MPI started before run_main()" in said and "hpcckpt exec -- python" in said
+    assert "export MPIR_CVAR_CH4_NETMOD=ofi" in said
+    assert prepare_mpi_startup(dict(SRUN_PMI2, MPIR_CVAR_CH4_NETMOD="ucx"), too_late=True) is None  # chosen

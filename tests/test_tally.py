@@ -126,3 +126,10 @@ def test_a_run_without_checkpoints_summarises_to_none(log):
     CheckpointTally(log).summarise(MPI.COMM_SELF, ({}, {}), ("local",), None)
     summary = log.records[-1]
     assert summary["checkpoints"] == 0 and summary["bytes_per_level"] == {"local": 0} and "l4_async" not in summary
+
+
+def test_byte_counts_are_said_in_the_unit_that_shows_them():
+    from hpcckpt.runlog import bytes_text
+
+    assert [bytes_text(n) for n in (0, 512, 28_064, 3_200_000, 2.5e9)] == \
+        ["0 bytes", "512 bytes", "28.1 KB", "3.2 MB", "2.5 GB"]

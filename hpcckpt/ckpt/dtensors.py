@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from hpcckpt.ckpt.foreign_arrays import Geometry, MemoryWitness, Protectable, protectable_tensor
+from hpcckpt.ckpt.array_views import Geometry, MemoryWitness, Protectable, protectable_tensor
 from hpcckpt.errors import ConfigError
 
 

@@ -40,7 +40,6 @@ import sys
 import weakref
 from typing import Callable, Sequence
 
-from hpcckpt.ckpt.foreign_arrays import protectable
 from hpcckpt.ckpt.job import CommJob, require_running_mpi
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
@@ -100,6 +99,7 @@ class Checkpointer:
         self.commits = StepCommits()
         self.job = CommJob(comm, config, self.registry, self.log, faults, topology=topology, read_only=read_only,
                            catch_signals=catch_signals)
+        self.job.arrays.held_elsewhere = self.commits.held_arrays
         self.taking = CheckpointTaking(self.job, self.table_chain, self.divergence, self.log, faults, self._settle,
                                        self.confirm_restart)
         self.resuming = Resuming(self.job, self.table_chain, self.divergence, config, self.log, faults, read_only,
@@ -147,8 +147,12 @@ class Checkpointer:
             the same number of ranks.
         Block arrays are checked across ranks at the first checkpoint or restart, replicated
         ones to be the same on every rank at the first checkpoint: one error (exit 2) on
-        every rank names what does not fit."""
-        self.registry.protect(name, protectable(name, array), replicated, global_shape, offset, allow_gaps)
+        every rank names what does not fit.
+        By reference: `array` may be a getter (lambda: W), called at each capture and restore,
+        so code that rebinds the name (W = W * s) is followed; a Heat DNDarray is followed
+        itself (its local tensor at the offset its split gives). An array protected by value
+        that the application no longer holds (its name rebound) fails the next checkpoint."""
+        self.registry.protect(name, array, replicated, global_shape, offset, allow_gaps)
 
     def protect_state_dict(self, name: str, state_dict) -> tuple[str, ...]:
         """Protect a framework's state dict in one call (ckpt/state_dicts.py): each array

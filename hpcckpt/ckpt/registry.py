@@ -10,10 +10,12 @@ checkpoint or restart.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from hpcckpt.ckpt.foreign_arrays import MemoryWitness, Protectable
+from hpcckpt.ckpt.array_views import MemoryWitness, Protectable
+from hpcckpt.ckpt.foreign_arrays import followed, protectable, seen_as
 from hpcckpt.ckpt.replicas import BlockCopies
 from hpcckpt.errors import CheckpointError, ConfigError
 from hpcckpt.format.keyed_rows import piece_names
@@ -51,10 +53,25 @@ class Protected:
     block: BlockOf | None = None  # a block of a global array (neither replicated nor per-rank)
     witness: MemoryWitness | None = None  # a framework's tensor: whether it still computes on `array`
     copies: BlockCopies | None = None  # a block held whole by several ranks, `array` empty but on one
+    # Protected by reference: source() is the application's object now (a getter's result, a
+    # framework's array that carries its own split), read again at each capture and restore;
+    # `seen` tells whether it is the one `array` was made from; `given` protect()'s arguments.
+    source: Callable[[], object] | None = None
+    seen: tuple = ()
+    given: tuple = ()
+    # Protected by value: the references to the application's object that protect() added
+    # (the registry's, a framework's hold through the view): beyond them, the application's.
+    held_refs: int = 0
 
     @property
     def per_rank(self) -> bool:
         return not self.replicated and self.block is None
+
+    @property
+    def geometry(self) -> tuple:
+        """What the layout is made from: shape, dtype and where it lies among the ranks."""
+        copies = (self.copies.group, self.copies.owner, self.copies.arrangement) if self.copies is not None else None
+        return (self.name, tuple(self.array.shape), str(self.array.dtype), self.replicated, self.block, copies)
 
 
 class ArrayRegistry:
@@ -66,30 +83,52 @@ class ArrayRegistry:
         self.states: dict[str, RegisteredState] = {}
         self.closed = False  # a layout was made: the first checkpoint or restart
 
-    def protect(self, name: str, kept: Protectable, replicated: bool, global_shape: Sequence[int] | None = None,
+    def protect(self, name: str, obj, replicated: bool, global_shape: Sequence[int] | None = None,
                 offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
-        """`kept`: what ckpt/foreign_arrays.py made of the application's object; where the
-        object gives its own geometry (a DTensor's placements), the arguments may not."""
+        """`obj`: the application's array, a getter of it, or a framework's array followed by
+        reference (ckpt/foreign_arrays.py's followed()); a Protectable as it is. Where the
+        object gives its own geometry (a DTensor's placements, a DNDarray's split), the
+        arguments may not."""
         if self.closed:
             raise CheckpointError(f"protect({name!r}) after the first checkpoint or restart; protect everything first")
         if name in self.arrays:
             raise CheckpointError(f"an array named {name!r} is already protected")
-        array = kept.array
-        if not hasattr(array, "dtype") or not hasattr(array, "shape"):
-            raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
-        geometry = kept.geometry
-        copies = None
-        if geometry is not None:
-            if global_shape is not None or offset is not None or not replicated:
-                raise ConfigError(f"protect({name!r}): the object says where it lies among the ranks itself (a "
-                                  "DTensor's placements); leave global_shape, offset and replicated out")
-            replicated, global_shape, offset = True, geometry.global_shape, geometry.offset
-            if geometry.copy_group is not None:
-                copies = BlockCopies(geometry.copy_group, geometry.copy_owner, kept.copy_target,
-                                     geometry.copy_arrangement)
-        self.arrays[name] = Protected(name, array, replicated,
-                                      _block_of(name, array, replicated, global_shape, offset, allow_gaps),
-                                      kept.witness, copies)
+        source = None if isinstance(obj, Protectable) else followed(obj)
+        given = (replicated, global_shape, offset, allow_gaps)
+        if source is not None:
+            current = source()
+            protected = _protected(name, protectable(name, current), *given)
+            protected.source, protected.seen, protected.given = source, seen_as(current), given
+        else:
+            before = sys.getrefcount(obj)
+            protected = _protected(name, obj if isinstance(obj, Protectable) else protectable(name, obj), *given)
+            protected.held_refs = sys.getrefcount(obj) - before
+        self.arrays[name] = protected
+
+    @property
+    def followed(self) -> bool:
+        """Some array is protected by reference."""
+        return any(p.source is not None for p in self.arrays.values())
+
+    def refresh(self) -> None:
+        """(this rank) Each array protected by reference made from the application's object as
+        it is now, where that is another object than the one seen last (a name rebound, a
+        framework's local tensor swapped); its geometry may change (ProtectedArrays lays the
+        arrays out again)."""
+        for name, p in list(self.arrays.items()):
+            if p.source is None:
+                continue
+            current = p.source()
+            if seen_as(current) == p.seen:
+                continue
+            protected = _protected(name, protectable(name, current), *p.given)
+            protected.source, protected.seen, protected.given = p.source, seen_as(current), p.given
+            self.arrays[name] = protected
+
+    @property
+    def geometry(self) -> tuple:
+        """Every array's shape, dtype and place among the ranks: what a layout is made from."""
+        return tuple(p.geometry for p in self.arrays.values())
 
     def check_memory(self) -> None:
         """This rank's protected tensors still compute on the memory kept (foreign_arrays.py's
@@ -137,6 +176,24 @@ class ArrayRegistry:
     @property
     def local_array_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.arrays.values() if p.per_rank)
+
+
+def _protected(name: str, kept: Protectable, replicated: bool, global_shape, offset, allow_gaps: bool) -> Protected:
+    array = kept.array
+    if not hasattr(array, "dtype") or not hasattr(array, "shape"):
+        raise CheckpointError(f"protect({name!r}): expected a NumPy or CuPy array, got {type(array).__name__}")
+    geometry = kept.geometry
+    copies = None
+    if geometry is not None:
+        if global_shape is not None or offset is not None or not replicated:
+            raise ConfigError(f"protect({name!r}): the object says where it lies among the ranks itself (a "
+                              "DTensor's placements, a DNDarray's split); leave global_shape, offset and replicated "
+                              "out")
+        replicated, global_shape, offset = True, geometry.global_shape, geometry.offset
+        if geometry.copy_group is not None:
+            copies = BlockCopies(geometry.copy_group, geometry.copy_owner, kept.copy_target, geometry.copy_arrangement)
+    return Protected(name, array, replicated, _block_of(name, array, replicated, global_shape, offset, allow_gaps),
+                     kept.witness, copies)
 
 
 def _block_of(name: str, array, replicated: bool, global_shape, offset, allow_gaps: bool) -> BlockOf | None:

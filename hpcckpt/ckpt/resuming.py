@@ -75,6 +75,7 @@ class Resuming:
         crashed, and the work it costs is counted as a rewind."""
         self.finish()
         self.commits.forget()
+        self.job.arrays.refresh()  # arrays protected by reference: restored into the current ones
         resuming = step is None and not self.read_only  # evaluating a chosen version confirms nothing
         reached_before = read_heartbeat(self.config.run_dir) if resuming and self.job.rank == 0 and not rewinding \
             else None
@@ -130,6 +131,7 @@ class Resuming:
 
     def init_from(self, source: str, select) -> int:
         self.finish()
+        self.job.arrays.refresh()
         manifest = flow.init_from(self.context(), source, select)
         self.job.arrays.share_block_copies()
         count = sum(1 for t in self.job.arrays.layout.tensors if select(t.name))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import sys
 import json
 import threading
 from collections import defaultdict
@@ -25,7 +26,7 @@ from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
 from hpcckpt.ckpt.replicas import CopyGroups, check_alike, check_state_alike
 from hpcckpt.save.save_types import BackgroundCopies, Snapshot
 from hpcckpt.cluster.backend import array_module
-from hpcckpt.cluster.collectives import decide_at_root
+from hpcckpt.cluster.collectives import decide_at_root, quiet_any
 from hpcckpt.errors import ConfigError
 from hpcckpt.format import pytree
 from hpcckpt.format.layout import (
@@ -64,6 +65,11 @@ class ProtectedArrays:
         self.device_snapshot = None  # copies of CuPy arrays (ckpt/device_snapshot.py), if any
         self.copy_groups = CopyGroups(comm)
         self._checked_alike = False
+        self._laid_out_from: tuple = ()  # the registry's geometry the layout was made from
+        self._said_held = False
+        # The arrays the checkpointer holds besides the registry (the step held in memory for
+        # in-job recovery): counted out when telling whether the application still holds one.
+        self.held_elsewhere = dict
 
     arrays = property(lambda self: self.registry.arrays)
     tables = property(lambda self: self.registry.tables)
@@ -77,10 +83,31 @@ class ProtectedArrays:
     def check_memory(self) -> None:
         self.registry.check_memory()
 
+    def refresh(self) -> None:
+        """(all ranks) Before a snapshot or a restore: each array protected by reference read
+        again from the application's object; where one's shape or place changed on some rank
+        (a resplit, a getter returning an array of another shape), the layout and snapshot
+        buffers are made again by the next ensure_layout() (a version records its layout: a
+        restore reads older ones over their own)."""
+        if not self.registry.followed:
+            return
+        self.registry.refresh()
+        changed = self.layout is not None and self.registry.geometry != self._laid_out_from
+        if quiet_any(self.comm, changed):
+            moved = [p.name for p in self.arrays.values() if p.geometry not in self._laid_out_from]
+            if self.log:
+                which = ", ".join(moved) or "on another rank"
+                self.log.info(f"arrays protected by reference changed shape or place ({which}): the arrays are laid "
+                              "out again", console=True)
+            self.layout = self.buffers = self.shard_bytes = self.device_snapshot = self._file_buffer = None
+            self._checked_alike = False
+
     def check_before_snapshot(self) -> None:
-        """(all ranks) Before a snapshot is taken: the tensors still where they were, and, at
-        the first checkpoint of a process, what ranks protected alike alike (ckpt/replicas.py)."""
+        """(all ranks) Before a snapshot is taken: the tensors still where they were and still
+        held by the application, and, at the first checkpoint of a process, what ranks protected
+        alike alike (ckpt/replicas.py)."""
         self.check_memory()
+        self.check_still_held()
         if not self._checked_alike:
             check_alike(self.comm, [(p.name, p.array) for p in self.arrays.values()
                                     if p.replicated and p.block is None])
@@ -112,9 +139,32 @@ class ProtectedArrays:
     def on_gpu(self, name: str) -> bool:
         return not isinstance(self.arrays[name].array, np.ndarray)
 
+    def check_still_held(self) -> None:
+        """An array protected by value that nobody but the checkpointer holds any more was left
+        behind by the application (its name rebound: W = W * s makes a new array), and every
+        version would keep its old values: a ConfigError naming it (this rank's, as
+        check_memory's). Said once in the log: what the checkpointer holds references to."""
+        held = self.held_elsewhere()
+        orphans = [p.name for p in self.arrays.values()
+                   if p.source is None and _left_behind(p, held.get(p.name) is p.array)]
+        if not self._said_held and self.log:
+            self._said_held = True
+            self.log.info("protect() keeps a reference to each array protected by value and saves what it holds: "
+                          + ", ".join(f"{p.name!r} ({_described(p.array)})" for p in self.arrays.values()
+                                      if p.source is None)
+                          + "; code that rebinds a name (W = W * s) must update in place (W *= s, W[...] = ...) "
+                          "or protect a getter (protect('W', lambda: W))")
+        if orphans:
+            raise ConfigError(f"protected array(s) {', '.join(map(repr, orphans))} are no longer held by the "
+                              "application, only by the checkpointer: the name was rebound to a new array (W = W * s, "
+                              "an out-of-place operator), so every version would keep the values it had then. Update "
+                              "the array in place (W *= s, W[...] = new), or protect a getter that returns the current "
+                              "one (ckpt.protect('W', lambda: W))", collective=False)
+
     def ensure_layout(self) -> Layout:
         if self.layout is None:
             self.registry.closed = True
+            self._laid_out_from = self.registry.geometry
             specs = [TensorSpec.of(p.name, p.array) for p in self.arrays.values() if p.replicated and p.block is None]
             cut = plan_layout(specs, self.world_size, self.split_threshold_bytes)
             self.layout = Layout(self.world_size, cut.tensors + self._agree_on_blocks(specs))
@@ -241,6 +291,23 @@ class ProtectedArrays:
         return [(name, xxhash.xxh3_64_intdigest(json.dumps(pytree.encode(registered.get(), repr(name)),
                                                            sort_keys=True).encode()))
                 for name, registered in self.states.items() if not registered.per_rank]
+
+
+def _left_behind(protected, held_in_memory: bool) -> bool:
+    """Nothing but the checkpointer refers to the application's object an array protected by
+    value was made from (an array that owns its memory, or a framework's tensor): the
+    application dropped it. Views of something else are not judged. (No local name may refer
+    to the object here: it would count; getrefcount's argument is one more.)"""
+    witness = protected.witness
+    if witness is not None and witness.owner is not None:
+        return witness.dropped or sys.getrefcount(witness.owner()) - 1 <= protected.held_refs
+    if getattr(protected.array, "base", None) is not None or protected.copies is not None:
+        return False
+    return sys.getrefcount(protected.array) - 1 <= protected.held_refs + held_in_memory
+
+
+def _described(array) -> str:
+    return f"{type(array).__module__.split('.')[0]}.{type(array).__name__} {array.dtype}{list(array.shape)}"
 
 
 def frozen_state(states: dict, engine_state: dict) -> dict:

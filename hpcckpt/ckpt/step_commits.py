@@ -51,6 +51,7 @@ class StepCommits:
         if committed != step:
             self.finished = None  # arrays changed outside the promise, or the step numbers disagree
             return
+        registry.refresh()  # arrays protected by reference: the objects the step finished on
         self.finished = HeldStep(step, {name: p.array for name, p in registry.arrays.items()}, frozen_state(), rank,
                                  world_size)
 
@@ -58,6 +59,10 @@ class StepCommits:
         """A restore or a rewind replaced the arrays: no step is held until the next due()."""
         self.committing = None
         self.finished = None
+
+    def held_arrays(self) -> dict:
+        """The arrays of the finished step held, by name (the application's objects)."""
+        return self.finished.arrays if self.finished is not None else {}
 
     def held(self) -> HeldStep | None:
         return self.finished if self.committing is None else None

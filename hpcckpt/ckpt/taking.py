@@ -46,6 +46,7 @@ class CheckpointTaking:
         waited = time.perf_counter() - opened
         job.tally.durable(previous, job.l4_copying)
         self.confirm()
+        job.arrays.refresh()
         job.ensure_layout()
         job.arrays.check_before_snapshot()
         self.faults.strike(step, "snapshot")

@@ -47,12 +47,19 @@ def netmod_for_slurm_pmi2(environ: Mapping[str, str], mpich_wheel: bool) -> str 
     return SHORT_ADDRESS_NETMOD
 
 
-def prepare_mpi_startup(environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Sets the netmod when needed; returns a line for the log (None: nothing changed)."""
+def prepare_mpi_startup(environ: MutableMapping[str, str] | None = None, too_late: bool = False) -> str | None:
+    """Sets the netmod when needed; returns a line for the log (None: nothing changed).
+    `too_late`: MPI has started already (mpi4py.MPI imported): nothing is set, and the line
+    says what should have been."""
     environ = os.environ if environ is None else environ
     netmod = netmod_for_slurm_pmi2(environ, served_by_slurm_pmi2(environ) and mpich_wheel_installed())
     if netmod is None:
         return None
+    if too_late:
+        return (f"MPI start-up: MPI started before run_main() (mpi4py.MPI was imported first, as frameworks such "
+                f"as Heat and Devito do on import), so MPIR_CVAR_CH4_NETMOD={netmod} could not be set for the mpich "
+                "wheel under Slurm's pmi2 plugin, whose default UCX netmod can hang MPI_Init; start the program "
+                f"as `hpcckpt exec -- python ...`, or export MPIR_CVAR_CH4_NETMOD={netmod} in the job script")
     environ["MPIR_CVAR_CH4_NETMOD"] = netmod
     return (f"MPI start-up: the mpich wheel under Slurm's pmi2 plugin uses its {netmod} netmod "
             f"(MPIR_CVAR_CH4_NETMOD={netmod}): the default UCX one sends PMI-1 requests longer than "

@@ -17,6 +17,7 @@ from hpcckpt.restore.context import RestoreResult, warn
 from hpcckpt.restore.fetch import log_reads, refuse_non_finite
 from hpcckpt.restore.load import keep_what_gaps_leave, load
 from hpcckpt.restore.rank_states import gather_rank_states, holds_rank_states
+from hpcckpt.runlog import bytes_text
 
 
 def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> RestoreResult | None:
@@ -79,8 +80,8 @@ def _log_moved(ctx, manifest: Manifest, outcome) -> None:
                      f"{outcome.bytes_received} bytes", console=False)
         if ctx.job.rank == 0:
             ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.job.world_size} "
-                         f"rank(s): old shards {plan.summary()}; at most {most_read / 1e6:.1f} MB read and "
-                         f"{most_received / 1e6:.1f} MB received by one rank{_domains_lost(manifest, plan)}",
+                         f"rank(s): old shards {plan.summary()}; at most {bytes_text(most_read)} read and "
+                         f"{bytes_text(most_received)} received by one rank{_domains_lost(manifest, plan)}",
                          console=True)
 
 

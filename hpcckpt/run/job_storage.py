@@ -28,6 +28,7 @@ from hpcckpt.faults import NO_FAULTS
 from hpcckpt.faulty_levels import with_faults
 from hpcckpt.format.compact import pack_dirs, unpack_dirs
 from hpcckpt.levels import dir_safety
+from hpcckpt.runlog import bytes_text
 from hpcckpt.levels.base import LevelStack, ensure_writable_dir
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
@@ -325,7 +326,7 @@ class JobStorage:
                                      f"{exc.strerror or exc}; delete that directory by hand")
                 continue
             if files and self.log:
-                self.log.info(f"deleted {files} spare file(s) ({nbytes / 1e6:.1f} MB) in {spares.directory} "
+                self.log.info(f"deleted {files} spare file(s) ({bytes_text(nbytes)}) in {spares.directory} "
                               "that this job cannot reuse")
 
     # -- what the logs say about placement ------------------------------------------------

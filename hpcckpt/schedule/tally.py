@@ -16,6 +16,7 @@ import numpy as np
 
 from hpcckpt.cluster.collectives import fold_at_root
 from hpcckpt.levels.naming import LEVEL_NUMBERS
+from hpcckpt.runlog import bytes_text
 
 
 class CheckpointTally:
@@ -101,7 +102,7 @@ class CheckpointTally:
             return
         blocking = np.asarray(self.blocking or [0.0])
         overhead = 100.0 * blocking.sum() / seconds if seconds else 0.0
-        kept = ", ".join(f"{LEVEL_NUMBERS[level]} {versions[level]} ({_megabytes(nbytes[level])})" for level in levels)
+        kept = ", ".join(f"{LEVEL_NUMBERS[level]} {versions[level]} ({bytes_text(nbytes[level])})" for level in levels)
         instead = f" ({replaced} replaced by a newer one before any level was due)" if replaced else ""
         self.log.info(f"checkpoints: {len(self.blocking)} taken{instead}; versions stored: {kept}; blocking median "
                       f"{1000 * np.median(blocking):.1f} ms, max {1000 * blocking.max():.1f} ms, estimated overhead "
@@ -116,7 +117,3 @@ class CheckpointTally:
                                            "copied": [step for step, _ in flush.stats.copied],
                                            "lag_s": [lag for _, lag in flush.stats.copied]}}
                              if flush is not None else {})})
-
-
-def _megabytes(n: int) -> str:
-    return f"{n / 1e6:.2f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
