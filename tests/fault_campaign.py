@@ -3,6 +3,7 @@ random moment, with random damage to its stored files between attempts, then let
 
     python tests/fault_campaign.py --seeds 1 2 3 4 5 --attempts 40     # by hand: the long campaign
     python tests/fault_campaign.py --ulfm --seeds 1 2 --attempts 20     # with in-job recovery on
+    python tests/fault_campaign.py --l4-only --seeds 1 2 --attempts 20  # the PFS the only level
     tests/test_fault_campaign_mpi.py                                     # the short one, in the suite
 
 Everything random comes from one seed, printed first, so a campaign can be replayed (the
@@ -34,6 +35,13 @@ each load is checked against the version as L4 holds it instead: every version i
 L4 in step with training and kept, and after each attempt the weights every load reported
 are compared with that version read back offline (a load from the survivors' memory has no
 version to compare with: the library compared the survivors' copies, and it is counted).
+
+With --l4-only the PFS is the only level, and it takes every 2nd version (storage.pfs_every =
+2): the others are held by the snapshot buffers until the next replaces them, and the run's
+final one is written at its end. Every L4 version is kept, and after each attempt every
+version it acknowledged (its checkpoint_blocking_s record) is checked to be on L4 or replaced
+by the next one it acknowledged, which is; an attempt killed may lose its last two (one
+pending, one being written), and an attempt that ended cleanly none.
 """
 
 from __future__ import annotations
@@ -98,6 +106,7 @@ KILLED = 137  # what an attempt whose every rank was killed counts as under --ul
 STOPPED_AT_START = 124  # an attempt the start-up watchdog stopped (--ulfm)
 START_TIMEOUT_S = 60
 ULFM_JOB = {"storage": {"pfs_every": 1, "pfs_async": False}, "checkpoint": {"keep_pfs": 100000}}
+L4_ONLY_JOB = {"resilience": {"levels": ["pfs"]}, "storage": {"pfs_every": 2}, "checkpoint": {"keep_pfs": 100000}}
 
 
 def _launch(ulfm: bool) -> tuple[list[str], dict]:
@@ -327,6 +336,19 @@ def records(run: Path) -> list[dict]:
     return out
 
 
+def _steps_on_l4(run: Path) -> set[int]:
+    return {int(p.parent.name[1:]) for p in run.glob("pfs/v*/manifest.json") if p.parent.name[1:].isdigit()}
+
+
+def acknowledged_missing(acknowledged: list[int], on_l4: set[int], clean: bool) -> list[int]:
+    """The versions an attempt acknowledged (in order) that no level holds and no newer one
+    it acknowledged replaced: each one not on L4 must be followed by one that is; a killed
+    attempt may lose its last two (one no level was due for, one being written)."""
+    checked = acknowledged if clean else acknowledged[:-2]
+    return [step for i, step in enumerate(checked)
+            if step not in on_l4 and (i + 1 >= len(acknowledged) or acknowledged[i + 1] not in on_l4)]
+
+
 def reference(directory: Path, steps: int) -> tuple[dict[int, str], str]:
     """The uninterrupted run: its weights digest at every checkpoint step (every version kept
     on L4 and read back offline) and at the end."""
@@ -377,6 +399,8 @@ class CampaignResult:
     memory_loads: int = 0  # in-job recoveries that went on from the survivors' memory (--ulfm)
     unchecked_loads: int = 0  # loads whose version L4 could not give back (--ulfm)
     stopped_at_start: int = 0  # attempts the start-up watchdog stopped (--ulfm)
+    acknowledged: int = 0  # versions checkpoint() acknowledged (--l4-only)
+    missing: list = field(default_factory=list)  # (attempt, step) acknowledged and then missing (--l4-only)
     in_job_recoveries: int = 0
     unrecoverable: list = field(default_factory=list)  # attempts that stopped with exit 4
     faults: Counter = field(default_factory=Counter)
@@ -389,19 +413,19 @@ class CampaignResult:
 
     @property
     def ok(self) -> bool:
-        return self.final_matches and not self.hangs and not self.bad_loads
+        return self.final_matches and not self.hangs and not self.bad_loads and not self.missing
 
 
 def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict[int, str], str] | None,
-                 say=print, ulfm: bool = False) -> CampaignResult:
+                 say=print, ulfm: bool = False, l4_only: bool = False) -> CampaignResult:
     """`expected`: reference(..., steps_for(attempts)); None with `ulfm` (loads are checked
-    against L4's copies)."""
+    against L4's copies). `l4_only`: the PFS the only level, every version acknowledged checked."""
     rng = random.Random(seed)
     say(f"fault campaign: seed {seed}, {attempts} faulty attempt(s), then one to finish, in {directory}"
         + (" (in-job recovery on: the ULFM MPI)" if ulfm else ""))
     directory.mkdir(parents=True, exist_ok=True)
     steps = steps_for(attempts)
-    job = write_job(directory, steps, **(ULFM_JOB if ulfm else {}))
+    job = write_job(directory, steps, **(ULFM_JOB if ulfm else L4_ONLY_JOB if l4_only else {}))
     run = directory / "run"
     digests, final = expected if expected is not None else ({}, None)
     result = CampaignResult(seed)
@@ -445,6 +469,13 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
                 result.checked_loads += 1
                 if record["weights_digest"] != want:
                     result.bad_loads.append((number, record["step"], record["weights_digest"], want))
+        if l4_only:
+            acknowledged = [r["step"] for r in new if "checkpoint_blocking_s" in r]
+            result.acknowledged += len(acknowledged)
+            missing = acknowledged_missing(acknowledged, _steps_on_l4(run), clean=code == 0)
+            result.missing += [(number, step) for step in missing]
+            if missing:
+                say(f"  MISSING: version(s) {missing} acknowledged in attempt {number} are on no level")
         killer = f" after {outside[0]:.1f} s ({outside[1]} {outside[2]})" if outside else ""
         line = f"attempt {number}: damage {done or '-'}; fault {label}{killer} {inject or ''} -> exit {code}"
         result.log.append(line)
@@ -471,7 +502,8 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
         f"restored shards by source {dict(result.sources)}, from scratch {result.restored_from_scratch}"
         + (f"; in-job recoveries {result.in_job_recoveries}, loads checked against L4 {result.checked_loads}, "
            f"from memory {result.memory_loads}, unchecked {result.unchecked_loads}, stopped in start-up "
-           f"{result.stopped_at_start}" if ulfm else ""))
+           f"{result.stopped_at_start}" if ulfm else "")
+        + (f"; versions acknowledged {result.acknowledged}, missing {len(result.missing)}" if l4_only else ""))
     return result
 
 
@@ -481,11 +513,12 @@ def main(argv=None) -> int:
     parser.add_argument("--attempts", type=int, default=40, help="faulty attempts per seed (then one to finish)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/hpcckpt-campaign"))
     parser.add_argument("--ulfm", action="store_true", help="in-job recovery on (the ULFM MPI)")
+    parser.add_argument("--l4-only", action="store_true", help="the PFS the only level, every 2nd version")
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
     expected = None if args.ulfm else reference(args.dir / "reference", steps_for(args.attempts))
-    results = [run_campaign(seed, args.attempts, args.dir / f"seed-{seed}", expected, ulfm=args.ulfm)
-               for seed in args.seeds]
+    results = [run_campaign(seed, args.attempts, args.dir / f"seed-{seed}", expected, ulfm=args.ulfm,
+                            l4_only=args.l4_only) for seed in args.seeds]
     print("\ntally:")
     ended = "finished (with fewer ranks: weights of their own)" if args.ulfm else \
         "ended bit-identical to the uninterrupted run"
@@ -497,6 +530,9 @@ def main(argv=None) -> int:
         merged = sum((getattr(r, name) for r in results), Counter())
         print(f"  {name}: {dict(sorted(merged.items(), key=lambda kv: -kv[1]))}")
     print(f"  restarts from scratch: {sum(r.restored_from_scratch for r in results)}")
+    if args.l4_only:
+        print(f"  versions acknowledged {sum(r.acknowledged for r in results)}, acknowledged and then missing "
+              f"{sum(len(r.missing) for r in results)}")
     if args.ulfm:
         print(f"  in-job recoveries {sum(r.in_job_recoveries for r in results)}; loads checked against L4 "
               f"{sum(r.checked_loads for r in results)}, from the survivors' memory "
