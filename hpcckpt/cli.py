@@ -125,7 +125,8 @@ def _command_train(args) -> int:
         from hpcckpt.errors import ConfigError
 
         raise ConfigError("--init-optimizer needs --init-from RUN_DIR_OR_VERSION")
-    from hpcckpt.run.in_job import recoveries_in_job, run_surviving
+    from hpcckpt.run.in_job import run_surviving
+    from hpcckpt.run.in_job_state import recoveries_in_job
 
     def train(comm):
         # After ranks died, the survivors go on from the newest version they can get, or from the

@@ -18,8 +18,7 @@ from typing import Any, Mapping, Sequence, get_args, get_origin, get_type_hints
 
 from hpcckpt.cluster.topology import LOCAL_DIR_FIELDS, PFS_DIR_FIELDS
 from hpcckpt.errors import ConfigError
-from hpcckpt.exit_record import EXIT_FILE_VARIABLE
-from hpcckpt.faults import ATTEMPT_VARIABLE
+from hpcckpt.env_names import NOT_CONFIG
 from hpcckpt.levels.naming import LEVEL_ORDER
 
 
@@ -242,9 +241,8 @@ SECTIONS: dict[str, type] = {
     if f.name not in ("source", "origins")
 }
 
-# HPCCKPT_* variables that are not config keys: the restart loop's attempt counter and the
-# file where the ranks record their exit code for it.
-ENV_NOT_CONFIG = (ATTEMPT_VARIABLE, EXIT_FILE_VARIABLE)
+# HPCCKPT_* variables that are not config keys (env_names.py).
+ENV_NOT_CONFIG = NOT_CONFIG
 
 # Allowed values, checked after types; each entry: (predicate, description of what is allowed).
 _CHOICES = {
@@ -410,7 +408,7 @@ def _parse_value(raw: str) -> Any:
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, str, str]]:
     """(variable, section, key, raw value) of each HPCCKPT_SECTION_KEY variable. Any other
     HPCCKPT_* name is an error (a misspelt section would otherwise be ignored without a word),
-    except those in ENV_NOT_CONFIG, which the job scripts set for other purposes."""
+    except the project's own (env_names.py), which it sets for other purposes."""
     found = []
     for name in sorted(environ):
         if not name.startswith("HPCCKPT_") or name in ENV_NOT_CONFIG:

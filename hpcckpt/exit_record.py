@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import sys
 
+from hpcckpt.env_names import EXIT_FILE_VARIABLE
 from hpcckpt.io.first_write import write_if_absent
 
-EXIT_FILE_VARIABLE = "HPCCKPT_EXIT_FILE"
 
 
 def record_exit(code: int, rank: int, message: str = "", environ=None) -> None:

@@ -50,10 +50,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcckpt.env_names import ATTEMPT_VARIABLE
 from hpcckpt.errors import ConfigError
 
 PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit", "restore")
-ATTEMPT_VARIABLE = "HPCCKPT_ATTEMPT"
 CRASH_EXIT_CODE = 137
 DEFAULT_SPIKE_FACTOR = 30.0
 REAPER_GRACE_S = 30.0  # a dying rank exits by itself if its reaper has not killed it by then
@@ -220,7 +220,7 @@ def _parse_corruption(kind: str, text: str, values: dict, usage: str) -> Fault:
 def current_attempt(environ=None) -> int:
     """The job script's attempt (HPCCKPT_ATTEMPT), counting each recovery inside the job as one
     more: a fault limited to an attempt strikes once, whichever tier went on after it."""
-    from hpcckpt.run.in_job import recoveries_in_job
+    from hpcckpt.run.in_job_state import recoveries_in_job
 
     value = (os.environ if environ is None else environ).get(ATTEMPT_VARIABLE, "")
     return (int(value) if value.isdigit() else 1) + recoveries_in_job()

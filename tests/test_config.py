@@ -56,6 +56,34 @@ def test_env_with_underscored_key(tmp_path):
     assert config.checkpoint.every_steps == 5
 
 
+def test_the_projects_own_variables_are_not_read_as_config(tmp_path):
+    """ulfm_mpiexec's own error tells the user to set HPCCKPT_ULFM_PREFIX: every rank then
+    stopped with exit 2 reading it as a config override of section 'ulfm'."""
+    from hpcckpt.env_names import NOT_CONFIG
+
+    config = load_config(write(tmp_path, ""), environ={name: "/somewhere" for name in NOT_CONFIG})
+    assert config.run.steps == load_config(write(tmp_path, ""), environ={}).run.steps
+
+
+def test_every_hpcckpt_variable_the_repository_names_is_a_config_key_or_the_projects_own():
+    """A variable a launcher or job script sets that is neither would stop every rank with
+    exit 2 ('unknown section'): each one the code, the job scripts and the docs name is either
+    HPCCKPT_<SECTION>_<KEY> of a real key or listed in hpcckpt/env_names.py."""
+    import re
+
+    from hpcckpt.config import SECTIONS, _field_types
+    from hpcckpt.env_names import NOT_CONFIG
+
+    repo = Path(__file__).resolve().parent.parent
+    files = [*repo.glob("hpcckpt/**/*.py"), *repo.glob("jobs/*"), *repo.glob("docs/*.md"), repo / "README.md",
+             *repo.glob("perf/*.py"), *repo.glob("examples/*.py")]
+    names = {m for f in files if f.is_file() for m in re.findall(r"\bHPCCKPT_[A-Z][A-Z0-9_]*[A-Z0-9]\b", f.read_text())}
+    keys = {f"HPCCKPT_{section.upper()}_{key.upper()}" for section, cls in SECTIONS.items() for key in _field_types(cls)}
+    placeholders = {"HPCCKPT_SECTION_KEY"}
+    strays = sorted(names - keys - set(NOT_CONFIG) - placeholders)
+    assert not strays, f"HPCCKPT_* variables that are no config key and not in hpcckpt/env_names.py: {strays}"
+
+
 @pytest.mark.parametrize("name,fragment", [
     ("HPCCKPT_CHECKPONT_EVERY_STEPS", "unknown section 'checkpont'"),
     ("HPCCKPT_UNRELATED", "unknown section 'unrelated'"),

@@ -37,7 +37,6 @@ becomes the same CheckpointError on every rank (carrying the failures by rank) a
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import Callable, Sequence
 
 from hpcckpt.ckpt.job import CommJob, require_running_mpi
@@ -51,6 +50,7 @@ from hpcckpt.ckpt.taking import CheckpointTaking
 from hpcckpt.errors import ConfigError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
+from hpcckpt.run import in_job_state
 from hpcckpt.runlog import RunLog
 from hpcckpt.save.save_types import PersistReport, Snapshot
 from hpcckpt.save.table_chain import TableChain
@@ -61,15 +61,6 @@ __all__ = ["Checkpointer", "PersistReport", "Snapshot", "ENGINE_STATE_KEY", "EXI
 
 # Errors that end a run whatever version it loaded (run/ledger.py: they never mark it).
 NOT_THE_VERSIONS_DOING = (StorageError, ConfigError)  # a LeaseError is a ConfigError
-
-# The checkpointers of this process not yet closed: what a process failure abandons
-# (run/in_job.py) before the survivors build new ones.
-_open_checkpointers: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
-
-
-def open_checkpointers() -> list["Checkpointer"]:
-    return list(_open_checkpointers)
-
 
 class Checkpointer:
     def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, read_only: bool = False,
@@ -104,10 +95,8 @@ class Checkpointer:
                                        self.confirm_restart)
         self.resuming = Resuming(self.job, self.table_chain, self.divergence, config, self.log, faults, read_only,
                                  self._all_stored, self.commits)
-        _open_checkpointers.add(self)
-        from hpcckpt.run.in_job import take_unrecorded
-
-        for record in take_unrecorded():  # the process failures this one follows
+        in_job_state.opened(self)
+        for record in in_job_state.take_unrecorded():  # the process failures this one follows
             self.log.metrics(record)
 
     # -- what the rest of the package reads --------------------------------------------------
@@ -349,7 +338,7 @@ class Checkpointer:
         finally:
             job.close()
             # Only now: a close that a process failure cut short leaves it to be abandoned.
-            _open_checkpointers.discard(self)
+            in_job_state.closed(self)
             if self._own_log:
                 self.log.close()
         return self.exit_code
@@ -359,10 +348,10 @@ class Checkpointer:
         checkpointer: its communicators are revoked (run/in_job.py), its threads stopped;
         nothing collective, nothing saved. A new Checkpointer over the survivors' communicator
         takes the run on. What failed on the way is logged by abandoned()."""
-        if self not in _open_checkpointers:
+        if not in_job_state.is_open(self):
             return
         self._closed = True
-        _open_checkpointers.discard(self)
+        in_job_state.closed(self)
         self.job.capture.abandon()
         self._abandon_failures = self.job.abandon()
 

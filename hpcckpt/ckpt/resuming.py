@@ -143,7 +143,7 @@ class Resuming:
         """(all ranks) After ranks died in this job: the survivors' finished step from memory
         (restore/from_memory.py), or None to read a version."""
         from hpcckpt.restore.from_memory import go_on_from_memory
-        from hpcckpt.run.in_job import NOT_OFFERED, take_held
+        from hpcckpt.run.in_job_state import NOT_OFFERED, take_held
 
         held = take_held(self.config.run_dir)  # alike on every survivor: offered or not
         if held is NOT_OFFERED or not self.config.resilience.in_job_from_memory:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hpcckpt.env_names import ULFM_PREFIX_VARIABLE
+
 
 def find_mpiexec(explicit: str | None = None) -> str:
     if explicit:
@@ -40,7 +42,6 @@ def mpiexec_command(ranks: int, explicit: str | None = None) -> tuple[list[str],
     return [mpiexec, *flags, "-n", str(ranks)], label
 
 
-ULFM_PREFIX_VARIABLE = "HPCCKPT_ULFM_PREFIX"
 
 
 def find_ulfm_prefix(environ=None) -> Path | None:

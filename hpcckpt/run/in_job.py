@@ -38,27 +38,12 @@ from typing import Callable, TypeVar
 
 from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
                                              is_process_failure, revoke, shrink)
+from hpcckpt.run.in_job_state import (count_recovery, forget_held, hold, open_checkpointers, recoveries_in_job,
+                                      record as record_for_the_run)
 
 T = TypeVar("T")
 
-_recoveries = 0  # in this process, by run_surviving
-# What each recovery records for the run's metrics, written by the next Checkpointer's log,
-# since the rank that wrote them may be among the lost.
-_unrecorded: list[dict] = []
-
-
 _application_comms: list = []  # what the application derived from its communicator
-
-# The finished step each abandoned checkpointer held (ckpt/step_commits.py), by run
-# directory, for the next Checkpointer of that run to go on from; None where it held none.
-_held: dict = {}
-NOT_OFFERED = object()  # no checkpointer of that run was abandoned since its last restart
-
-
-def take_held(run_dir) -> object:
-    """(restart) What the abandoned checkpointer of `run_dir` held: a HeldStep, None, or
-    NOT_OFFERED; alike on every survivor but the HeldStep. Handed over once."""
-    return _held.pop(str(run_dir), NOT_OFFERED)
 
 
 def revoke_on_failure(*comms) -> None:
@@ -66,10 +51,6 @@ def revoke_on_failure(*comms) -> None:
     split): revoked with it when ranks die, so that no survivor stays blocked in one waiting
     for a survivor that has gone on to recover. Forgotten after each recovery."""
     _application_comms.extend(comms)
-
-
-def recoveries_in_job() -> int:
-    return _recoveries
 
 
 _surviving = 0  # how many run_surviving calls are running main in this process
@@ -86,8 +67,6 @@ def close_waits_for_the_verdict(in_flight: BaseException | None) -> bool:
 def close_left_open() -> None:
     """(run_surviving, handling an error that is not a process failure) Close what
     close_waits_for_the_verdict left open, as the error's own close would have."""
-    from hpcckpt.ckpt.engine import open_checkpointers
-
     global _surviving
     _surviving -= 1
     try:
@@ -105,18 +84,12 @@ def speaks_for_the_job(world_rank: int) -> bool:
     return _survivors.Get_rank() == 0
 
 
-def take_unrecorded() -> list[dict]:
-    taken = list(_unrecorded)
-    _unrecorded.clear()
-    return taken
-
-
 def exit_if_survived_failures(code: int) -> None:
     """If this process went on after ranks died, end it now with `code`, without MPI_Finalize,
     which hangs on the survivors of a failure (a known fault of Open MPI's ULFM; seen here in
     most runs); a survivor that exits without it still ends the job cleanly. run_main calls it;
     an application with a main of its own calls it last."""
-    if _recoveries:
+    if recoveries_in_job():
         sys.stdout.flush()
         sys.stderr.flush()
         # Not before every survivor is through: one that leaves while a message it sent is
@@ -176,8 +149,6 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
     last main returned."""
     from mpi4py import MPI
 
-    from hpcckpt.ckpt.engine import open_checkpointers
-
     comm = MPI.COMM_WORLD if comm is None else comm
     unavailable = in_job_recovery_unavailable()
     recoveries = 0
@@ -203,8 +174,8 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
                       f"max_recoveries = {max_recoveries}: the job ends for a relaunch", file=sys.stderr, flush=True)
                 raise
             recoveries += 1
-            global _recoveries, _survivors
-            _recoveries += 1
+            count_recovery()
+            global _survivors
             comm = _survivors = recover(comm, timeout)
         finally:
             _surviving -= 1
@@ -221,13 +192,12 @@ def recover(comm, timeout: float):
     return their communicator."""
     from mpi4py import MPI
 
-    from hpcckpt.ckpt.engine import open_checkpointers
     from hpcckpt.run.lease import mark_holder_lost
 
     abandoned = open_checkpointers()
-    _held.clear()  # a second failure before the restart: only the newest checkpointers count
+    forget_held()
     for ckpt in abandoned:
-        _held[str(ckpt.config.run_dir)] = ckpt.commits.held()
+        hold(ckpt.config.run_dir, ckpt.commits.held())
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
     revoke(*_job_communicators(comm, abandoned))
@@ -255,7 +225,7 @@ def recover(comm, timeout: float):
               "shrink_s": round(survivors.seconds, 6)}
     for ckpt in abandoned:
         ckpt.abandoned()
-    _unrecorded.append(record)
+    record_for_the_run(record)
     if survivors.comm.Get_rank() == 0:
         print(f"hpcckpt: rank(s) {', '.join(map(str, sorted(lost)))} of {comm.Get_size()} died: going on in the job "
               f"on the {survivors.comm.Get_size()} left (shrunk in {survivors.seconds:.3f} s)",
