@@ -39,11 +39,11 @@ from __future__ import annotations
 import sys
 from typing import Callable, Sequence
 
+from hpcckpt.ckpt.closing import close_run
 from hpcckpt.ckpt.job import CommJob, require_running_mpi
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
 from hpcckpt.ckpt.resuming import Resuming
-from hpcckpt.ckpt.snapshot import frozen_state
 from hpcckpt.ckpt.state_dicts import split_state_dict
 from hpcckpt.ckpt.step_commits import StepCommits
 from hpcckpt.ckpt.taking import CheckpointTaking
@@ -66,14 +66,10 @@ class Checkpointer:
     def __init__(self, comm, config, *, topology=None, log=None, faults=NO_FAULTS, read_only: bool = False,
                  catch_signals: bool = True):
         """(all ranks) Collective: claims the run (run/lease.py), checks storage on every rank
-        and fails together. `config`: a job config (hpcckpt.load_config), a LibraryConfig or
-        a job TOML's path. `log`: a runlog.RunLog; by default the checkpointer keeps one of
-        its own (<run.dir>/log/rank<R>.log, rank 0's console lines, <run.dir>/metrics.jsonl).
-        `catch_signals`: SIGTERM, SIGUSR1 and SIGUSR2 become stop requests (schedule/stopping.py)
-        until close(). `read_only`: for jobs that only read checkpoints (evaluate), which must
-        leave a run as it is: no lease (they may run beside the job that writes it), no
-        signals caught, no pruning of the spare files this job could not reuse
-        (levels/spares.py). MPI must be running (exit 2 otherwise)."""
+        and fails together; MPI must be running (exit 2 otherwise). `config`: a job config, a
+        LibraryConfig or a job TOML's path. `log`: a runlog.RunLog (default: one of its own
+        under <run.dir>). `catch_signals`: SIGTERM, SIGUSR1, SIGUSR2 become stop requests.
+        `read_only`: a job that only reads versions (evaluate): no lease, no signals, no pruning."""
         config = self.config = LibraryConfig.of(config)  # also a JobConfig or a job TOML's path
         require_running_mpi()
         self.read_only = read_only
@@ -91,10 +87,10 @@ class Checkpointer:
         self.job = CommJob(comm, config, self.registry, self.log, faults, topology=topology, read_only=read_only,
                            catch_signals=catch_signals)
         self.job.arrays.held_elsewhere = self.commits.held_arrays
-        self.taking = CheckpointTaking(self.job, self.table_chain, self.divergence, self.log, faults, self._settle,
+        self.taking = CheckpointTaking(self.job, self.table_chain, self.divergence, self.log, faults,
                                        self.confirm_restart)
         self.resuming = Resuming(self.job, self.table_chain, self.divergence, config, self.log, faults, read_only,
-                                 self._all_stored, self.commits)
+                                 self.taking.all_stored, self.commits)
         in_job_state.opened(self)
         for record in in_job_state.take_unrecorded():  # the process failures this one follows
             self.log.metrics(record)
@@ -119,36 +115,21 @@ class Checkpointer:
     # -- the library API -----------------------------------------------------------------
     def protect(self, name: str, array, replicated: bool = True, *, global_shape: Sequence[int] | None = None,
                 offset: Sequence[int] | None = None, allow_gaps: bool = False) -> None:
-        """Protect an array, restored in place: a NumPy or CuPy array, or anything writable
-        in place that speaks DLPack or the buffer protocol (a PyTorch tensor or parameter on
-        the CPU or a GPU: a view of its memory is kept, no copy, and checked to be the
-        tensor's own; a DTensor as its local shard placed by its placements,
-        ckpt/dtensors.py). Three kinds:
-
-        replicated (the default): the same on every rank, like data-parallel weights; sharded
-            across ranks, restored onto any rank count.
-        a block of a global array (`global_shape`, this rank's `offset` in it: integers, or
-            the slices of the global array the block is): a domain decomposition; blocks may
-            differ in size, must not overlap and must cover the global shape unless
-            `allow_gaps`. A restart onto any rank count or decomposition fills each rank's
-            block from the old blocks it overlaps; a part no old block held keeps its values.
-        per-rank (`replicated=False`): stored whole by its own rank; restart must then use
-            the same number of ranks.
-        Block arrays are checked across ranks at the first checkpoint or restart, replicated
-        ones to be the same on every rank at the first checkpoint: one error (exit 2) on
-        every rank names what does not fit.
-        By reference: `array` may be a getter (lambda: W), called at each capture and restore,
-        so code that rebinds the name (W = W * s) is followed; a Heat DNDarray is followed
-        itself (its local tensor at the offset its split gives). An array protected by value
-        that the application no longer holds (its name rebound) fails the next checkpoint."""
+        """Protect an array, restored in place: NumPy, CuPy, anything writable that speaks
+        DLPack or the buffer protocol (a PyTorch tensor: a view of its memory), a DTensor or a
+        Heat DNDarray (its local part at the place its split gives), or a getter of any of
+        them (lambda: W: read at each capture and restore, for code that rebinds the name).
+        replicated (default): the same on every rank (checked), restored onto any rank count;
+        a block (`global_shape`, this rank's `offset`: integers or slices): restored onto any
+        rank count or decomposition; per-rank (`replicated=False`): the same rank count.
+        What does not fit is one error on every rank (exit 2); an array protected by value
+        that the application no longer holds fails the next checkpoint (docs/library.md)."""
         self.registry.protect(name, array, replicated, global_shape, offset, allow_gaps)
 
     def protect_state_dict(self, name: str, state_dict) -> tuple[str, ...]:
-        """Protect a framework's state dict in one call (ckpt/state_dicts.py): each array
-        or tensor in it (DTensors as what they are) as protect() takes it, under
-        "<name>/<its path>"; the other values beside them as registered state `name`, read
-        at each checkpoint and written back into the dict at a restart. Returns the names of
-        the arrays protected."""
+        """Protect a framework's state dict in one call (ckpt/state_dicts.py): each tensor
+        as protect() takes it, as "<name>/<its path>", the other values as registered state
+        `name`, written back into the dict at a restart. Returns the arrays' names."""
         parts = split_state_dict(name, state_dict)
         for array_name, leaf in parts.arrays:
             self.protect(array_name, leaf)
@@ -156,39 +137,27 @@ class Checkpointer:
         return tuple(array_name for array_name, _ in parts.arrays)
 
     def protect_table(self, name: str, table) -> None:
-        """Protect a keyed table (ckpt/keyed_table.py): this rank's rows of a table whose rows
-        live on the rank their id hashes to, and which grows as new ids appear. A version
-        stores every rank's rows (whole, or those changed since the version before it, with a
-        whole version every checkpoint.table_full_every); a restart onto any rank count hands
-        each rank the rows whose id hashes to it, from whatever levels survived."""
+        """Protect a keyed table (ckpt/keyed_table.py): this rank's rows, those whose id
+        hashes to it; saved whole or as the rows changed, restored onto any rank count."""
         self.job.arrays.protect_table(name, table)
 
     def register_state(self, name: str, get: Callable[[], dict], set: Callable[[dict], None], *,
                        per_rank: bool = False, reshard: Callable | None = None) -> None:
-        """Small state (step, iterator position, RNG states) saved with every version: what
-        get() returns, a nested "pytree" of dicts, lists and tuples of None, bool, int, float,
-        str, bytes, NumPy scalars and small NumPy arrays (format/pytree.py), is given to set()
-        at a restart with its types intact; anything else fails the checkpoint naming it.
-        By default it is the same on every rank (checked at the first checkpoint: an error
-        names the state and the ranks), stored once and given to every rank. `per_rank`: each
-        rank's own (an RNG stream, a rank's data position), stored in its shard on every level
-        and given back to the rank that wrote it; onto another rank count `reshard(states,
-        rank, size)` returns this rank's state from the old ranks' handed to it ({old rank:
-        state}, old rank r to new rank r % size), and without it such a restart is refused
-        (ckpt/registered_state.py)."""
+        """Small state saved with every version: what get() returns (a pytree of dicts,
+        lists, tuples, scalars, str, bytes, small arrays: format/pytree.py) goes to set() at a
+        restart, types intact. By default the same on every rank (checked at the first
+        checkpoint), stored once; `per_rank`: each rank's own, in its shard, given back to
+        its rank; onto another rank count `reshard(states, rank, size)` makes this rank's from
+        the old ranks' handed to it, else refused (ckpt/registered_state.py)."""
         self.registry.register_state(name, get, set, per_rank, reshard)
 
     # -- when: the schedule ----------------------------------------------------------------
     def commit_step(self, step: int) -> None:
-        """(all ranks, once per step: after the step's last collective, before it changes a
-        protected array in place) With in-job recovery on (ULFM), a fault-tolerant agreement
-        that every rank got here: after a rank's death either every survivor passed it for
-        `step` or none did, so each survivor holds the arrays of the step it last called
-        due() for, and where everything protected is replicated the survivors go on from that
-        step with no version read (restore/from_memory.py; the next restart() does it). The
-        promise it makes: the protected arrays change only between commit_step(step) and
-        due(step). Returns at once without in-job recovery; optional (without it a recovery
-        reads the newest version)."""
+        """(all ranks, once per step, after its last collective, before it changes a protected
+        array) With in-job recovery on (ULFM), a fault-tolerant agreement: after a death every
+        survivor holds the step it last called due() for, and goes on from it with no version
+        read where all is replicated (ckpt/step_commits.py). The promise: protected arrays
+        change only between commit_step(step) and due(step). A no-op without ULFM."""
         if not self._survives_rank_loss:
             return
         comm = self.job.schedule.comm
@@ -200,15 +169,12 @@ class Checkpointer:
         return self._survives_rank_loss
 
     def due(self, step: int, last: bool = False, *, step_seconds: float | None = None) -> bool:
-        """(all ranks, once per step, after the step's work) Should `step` be checkpointed
-        now? True when the interval says so (checkpoint.every_steps: fixed, "auto" under
-        checkpoint.max_overhead, Young/Daly with checkpoint.mtbf_hours), at the `last` step,
-        and when the ranks agreed to stop (a stop signal, the allocation's end, a halt file:
-        then `stopping` says why, and this checkpoint is the run's final one). The ranks
-        decide alike without a blocking collective. The step's time is measured from the
-        return of the checkpointer's previous call; `step_seconds` reports it instead."""
+        """(all ranks, once per step, after its work) Checkpoint `step` now? When the interval
+        says so (fixed, "auto", Young/Daly, per level), at the `last` step, and when the ranks
+        agreed to stop (`stopping` says why; the run's final version). No blocking collective.
+        The step's time runs from the checkpointer's previous call (`step_seconds`: given)."""
         schedule, capture = self.job.schedule, self.job.capture
-        self.commits.step_done(step, self.registry, self._frozen_state, self.job.rank, self.job.world_size)
+        self.commits.step_done(step, self.registry, self.taking.frozen_state, self.job.rank, self.job.world_size)
         if schedule.stopping is not None:
             return capture.is_open_at(step)
         planned = schedule.planned(step, last) or capture.is_open_at(step)
@@ -244,27 +210,19 @@ class Checkpointer:
 
     # -- the checkpoint --------------------------------------------------------------------
     def checkpoint(self, step: int, metrics: dict | None = None, final: bool | None = None) -> PersistReport | None:
-        """(all ranks) Take a snapshot of `step` and persist it in the background; returns
-        once the snapshot is taken, with the previous checkpoint's report (its durability
-        times), if any; raises here if the previous checkpoint failed. A snapshot of `step`
-        opened with begin_checkpoint() is closed here. `final`: the run's last version,
-        written to every level; by default, when due() said so. `metrics` are kept with the
-        version (keep_best, inspect); one that is a number but not finite (a loss that turned
-        NaN) makes the step not checkpointed (said in the log), and a finite "loss" vouches
-        for finite floating-point arrays at restore (run/health.py)."""
+        """(all ranks) Snapshot `step` and persist it in the background; returns once the
+        snapshot is taken, with the previous checkpoint's report, or raises its failure.
+        `final`: written to every level (default: when due() said it is the last). `metrics`
+        are kept with it; a number not finite among them refuses the step (said in the log)."""
         previous = None if self.job.capture.is_open_at(step) else self.begin_checkpoint(step)
         self.end_checkpoint(metrics, final)
         return previous
 
     def begin_checkpoint(self, step: int, copy_in_background: bool = False) -> PersistReport | None:
-        """(all ranks) Open the snapshot of `step`, to be filled array by array with capture()
-        as the application finalises each one (extraction during backprop). Waits for the
-        previous persist, whose buffers this snapshot reuses; returns its report.
-        copy_in_background: capture() and end_checkpoint() only queue the copies, which the
-        copier thread takes once end_checkpoint() returns, while training goes on; the caller
-        then calls before_update(name) before it next changes a protected array in place
-        (until the next begin_checkpoint(), wait() or close()). CuPy arrays are copied on a
-        side stream as they are captured; before_update() then makes the GPU wait, not the host."""
+        """(all ranks) Open the snapshot of `step`, filled with capture() as each array is final
+        (after the previous persist, whose buffers it reuses: its report is returned).
+        copy_in_background: copies are queued and taken behind the step; the caller then calls
+        before_update(name) before changing a protected array in place (docs/library.md)."""
         return self.taking.begin(step, copy_in_background)
 
     def capture(self, name: str) -> None:
@@ -288,21 +246,16 @@ class Checkpointer:
         return self.taking.wait()
 
     def drain(self) -> list[int]:
-        """(all ranks) Before node-local storage goes away with the allocation: copy to L4 the
-        committed node-local versions that L4's retention would keep (the newest keep_pfs, the
-        best by keep_best) but that skipped L4 (storage.pfs_every). Returns the steps copied;
-        each copy is verified against its checksums before its manifest is written. close()
-        calls it after a clean run."""
-        self._finish_in_flight()
-        self.taking.write_pending()
+        """(all ranks) Copy to L4, verified, the node-local versions its retention keeps but
+        that skipped it (a version no level was due for written first). Returns the steps
+        copied; close() calls it after a clean run."""
+        self.taking.all_stored()
         return self.job.drain()
 
     def close(self, confirm: bool | None = None, drain: bool | None = None) -> int:
-        """(all ranks) End checkpointing: what is in flight finished, after a clean run the
-        newest version made durable on L4 (drain()) and what checkpoints cost logged; the run
-        released. Returns 0, or EXIT_HALTED (75) after a stop. Clean: no exception is being
-        handled here; an `except` block that recovered passes confirm=True, one that knows the
-        run went wrong confirm=False. `drain`: False keeps the newest version where it is."""
+        """(all ranks) End checkpointing (ckpt/closing.py): after a clean run (no exception
+        being handled, or confirm=True) the newest version durable on L4 and the costs logged.
+        Returns 0, or EXIT_HALTED (75) after a stop. `drain`: False keeps versions where they are."""
         if self._closed:
             return self.exit_code
         from hpcckpt.run.in_job import close_waits_for_the_verdict
@@ -312,33 +265,12 @@ class Checkpointer:
             return self.exit_code  # a dead rank's recovery abandons it; else run_surviving closes it
         self._closed = True
         clean = confirm if confirm is not None else in_flight is None
-        drain = clean if drain is None else drain
-        job = self.job
-        self.taking.drop_open("the checkpointer was closed with a snapshot open")
-        if confirm is None and isinstance(in_flight, NOT_THE_VERSIONS_DOING):
-            self.confirm_restart()  # storage, settings or another job: the version loaded is not to blame
         try:
-            job.tally.durable(self._finish_in_flight())
-            if clean:
-                self.confirm_restart()
-            if drain and not self.read_only:
-                self.drain()
-                job.require_newest_on_global_levels(self.job.tally.last_checkpoint)
-            elif self.taking.pending_step is not None:
-                self.log.warning(f"version {self.taking.pending_step}, the newest taken, is not stored: no level was "
-                                 "due for it and the run did not end cleanly")
-            if clean and not self.read_only:
-                pipeline = job.pipeline
-                job.tally.summarise(job.comm, (pipeline.versions_stored, pipeline.bytes_stored),
-                                    tuple(level.name for level in job.levels), pipeline.flush, pipeline.pending_replaced)
-            if self.stopping is not None and clean:
-                job.report_stop(drained=drain)
-            elif clean and drain and not self.read_only:
-                job.release_memory()  # finished: a stopped run's next job may read them
+            close_run(self, clean, clean if drain is None else drain,
+                      not_to_blame=confirm is None and isinstance(in_flight, NOT_THE_VERSIONS_DOING))
         finally:
-            job.close()
-            # Only now: a close that a process failure cut short leaves it to be abandoned.
-            in_job_state.closed(self)
+            self.job.close()
+            in_job_state.closed(self)  # only now: a close a process failure cut short is abandoned
             if self._own_log:
                 self.log.close()
         return self.exit_code
@@ -371,11 +303,9 @@ class Checkpointer:
         return self.resuming.load(mode, step)
 
     def init_from(self, source: str, select: Callable[[str], bool] | None = None) -> int:
-        """(all ranks) Start this new run from another run's state: the protected replicated
-        arrays `select(name)` picks (default: all) are loaded from `source` (a run directory,
-        its L4 directory, or one L4 version directory), re-partitioned onto this job's ranks
-        and verified. The step, data position, RNG and registered state are not taken: the run
-        starts at its own step 0, and its versions are its own. Returns the source's step."""
+        """(all ranks) Start this new run from another run's replicated arrays that
+        `select(name)` picks, from `source` (a run, its L4 directory or one version), onto
+        this job's ranks; not its step or state. Returns the source's step."""
         return self.resuming.init_from(source, select or (lambda name: True))
 
     def confirm_restart(self) -> None:
@@ -391,23 +321,12 @@ class Checkpointer:
         resilience.rewind_on_divergence it is rewound in process (rewind()), and a Rewound
         says to which version and which steps' inputs to skip; otherwise, or past
         resilience.max_rewinds, a DivergenceError (exit 2)."""
-        reason = self.divergence.check.verdict(step, loss, finite)
-        if reason is None:
-            return None
-        self.divergence.admit(step, reason)
-        rewound = self.divergence.rewound(step, self.rewind(step, reason), reason)
-        self.log.metrics({"event": "diverged", "step": step, "rewound_to": rewound.step,
-                          "skipping": rewound.skip_count, "reason": reason})
-        return rewound
+        return self.resuming.observe(step, loss, finite, self.rewind)
 
     def mark_bad(self, step: int, reason: str) -> None:
         """(all ranks) Version `step` is bad (a diverged state, a wrong result): no restart or
         rewind loads it again; `reason` is kept in the restart ledger (<run.dir>/restarts.json)."""
-        from hpcckpt.schedule.rewind import mark_versions_bad
-
-        mark_versions_bad(self.job.comm, self.config.run_dir, [step], reason)
-        self.table_chain.reset()  # no later version's tables may build on it
-        self.log.warning(f"version {step} marked bad: {reason}")
+        self.resuming.mark_bad(step, reason)
 
     def rewind(self, before: int, reason: str) -> int:
         """(all ranks) Go back in process: the open snapshot dropped, every version from step
@@ -416,25 +335,3 @@ class Checkpointer:
         step; DivergenceError (exit 2) when none is left."""
         self.taking.drop_open(f"the run was rewound from step {before}")
         return self.resuming.rewind(before, reason)
-
-    # -- internals -----------------------------------------------------------------------
-    def _frozen_state(self) -> dict:
-        """The registered state and the engine's now, as a version would hold them."""
-        schedule = self.job.schedule
-        return frozen_state(self.registry.states, {"ordinal": schedule.ordinal, "schedule": schedule.state(),
-                                                   "divergence": self.divergence.check.state()})
-
-    def _settle(self, held: bool) -> None:
-        """The version in flight is over: its tables' rows are safe where some level holds
-        it, and count as changed again where none could (or it failed)."""
-        self.table_chain.settle(held)
-        self.job.arrays.settle_tables(held)
-
-    def _finish_in_flight(self) -> PersistReport | None:
-        return self.job.finish_in_flight(self._settle)
-
-    def _all_stored(self) -> None:
-        """Before a load fills the snapshot buffers: what is in flight over, a version no
-        level was due for written."""
-        self._finish_in_flight()
-        self.taking.write_pending()

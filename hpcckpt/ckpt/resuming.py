@@ -26,6 +26,7 @@ from hpcckpt.restore.from_memory import MEMORY
 from hpcckpt.restore.protect_again import protect_again
 from hpcckpt.runlog import read_heartbeat
 from hpcckpt.save.save_types import PersistReport
+from hpcckpt.schedule.divergence import Rewound
 from hpcckpt.schedule.rewind import mark_versions_bad, plan_rewind, versions_held
 
 
@@ -128,6 +129,23 @@ class Resuming:
         self.log.metrics({"event": "rewind", "from_step": before, "step": restored, "reason": reason,
                           "marked_bad": bad})
         return restored
+
+    def observe(self, step: int, loss: float, finite: bool, rewind) -> Rewound | None:
+        """(all ranks) Checkpointer.observe's work: `rewind(step, reason)` the facade's."""
+        reason = self.divergence.check.verdict(step, loss, finite)
+        if reason is None:
+            return None
+        self.divergence.admit(step, reason)
+        rewound = self.divergence.rewound(step, rewind(step, reason), reason)
+        self.log.metrics({"event": "diverged", "step": step, "rewound_to": rewound.step,
+                          "skipping": rewound.skip_count, "reason": reason})
+        return rewound
+
+    def mark_bad(self, step: int, reason: str) -> None:
+        """(all ranks) Checkpointer.mark_bad's work."""
+        mark_versions_bad(self.job.comm, self.config.run_dir, [step], reason)
+        self.table_chain.reset()  # no later version's tables may build on it
+        self.log.warning(f"version {step} marked bad: {reason}")
 
     def init_from(self, source: str, select) -> int:
         self.finish()

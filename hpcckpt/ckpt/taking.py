@@ -21,19 +21,18 @@ import time
 
 from hpcckpt.errors import CheckpointError
 from hpcckpt.run.health import non_finite_metrics
+from hpcckpt.ckpt.snapshot import frozen_state
 from hpcckpt.save.save_types import PersistReport
 
 
 class CheckpointTaking:
-    def __init__(self, job, table_chain, divergence, log, faults, settle, confirm):
-        """`job`: the CommJob; `settle(held)`: what the tables learn when a version is over;
-        `confirm()`: the resumed run proved itself (a checkpoint opens)."""
+    def __init__(self, job, table_chain, divergence, log, faults, confirm):
+        """`job`: the CommJob; `confirm()`: the resumed run proved itself (a checkpoint opens)."""
         self.job = job
         self.table_chain = table_chain
         self.divergence = divergence
         self.log = log
         self.faults = faults
-        self.settle = settle
         self.confirm = confirm
         self._overwriting: int | None = None  # the pending version whose buffers the open snapshot fills
 
@@ -146,3 +145,25 @@ class CheckpointTaking:
         self.write_pending()
         self.job.schedule.restart_clock(False)
         return report
+
+    def settle(self, held: bool) -> None:
+        """The version in flight is over: its tables' rows are safe where some level holds
+        it, and count as changed again where none could (or it failed)."""
+        self.table_chain.settle(held)
+        self.job.arrays.settle_tables(held)
+
+    def finish_in_flight(self) -> PersistReport | None:
+        """The checkpoint in flight and L4's copy at its own pace over; its report."""
+        return self.job.finish_in_flight(self.settle)
+
+    def all_stored(self) -> None:
+        """(all ranks) Before a load fills the snapshot buffers, or a drain: what is in flight
+        over, a version no level was due for written."""
+        self.finish_in_flight()
+        self.write_pending()
+
+    def frozen_state(self) -> dict:
+        """The registered state and the engine's now, as a version would hold them."""
+        schedule = self.job.schedule
+        return frozen_state(self.job.arrays.states, {"ordinal": schedule.ordinal, "schedule": schedule.state(),
+                                                     "divergence": self.divergence.check.state()})
