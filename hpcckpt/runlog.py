@@ -26,6 +26,29 @@ def bytes_text(n: float) -> str:
     return f"{int(n)} bytes"
 
 
+# The launchers whose ranks' stdout is a pseudo-terminal of their own, whatever the launcher's
+# stdout is (Open MPI's forwards the ranks' output through ptys): their variables.
+PTY_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def watched(environ=None, parent_stdout=None) -> bool:
+    """Whether this rank's output reaches a terminal a person watches: stdout is one, and,
+    under a launcher that gives each rank a pty of its own, the launcher's stdout is one too
+    (`mpiexec ... > log` must not fill the log with a bar's carriage returns).
+    `parent_stdout`: what the launcher's stdout is (default: read from /proc)."""
+    environ = os.environ if environ is None else environ
+    if not sys.stdout.isatty():
+        return False
+    if not any(name in environ for name in PTY_LAUNCHER_VARIABLES):
+        return True
+    if parent_stdout is None:
+        try:
+            parent_stdout = os.readlink(f"/proc/{os.getppid()}/fd/1")
+        except OSError:
+            return False  # a launcher on another node, or no /proc: not known to be watched
+    return parent_stdout.startswith(("/dev/pts/", "/dev/tty"))
+
+
 def read_heartbeat(run_dir) -> tuple[int, float] | None:
     """(step, time) of the last step a previous run of this run.dir finished, if any."""
     try:
@@ -67,6 +90,7 @@ class RunLog:
         self.logger.addHandler(file_handler)
         self.console = console and rank == 0
         self._progress_on_screen = False
+        self._watched: bool | None = None  # a person watches this output (watched()), once known
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._metrics_checked = False
         self._heartbeat_fd: int | None = None
@@ -113,8 +137,12 @@ class RunLog:
         os.pwrite(self._heartbeat_fd, f"{step:>14d} {time.time():>18.3f}\n".encode(), 0)
 
     def progress(self, step: int, total: int, text: str) -> None:
-        """A one-line bar, only on an interactive terminal so batch logs stay clean."""
-        if not (self.console and sys.stdout.isatty()):
+        """A one-line bar, only where a person watches (watched()) so batch logs stay clean."""
+        if not self.console:
+            return
+        if self._watched is None:
+            self._watched = watched()
+        if not self._watched:
             return
         width = 30
         done = int(width * step / max(total, 1))

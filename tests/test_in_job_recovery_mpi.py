@@ -421,6 +421,8 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "rank-kill:rank=1:step=70:attempt=1"], in_job)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
+    # Open MPI gives the ranks ptys whatever its own stdout is (a pipe here): no progress bar.
+    assert "\r[" not in proc.stdout, proc.stdout[-2000:]
     assert "went on from step 70, held in memory by the 3 survivor(s): no version read" in out, out[-3000:]
     [restart] = [r for r in read_metrics(in_job / "run") if r.get("event") == "restart" and r["attempt"] == 2]
     assert (restart["step"], restart["sources"], restart["lost_steps"]) == (70, ["memory"] * 3, 0), restart
@@ -524,3 +526,20 @@ def test_an_error_of_another_class_with_no_death_behind_it_ends_the_job(tmp_path
     assert [(r["rank"], r["verdict"]) for r in sorted(results, key=lambda r: r["rank"])] == [
         (0, False), (1, False)], proc.stdout
     assert all(r["seconds"] >= 1 for r in results), proc.stdout
+
+
+def test_the_readmes_in_job_lines_run_after_the_main_job_show_the_recovery(tmp_path):
+    """As a new user runs them, in the README's order: the main job, then the in-job example,
+    which once resumed the main job's finished run and showed nothing ("done: 400 steps in 0.0 s")."""
+    readme = (REPO / "README.md").read_text()
+    [in_job] = [line.strip() for line in readme.splitlines()
+                if line.strip().startswith("python -m hpcckpt.cluster.ulfm_mpiexec -n 4 hpcckpt train")]
+    shutil.copytree(REPO / "jobs", tmp_path / "jobs")
+    assert_ok(run_mpi(4, ["train", "-c", "jobs/local.toml"], tmp_path))
+    args = in_job.split()[in_job.split().index("hpcckpt") + 1:]
+    proc = run_ulfm(4, args, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"rank\(s\) 2 of 4 died: going on in the job on the 3 left", out), out[-3000:]
+    assert re.search(r"done: 400 steps in \d+\.\d s", out) and "done: 400 steps in 0.0 s" not in out, out[-3000:]
+    assert "MPI_ERR_REVOKED" not in out, out[-3000:]  # the revoke is what recovering means, not an error

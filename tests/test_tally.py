@@ -133,3 +133,22 @@ def test_byte_counts_are_said_in_the_unit_that_shows_them():
 
     assert [bytes_text(n) for n in (0, 512, 28_064, 3_200_000, 2.5e9)] == \
         ["0 bytes", "512 bytes", "28.1 KB", "3.2 MB", "2.5 GB"]
+
+
+def test_the_progress_bar_is_drawn_only_where_a_person_watches(monkeypatch):
+    """Under Open MPI's launcher each rank's stdout is a pty, even with `mpiexec ... > log`:
+    the launcher's own stdout tells."""
+    import sys
+
+    from hpcckpt.runlog import watched
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert watched(environ={})  # mpich's hydra: the rank's stdout is the launcher's
+    ompi = {"OMPI_COMM_WORLD_RANK": "0"}
+    assert not watched(environ=ompi, parent_stdout="/tmp/job.log")
+    assert not watched(environ=ompi, parent_stdout="pipe:[1234]")
+    assert watched(environ=ompi, parent_stdout="/dev/pts/3")

@@ -290,8 +290,13 @@ class Checkpointer:
     def abandoned(self) -> None:
         """After abandon() and the shrink: what failed while abandoning goes to the log, which
         is then closed."""
-        for failure in getattr(self, "_abandon_failures", []):
-            self.log.warning(f"abandoning the checkpointer after a process failure: {failure}")
+        failures = getattr(self, "_abandon_failures", [])
+        for failure in failures:
+            self.log.warning(f"ranks died and this checkpointer was set aside for the survivors' new one; "
+                             f"{failure} (the survivors go on)")
+        if not failures:
+            self.log.info("ranks died: this checkpointer was set aside for the survivors' new one (its version in "
+                          "flight, if any, dropped: it never completed)")
         if self._own_log:
             self.log.close()
 

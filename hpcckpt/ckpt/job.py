@@ -248,14 +248,24 @@ class CommJob:
         doing fails on the revoked communicators) and give back the signals and the run's lease,
         with no collective and without freeing the revoked communicators. The version in flight
         is not trusted by anyone: its commit records never completed. Returns what failed on
-        the way, for the log."""
+        the way for another reason than the revoke or the death (those are what abandoning
+        means), for the log."""
+        from hpcckpt.cluster.fault_tolerance import is_process_failure
+
         failures = []
-        for what, step in (("the save pipeline", self.pipeline.stop), ("the stop signals", self.schedule.stops.close),
-                           ("the run's lease", self.claim.release)):
+        for what, step in (("stopping the save pipeline", self.pipeline.stop),
+                           ("ending the stop signals' exchange", self.schedule.stops.close),
+                           ("handing back the run's lease", self.claim.release)):
             try:
                 step()
             except Exception as exc:  # the survivors go on; what this left behind is logged
-                failures.append(f"{what}: {type(exc).__name__}: {exc}")
+                chain, seen = [], set()
+                while exc is not None and id(exc) not in seen:
+                    chain.append(exc)
+                    seen.add(id(exc))
+                    exc = exc.__cause__ or exc.__context__
+                if not any(is_process_failure(error) for error in chain):
+                    failures.append(f"{what}: {type(chain[0]).__name__}: {chain[0]}")
         self.comm = None
         return failures
 
