@@ -1086,7 +1086,8 @@ def main(argv=None):
     parser.add_argument("--levels", help="comma-separated levels for hpcckpt and the frequency sweep "
                         "(default: all four at 2+ ranks), to see what each level costs")
     parser.add_argument("--tmp", default="/tmp", help="where run directories go (default /tmp)")
-    parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH)")
+    parser.add_argument("--mpiexec", help="mpiexec to use (default: next to this Python, else on PATH; \"ulfm\": the "
+                        "fault-tolerant MPI as hpcckpt.cluster.ulfm_mpiexec launches it)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--run-root", help=argparse.SUPPRESS)

@@ -365,7 +365,7 @@ def reference(directory: Path, steps: int) -> tuple[dict[int, str], str]:
     return digests, final
 
 
-def _digests_on_l4(job: Path) -> dict[int, str]:
+def _digests_on_l4(job: Path, written: dict | None = None) -> dict[int, str]:
     import numpy as np
     import xxhash
 
@@ -380,6 +380,8 @@ def _digests_on_l4(job: Path) -> dict[int, str]:
             tensors = read_full_tensors(config, manifest)
         except Exception:  # damaged on purpose, or not on L4: nothing to compare with
             continue
+        if written is not None:
+            written[step] = manifest.created
         digest = xxhash.xxh3_128()
         for tl in manifest.layout.tensors:  # in protect order: the model's parameter order
             if tl.name.startswith("model/"):
@@ -397,7 +399,7 @@ class CampaignResult:
     bad_loads: list = field(default_factory=list)  # (attempt, step, digest, expected)
     checked_loads: int = 0  # loads compared with L4's copy of their version (--ulfm)
     memory_loads: int = 0  # in-job recoveries that went on from the survivors' memory (--ulfm)
-    unchecked_loads: int = 0  # loads whose version L4 could not give back (--ulfm)
+    unchecked_loads: int = 0  # loads whose version L4 cannot give back, or holds written again since (--ulfm)
     stopped_at_start: int = 0  # attempts the start-up watchdog stopped (--ulfm)
     acknowledged: int = 0  # versions checkpoint() acknowledged (--l4-only)
     missing: list = field(default_factory=list)  # (attempt, step) acknowledged and then missing (--l4-only)
@@ -445,8 +447,9 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
         result.faults[label] += 1
         result.damage.update(done)
         new = records(run)[before:] if len(records(run)) >= before else records(run)
+        written: dict[int, float] = {}  # when the version L4 holds was written
         if ulfm:
-            digests = _digests_on_l4(job)
+            digests = _digests_on_l4(job, written)
         from_memory = set()
         for record in new:
             if record.get("event") == "process_failure":
@@ -463,7 +466,10 @@ def run_campaign(seed: int, attempts: int, directory: Path, expected: tuple[dict
                 if ulfm and record["step"] in from_memory:
                     result.memory_loads += 1
                     continue
-                if ulfm and want is None:
+                # A version loaded and then written again later in the attempt (survivors that
+                # went back to an older version compute another one of the same step): L4 holds
+                # the later writing, which says nothing of what was loaded before it.
+                if ulfm and (want is None or written.get(record["step"], 0.0) > record.get("time", 0.0)):
                     result.unchecked_loads += 1
                     continue
                 result.checked_loads += 1

@@ -17,11 +17,11 @@ def registry_of(**arrays) -> ArrayRegistry:
     return registry
 
 
-def agreed():
-    pass
+def agreed(flag):
+    return flag
 
 
-def dead_rank():
+def dead_rank(flag):
     raise RuntimeError("a rank died in the agreement")
 
 
@@ -87,3 +87,29 @@ def test_per_rank_state_goes_on_from_memory_onto_fewer_ranks_only_through_its_re
     resharded = registry_of(w=np.zeros(4))
     resharded.register_state("rng", dict, lambda state: None, per_rank=True, reshard=lambda states, rank, size: {})
     assert offer(held, resharded, 3) == (3, None)
+
+
+def test_a_survivor_in_recovery_meets_the_others_in_the_agreement_once_per_round():
+    """Survivors that finished the step wait in the next commit_step's agreement, which a revoke
+    does not end; one entering the recovery meets them there with 0: their commit fails and they
+    recover too. A rank whose own commit failed took part in the round already."""
+    from mpi4py import MPI
+
+    registry = registry_of(w=np.zeros(4))
+    others = StepCommits()
+    others.commit(4, agreed)
+    others.step_done(4, registry, dict)
+    with pytest.raises(MPI.Exception) as caught:
+        others.commit(5, lambda flag: 0)  # a survivor in its recovery agreed 0
+    assert caught.value.Get_error_class() == MPI.ERR_PROC_FAILED
+    assert others.held().step == 4
+    calls = []
+    others.join_recovery(lambda flag: calls.append(flag))
+    assert calls == []  # its commit's round was the recovery's
+    recovering = StepCommits()
+    recovering.commit(4, agreed)
+    recovering.join_recovery(lambda flag: calls.append(flag))
+    recovering.join_recovery(lambda flag: calls.append(flag))
+    assert calls == [0]
+    StepCommits().join_recovery(lambda flag: calls.append(flag))  # no commit_step: nobody waits in one
+    assert calls == [0]

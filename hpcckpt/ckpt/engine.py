@@ -161,7 +161,7 @@ class Checkpointer:
         if not self._survives_rank_loss:
             return
         comm = self.job.schedule.comm
-        self.commits.commit(step, lambda: comm.Agree(1))
+        self.commits.commit(step, comm.Agree)
 
     @property
     def survives_rank_loss(self) -> bool:

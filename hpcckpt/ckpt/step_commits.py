@@ -34,12 +34,41 @@ class StepCommits:
         self.in_use = False  # the application calls commit_step
         self.committing: int | None = None  # commit_step(step) passed, due(step) not yet called
         self.finished: HeldStep | None = None
+        self.took_part = False  # this rank met the other survivors in the agreement of this round
 
     def commit(self, step: int, agree) -> None:
-        """`agree()`: the fault-tolerant agreement over the job's ranks; raises where a rank died."""
+        """`agree(flag)`: the fault-tolerant agreement over the job's ranks, the AND of every
+        live rank's flag; raises where a rank died. Agreed 0 (a survivor met it from its
+        recovery: join_recovery), the step is not committed anywhere and a process failure is
+        raised here: this rank recovers too."""
         self.in_use = True
-        agree()  # raising here, nobody changed anything: the step finished before is still held
+        self.took_part = False
+        try:
+            agreed = agree(1)  # raising here, nobody changed anything: the step finished before is held
+        except BaseException:
+            self.took_part = True
+            raise
+        if not agreed:
+            self.took_part = True
+            from mpi4py import MPI
+
+            raise MPI.Exception(MPI.ERR_PROC_FAILED)
         self.committing = step  # until due(step) the arrays change
+
+    def join_recovery(self, agree) -> None:
+        """(a survivor entering the recovery) The agreement is immune to a revoke: survivors
+        that finished the step before the death was reported to them wait in the next
+        commit_step's agreement for every live rank, while this one would wait in the shrink
+        for them. Meeting them there with flag 0 ends their round (their commit fails, and
+        they recover too); survivors that also recover meet each other. Once per round: a rank
+        whose own commit failed took part already."""
+        if not self.in_use or self.took_part:
+            return
+        self.took_part = True
+        try:
+            agree(0)
+        except Exception:  # a death in the round too: the round is over all the same
+            pass
 
     def step_done(self, step: int, registry, frozen_state, rank: int = 0, world_size: int = 1) -> None:
         """due(step) was called: the arrays are those of `step` if it was committed;

@@ -66,11 +66,11 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
     mpiexec = str(prefix / "bin" / "mpiexec")
     flags, _ = mpiexec_flags(mpiexec)
     env = {"MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"), "MPI4PY_MPIABI": "openmpi",
-           # Open MPI 5.0's ULFM with MPI_THREAD_MULTIPLE can lose messages between
-           # survivors after a recovery while the save pipeline's threads communicate beside
-           # the application, and a lost message is a hang; serialized, the pipeline's MPI
-           # runs on the calling thread.
-           "MPI4PY_RC_THREAD_LEVEL": "serialized"}
+           # The save pipeline's threads run its MPI behind the application (mpi4py asks for
+           # MPI_THREAD_MULTIPLE by default; said here, as the job's ranks are launched with
+           # it); MPI4PY_RC_THREAD_LEVEL=serialized set by the user puts every transfer on the
+           # calling thread, in the step (docs/in-job-recovery.md).
+           "MPI4PY_RC_THREAD_LEVEL": os.environ.get("MPI4PY_RC_THREAD_LEVEL", "multiple")}
     forwarded = [arg for name in env for arg in ("-x", name)]
     placed = []
     if hostfile is not None:

@@ -205,6 +205,11 @@ def recover(comm, timeout: float):
     holders = {}
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):
         for ckpt in abandoned:
+            # Survivors waiting in commit_step's agreement (which a revoke does not end) would
+            # wait for this rank there while it waits for them in the shrink.
+            if ckpt.job.schedule is not None and ckpt.job.schedule.comm is not None:
+                ckpt.commits.join_recovery(ckpt.job.schedule.comm.Agree)
+        for ckpt in abandoned:
             if ckpt.job.claim.holder is not None and ckpt.job.comm is not None:
                 # The lease's holder is rank 0 of that checkpointer's communicator.
                 holder_rank = MPI.Group.Translate_ranks(ckpt.job.comm.Get_group(), [0], comm.Get_group())[0]

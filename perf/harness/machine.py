@@ -91,8 +91,11 @@ def _version(distribution: str) -> str | None:
 def _static(mpiexec: str | None, directory: str) -> dict:
     label = None
     try:
-        from hpcckpt.cluster.launcher import find_mpiexec, mpiexec_flags
+        from hpcckpt.cluster.launcher import find_mpiexec, find_ulfm_prefix, mpiexec_flags
 
+        if mpiexec == "ulfm":  # harness/launch.py's ULFM
+            prefix = find_ulfm_prefix()
+            mpiexec = str(prefix / "bin" / "mpiexec") if prefix is not None else None
         _, label = mpiexec_flags(find_mpiexec(mpiexec))
     except OSError:
         pass
