@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
@@ -176,9 +177,21 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
             recoveries += 1
             count_recovery()
             global _survivors
-            comm = _survivors = recover(comm, timeout)
+            comm = _survivors = recover(comm, timeout, exc)
         finally:
             _surviving -= 1
+
+
+def _described(exc: BaseException | None) -> str | None:
+    """The error a rank met first, and where: what tells a death that surfaced in a checkpoint's
+    transfers from one in the application's own collectives."""
+    if exc is None:
+        return None
+    import traceback
+
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename.endswith(".py")]
+    where = f" in {frames[-1].name} ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _job_communicators(comm, checkpointers) -> list:
@@ -187,9 +200,10 @@ def _job_communicators(comm, checkpointers) -> list:
     return [comm, *_application_comms, *[derived for ckpt in checkpointers for derived in ckpt.job.communicators()]]
 
 
-def recover(comm, timeout: float):
+def recover(comm, timeout: float, noticed: BaseException | None = None):
     """(all survivors) Abandon this process's checkpointers, shrink `comm` to the survivors and
-    return their communicator."""
+    return their communicator. `noticed`: the error through which this rank learnt of the
+    failure, kept in the run's record."""
     from mpi4py import MPI
 
     from hpcckpt.run.lease import mark_holder_lost
@@ -227,12 +241,16 @@ def recover(comm, timeout: float):
     for rank in lost & set(holders):
         mark_holder_lost(*holders[rank])
     record = {"event": "process_failure", "lost_ranks": sorted(lost), "ranks_left": survivors.comm.Get_size(),
-              "shrink_s": round(survivors.seconds, 6)}
+              "shrink_s": round(survivors.seconds, 6), "noticed": _described(noticed)}
     for ckpt in abandoned:
         ckpt.abandoned()
     record_for_the_run(record)
     if survivors.comm.Get_rank() == 0:
-        print(f"hpcckpt: rank(s) {', '.join(map(str, sorted(lost)))} of {comm.Get_size()} died: going on in the job "
-              f"on the {survivors.comm.Get_size()} left (shrunk in {survivors.seconds:.3f} s)",
-              file=sys.stderr, flush=True)
+        if lost:
+            said = (f"rank(s) {', '.join(map(str, sorted(lost)))} of {comm.Get_size()} died: going on in the job on "
+                    f"the {survivors.comm.Get_size()} left")
+        else:  # an error of MPI's own that no death explains: the job goes on whole
+            said = (f"a process failure was reported ({record['noticed']}) but no rank of {comm.Get_size()} is lost: "
+                    f"going on in the job on all of them")
+        print(f"hpcckpt: {said} (shrunk in {survivors.seconds:.3f} s)", file=sys.stderr, flush=True)
     return survivors.comm
