@@ -79,7 +79,7 @@ def test_the_auto_interval_is_chosen_and_logged_and_young_daly_with_an_mtbf(tmp_
         auto.stdout
     daly = heat2d(tmp_path / "b", 4, 4, "--set", "checkpoint.mtbf_hours=0.01")
     assert_ok(daly)
-    assert re.search(r"checkpoint interval now \d+ steps: Young/Daly sqrt\(2 C MTBF\) with C = [0-9.]+ ms and "
+    assert re.search(r"checkpoint interval now \d+ steps: Young/Daly: Daly's optimum for C = [0-9.]+ ms and "
                      r"MTBF 0.01 h", daly.stdout), daly.stdout
 
 

@@ -62,7 +62,7 @@ def test_mtbf_gives_the_young_daly_interval(tmp_path):
                "--steps-ms", "2")
     assert_ok(proc)
     [result] = script_results(proc)
-    assert result["reason"].startswith("Young/Daly sqrt(2 C MTBF)"), result
+    assert result["reason"].startswith("Young/Daly: Daly's optimum for C = "), result
     assert "checkpoint interval now" in proc.stdout and "Young/Daly" in proc.stdout
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcckpt.schedule.policy import PROFILE_STEPS, IntervalPolicy
+from hpcckpt.schedule.policy import PROFILE_STEPS, IntervalPolicy, daly_interval
 
 
 def cfg(every, max_overhead=0.035, mtbf_hours=0.0):
@@ -68,8 +68,20 @@ def test_young_daly_interval():
     assert policy.adaptive
     policy.observe_step(0.1)
     policy.observe_checkpoint(6, blocking=0.5, durable=0.2)
-    assert policy.interval == math.ceil(math.sqrt(2 * 0.5 * 7200) / 0.1)
-    assert "Young/Daly" in policy.reason
+    assert policy.interval == math.ceil(daly_interval(0.5, 7200) / 0.1)
+    assert math.sqrt(2 * 0.5 * 7200) - 0.5 < 0.1 * policy.interval < math.sqrt(2 * 0.5 * 7200) + 0.5
+    assert "Young/Daly: Daly's optimum for C = 500.00 ms and MTBF 2.0 h" in policy.reason
+
+
+@pytest.mark.parametrize("mtbf_minutes, published", [(24 * 60, 117), (6 * 60, 57), (15, 9.1)])
+def test_the_interval_is_dalys_optimum_as_he_published_it(mtbf_minutes, published):
+    """Daly (FGCS 2006), section 5: a 5-minute checkpoint, MTBF 24 h, 6 h and 15 min: optimum
+    compute intervals 117, 57 and 9.1 minutes. Young's sqrt(2 C M) gives 120, 60 and 12.2."""
+    assert daly_interval(5 * 60, mtbf_minutes * 60) / 60 == pytest.approx(published, rel=0.01)
+
+
+def test_a_checkpoint_costlier_than_twice_the_mtbf_is_taken_every_mtbf():
+    assert daly_interval(100.0, 40.0) == 40.0
 
 
 def test_profile_survives_restart():
