@@ -10,8 +10,10 @@ Two cases:
   `mpiexec` (the mpich wheel) and under `python -m hpcckpt.cluster.ulfm_mpiexec`;
 - perf/bench_checkpoint.py's 100 MB case (`--quick --approaches hpcckpt`): blocking median
   and the papers' overhead, with `--mpiexec` left out and with `--mpiexec ulfm`.
---serialized adds a third variant of each: the ULFM launch with MPI4PY_RC_THREAD_LEVEL=serialized,
-every level's transfers on the application's thread (what the launcher asked for before).
+The `ulfm` variant asks for MPI_THREAD_MULTIPLE (the save pipeline's threads behind the
+application), which the launch no longer does by default (its agreement beside a thread,
+docs/in-job-recovery.md). --serialized adds a third variant of each: the launch's default,
+serialized MPI, every level's transfers on the application's thread.
 Reported: medians over the pairs, and the ULFM/mpich ratios (target: within 1.5x).
 """
 
@@ -42,8 +44,7 @@ def readme_job(variant: str, run_dir: Path) -> dict:
         command = [*prefix, sys.executable, *args]
     else:
         command = [sys.executable, "-m", "hpcckpt.cluster.ulfm_mpiexec", "-n", "4", sys.executable, *args]
-        if variant == "ulfm_serialized":
-            env["MPI4PY_RC_THREAD_LEVEL"] = "serialized"
+        env["MPI4PY_RC_THREAD_LEVEL"] = "serialized" if variant == "ulfm_serialized" else "multiple"
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     found = SUMMARY.search(proc.stdout + proc.stderr)
     if proc.returncode != 0 or found is None:
@@ -65,8 +66,7 @@ def checkpoint_bench(variant: str, directory: Path) -> dict:
     env = worker_env()
     if variant != "mpich":
         command += ["--mpiexec", "ulfm"]
-        if variant == "ulfm_serialized":
-            env["MPI4PY_RC_THREAD_LEVEL"] = "serialized"
+        env["MPI4PY_RC_THREAD_LEVEL"] = "serialized" if variant == "ulfm_serialized" else "multiple"
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 or not out.is_file():
         raise SystemExit(f"bench_checkpoint under {variant} failed ({proc.returncode}):\n{proc.stdout[-2000:]}"

@@ -12,23 +12,20 @@ due() closed without a commit, or any restore or rewind since the last due().
 
 The agreement's outcome is a bitwise AND, and each rank contributes a flag with bit 0 set:
 COMMITTING where it finished its collectives, RECOVERING (bit 1 clear) where it entered the
-recovery. Open MPI 5's MPIX_Comm_agree, while another thread of the process is inside MPI
-(the save pipeline's, under MPI_THREAD_MULTIPLE), now and then returns 0 on every rank with
-no rank dead and none recovering (tests/scripts/agree_beside_threads.py shows it): an outcome
-with bit 0 clear is no AND of what the ranks gave, and the round is agreed again.
+recovery. Open MPI 5's MPIX_Comm_agree, while another thread of the process is inside MPI,
+now and then returns 0 with no rank dead and none recovering, not always on every rank alike
+(perf/agree_beside_threads.py): an outcome with bit 0 clear is no AND of what the ranks gave.
+It is taken for a failure all the same (agreeing again would leave the ranks that got it
+waiting for those that went on), and said as what it is; the ULFM launch asks for serialized
+MPI, where no library thread is inside MPI beside the agreement.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 COMMITTING = 0b11  # this rank finished the step's collectives
 RECOVERING = 0b01  # this rank entered the recovery: bit 1 cleared ends the others' round
-# Tries of one round whose outcomes are no AND of the flags before the agreement is taken for
-# broken; and how long a rank looks for a recovering survivor's revoke before agreeing again.
-AGREEMENT_TRIES = 8
-REVOKE_LOOK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -51,38 +48,23 @@ class StepCommits:
         self.finished: HeldStep | None = None
         self.took_part = False  # this rank met the other survivors in the agreement of this round
 
-    def commit(self, step: int, agree, failure_reported=lambda: False, on_unsound=None) -> None:
+    def commit(self, step: int, agree, on_unsound=None) -> None:
         """`agree(flag)`: the fault-tolerant agreement over the job's ranks, the AND of every
         live rank's flag; raises where a rank died. Agreed RECOVERING (a survivor met it from
         its recovery: join_recovery), the step is not committed anywhere and a process failure
         is raised here: this rank recovers too. An outcome no flag explains (bit 0 clear) is
-        agreed again, unless `failure_reported()` says a survivor revoked the job's
-        communicators meanwhile (then this rank recovers); `on_unsound(outcome)` is told."""
+        raised the same way, after `on_unsound(outcome)` is told."""
         self.in_use = True
         self.took_part = False
-        for _ in range(AGREEMENT_TRIES):
-            try:
-                agreed = agree(COMMITTING)  # raising here, nobody changed anything: the step finished before is held
-            except BaseException:
-                self.took_part = True
-                raise
-            if agreed & 1:
-                break
-            if on_unsound is not None:
-                on_unsound(agreed)
-            if _reported_within(failure_reported, REVOKE_LOOK_S):
-                self.took_part = True
-                _raise_process_failure()
-        else:
+        try:
+            agreed = agree(COMMITTING)  # raising here, nobody changed anything: the step finished before is held
+        except BaseException:
             self.took_part = True
-            from hpcckpt.errors import CheckpointError
-
-            raise CheckpointError(f"commit_step({step}): MPI's fault-tolerant agreement returned an outcome no rank "
-                                  f"gave {AGREEMENT_TRIES} times in a row (last {agreed}); this MPI's MPIX_Comm_agree "
-                                  f"cannot be trusted: run with MPI4PY_RC_THREAD_LEVEL=serialized, or without in-job "
-                                  f"recovery (the mpich wheel), and report it")
+            raise
         if agreed != COMMITTING:
             self.took_part = True
+            if not agreed & 1 and on_unsound is not None:
+                on_unsound(agreed)
             _raise_process_failure()
         self.committing = step  # until due(step) the arrays change
 
@@ -126,15 +108,6 @@ class StepCommits:
 
     def held(self) -> HeldStep | None:
         return self.finished if self.committing is None else None
-
-
-def _reported_within(failure_reported, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not failure_reported():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _raise_process_failure():
