@@ -160,8 +160,8 @@ class Checkpointer:
         change only between commit_step(step) and due(step). A no-op without ULFM."""
         if not self._survives_rank_loss:
             return
-        said = f"commit_step({step}): MPI's agreement returned {{}}, which no rank gave; taken for a failure"
-        self.commits.commit(step, self.job.schedule.comm.Agree, lambda outcome: self.log.warning(said.format(outcome)))
+        self.commits.commit(step, self.job.schedule.comm.Agree, lambda outcome: self.log.warning(
+            f"commit_step({step}): MPI's agreement returned {outcome}, which no rank gave; taken for a failure"))
 
     @property
     def survives_rank_loss(self) -> bool:
