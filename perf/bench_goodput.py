@@ -81,8 +81,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import (REPO, compile_checkout, find_mpiexec, machine, print_machine, worker_env, write_durably,
-                     write_json)
+from harness import (REPO, compile_checkout, find_mpiexec, machine, print_machine, tagged_ranks, worker_env,
+                     write_durably, write_json)
 
 APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
 # The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a
@@ -408,33 +408,10 @@ class Job:
             self.lines.append((time.monotonic() - started, line.rstrip("\n")))
 
     # -- failures -------------------------------------------------------------------------------
-    def _ranks(self) -> dict[int, int]:
-        """rank -> pid of this job's live ranks (MPICH's PMI_RANK or Open MPI's
-        OMPI_COMM_WORLD_RANK in their environment)."""
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"GOODPUT_JOB_TAG={self.tag}".encode() not in environ:
-                continue
-            rank = next((item.split(b"=", 1)[1] for item in environ
-                         if item.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))), None)
-            try:
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            if rank is not None and "python" in status.split("\n", 1)[0]:
-                found[int(rank)] = int(entry.name)
-        return found
-
     def _strike(self, failure: Failure) -> bool:
         from hpcckpt.cluster.topology import simulated_node_of_rank
 
-        ranks = self._ranks()
+        ranks = tagged_ranks("GOODPUT_JOB_TAG", self.tag, name_contains="python")
         if failure.kind == "crash":
             victim = failure.victims[0]
             if self.in_job and victim not in ranks and ranks:

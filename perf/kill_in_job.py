@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from harness import REPO, compile_checkout, machine, median, mpiexec_command, pin_threads, print_machine, \
-    worker_env, write_json
+    tagged_ranks, worker_env, write_json
 
 RANKS = 4
 STEPS = 400  # the README job's (--steps: another)
@@ -61,22 +61,6 @@ def records(run_dir: Path) -> list[dict]:
         except ValueError:
             continue
     return out
-
-
-def ranks_of(tag: str) -> dict[int, int]:
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        values = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-        rank = values.get(b"OMPI_COMM_WORLD_RANK", values.get(b"PMI_RANK"))
-        if values.get(TAG_VARIABLE.encode()) == tag.encode() and rank is not None:
-            found[int(rank)] = int(entry)
-    return found
 
 
 def newest_step(run_dir: Path) -> int:
@@ -127,7 +111,7 @@ def one_run(number: int, rng: random.Random, work: Path, timeout: float, at: int
     started = time.monotonic()
     while process.poll() is None and time.monotonic() - started < timeout:
         if newest_step(run_dir) >= target:
-            pid = ranks_of(tag).get(victim)
+            pid = tagged_ranks(TAG_VARIABLE, tag).get(victim)
             if pid is not None:
                 killed_at = time.time()
                 os.kill(pid, signal.SIGKILL)
@@ -138,7 +122,7 @@ def one_run(number: int, rng: random.Random, work: Path, timeout: float, at: int
         try:
             process.wait(timeout=dump_after)
         except subprocess.TimeoutExpired:  # a recovery that takes this long: where is every rank?
-            for rank, pid in sorted(ranks_of(tag).items()):
+            for rank, pid in sorted(tagged_ranks(TAG_VARIABLE, tag).items()):
                 spy = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--native", "--pid",
                                       str(pid)], capture_output=True, text=True)
                 dumps += f"\n=== rank {rank} (pid {pid}), {time.time() - killed_at:.1f} s after the kill\n" \

@@ -63,6 +63,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "perf"))
+from harness.processes import tagged_ranks  # noqa: E402 (after the path it comes from)
 
 RANKS = NODES = 4
 EVERY = 20
@@ -126,7 +128,7 @@ def _launch(ulfm: bool) -> tuple[list[str], dict]:
 def _env(tag: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCCKPT_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["CAMPAIGN_TAG"] = tag  # how _ranks_of finds this attempt's ranks (not HPCCKPT_*: no config key)
+    env["CAMPAIGN_TAG"] = tag  # how tagged_ranks finds this attempt's ranks (not HPCCKPT_*: no config key)
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[name] = "1"
     return env
@@ -188,25 +190,8 @@ def _stuck_in_start_up(process, started: Path) -> bool:
     return False
 
 
-def _ranks_of(tag: str) -> dict[int, int]:
-    """rank -> pid of this attempt's ranks (their environment carries the attempt's tag)."""
-    ranks = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        values = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-        rank = values.get(b"PMI_RANK", values.get(b"OMPI_COMM_WORLD_RANK"))
-        if values.get(b"CAMPAIGN_TAG") == tag.encode() and rank is not None:
-            ranks[int(rank)] = int(entry)
-    return ranks
-
-
 def _kill_from_outside(tag: str, kind: str, target: int, directory: Path) -> None:
-    ranks = _ranks_of(tag)
+    ranks = tagged_ranks("CAMPAIGN_TAG", tag)
     if kind == "rank":
         victims = [ranks[target]] if target in ranks else []
     else:  # a node: its ranks stop, its directory goes, then they die (as the injector does)

@@ -68,7 +68,7 @@ def test_a_failure_class_only_l4_covers_is_recovered_from_l4(tmp_path):
 
 
 def test_where_mpi_allows_no_threads_the_persist_that_stalls_training_is_a_versions_cost(tmp_path):
-    """Under MPI_THREAD_SERIALIZED (the fault-tolerant MPI's launcher asks for it) the persist
+    """Under MPI_THREAD_SERIALIZED (a user may ask for it under the fault-tolerant MPI) the persist
     runs inside end_checkpoint(): training waits for all of it. That wait is blocking time,
     and it is what a version costs the per-level choice: L1's stores made 0.3 s slower must
     show in its cost per version (they were counted as nothing: every level every version),

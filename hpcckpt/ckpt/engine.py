@@ -37,9 +37,11 @@ becomes the same CheckpointError on every rank (carrying the failures by rank) a
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Callable, Sequence
 
 from hpcckpt.ckpt.closing import close_run
+from hpcckpt.cluster.mpi_gate import agree
 from hpcckpt.ckpt.job import CommJob, require_running_mpi
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
@@ -160,7 +162,7 @@ class Checkpointer:
         change only between commit_step(step) and due(step). A no-op without ULFM."""
         if not self._survives_rank_loss:
             return
-        self.commits.commit(step, self.job.schedule.comm.Agree, lambda outcome: self.log.warning(
+        self.commits.commit(step, partial(agree, self.job.schedule.comm), lambda outcome: self.log.warning(
             f"commit_step({step}): MPI's agreement returned {outcome}, which no rank gave; taken for a failure"))
 
     @property

@@ -26,6 +26,7 @@ import numpy as np
 import xxhash
 
 from hpcckpt.cluster.collectives import quiet_any, wait_all
+from hpcckpt.cluster.mpi_gate import gated_call
 from hpcckpt.errors import ConfigError
 
 
@@ -102,7 +103,7 @@ def differing(comm, digests: np.ndarray) -> list[int]:
     from mpi4py import MPI
 
     extremes = np.concatenate([digests, ~digests])
-    wait_all([comm.Iallreduce(MPI.IN_PLACE, extremes, op=MPI.MAX)])
+    wait_all([gated_call(comm.Iallreduce, MPI.IN_PLACE, extremes, op=MPI.MAX)])
     return np.flatnonzero(extremes[:len(digests)] != ~extremes[len(digests):]).tolist()
 
 

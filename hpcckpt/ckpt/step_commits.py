@@ -13,11 +13,12 @@ due() closed without a commit, or any restore or rewind since the last due().
 The agreement's outcome is a bitwise AND, and each rank contributes a flag with bit 0 set:
 COMMITTING where it finished its collectives, RECOVERING (bit 1 clear) where it entered the
 recovery. Open MPI 5's MPIX_Comm_agree, while another thread of the process is inside MPI,
-now and then returns 0 with no rank dead and none recovering, not always on every rank alike
-(perf/agree_beside_threads.py): an outcome with bit 0 clear is no AND of what the ranks gave.
-It is taken for a failure all the same (agreeing again would leave the ranks that got it
-waiting for those that went on), and said as what it is; the ULFM launch asks for serialized
-MPI, where no library thread is inside MPI beside the agreement.
+now and then returns 0 (or worse) with no rank dead and none recovering, not always on every
+rank alike (perf/agree_beside_threads.py); the agreement is therefore run through
+cluster/mpi_gate.py, which keeps the library's threads out of MPI meanwhile. Should an outcome
+with bit 0 clear, no AND of what the ranks gave, come all the same, it is taken for a failure
+(agreeing again would leave the ranks that got it waiting for those that went on) and said as
+what it is.
 """
 
 from __future__ import annotations

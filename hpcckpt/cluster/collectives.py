@@ -70,6 +70,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
+from hpcckpt.cluster.mpi_gate import gated_call
 from hpcckpt.errors import CheckpointError, HpcckptError, PeerFailed, StorageError
 from hpcckpt.format.compact import pack_ints, unpack_ints
 
@@ -103,7 +104,7 @@ def test_all(requests: list) -> bool:
 
     statuses = [MPI.Status() for _ in requests]
     try:
-        return MPI.Request.Testall(requests, statuses)
+        return gated_call(MPI.Request.Testall, requests, statuses)
     except MPI.Exception as exc:
         if exc.Get_error_class() != MPI.ERR_IN_STATUS:
             raise
@@ -124,8 +125,8 @@ def post_exchange(comm, sends: list[tuple[int, np.ndarray]], receives: list[tupl
     what it overlaps with them."""
     from mpi4py import MPI
 
-    requests = [comm.Irecv([buffer, MPI.BYTE], source=source, tag=tag) for source, buffer in receives]
-    return requests + [comm.Isend([buffer, MPI.BYTE], dest=dest, tag=tag) for dest, buffer in sends]
+    requests = [gated_call(comm.Irecv, [buffer, MPI.BYTE], source=source, tag=tag) for source, buffer in receives]
+    return requests + [gated_call(comm.Isend, [buffer, MPI.BYTE], dest=dest, tag=tag) for dest, buffer in sends]
 
 
 def exchange_streamed(comm, sends: list[tuple[int, np.ndarray]], receives: list[tuple[int, int, Callable]], tag: int,
@@ -139,7 +140,7 @@ def exchange_streamed(comm, sends: list[tuple[int, np.ndarray]], receives: list[
     chunks are still taken (the sender must finish); its first error is returned."""
     from mpi4py import MPI
 
-    requests = [comm.Isend([buffer[start:start + chunk_bytes], MPI.BYTE], dest=dest, tag=tag)
+    requests = [gated_call(comm.Isend, [buffer[start:start + chunk_bytes], MPI.BYTE], dest=dest, tag=tag)
                 for dest, buffer in sends for start in range(0, buffer.size, chunk_bytes)]
     failure = None
     for source, nbytes, sink in receives:
@@ -149,7 +150,7 @@ def exchange_streamed(comm, sends: list[tuple[int, np.ndarray]], receives: list[
         def post(index: int) -> None:
             if index < len(starts):
                 view = chunk_buffer(index % 2)[:min(chunk_bytes, nbytes - starts[index])]
-                pending[index] = (comm.Irecv([view, MPI.BYTE], source=source, tag=tag), view)
+                pending[index] = (gated_call(comm.Irecv, [view, MPI.BYTE], source=source, tag=tag), view)
         post(0)
         post(1)
         for index, start in enumerate(starts):
@@ -173,7 +174,7 @@ def quiet_any(comm, flag: bool) -> bool:
 
     mine = np.array([1 if flag else 0], dtype=np.int32)
     anyone = np.empty(1, dtype=np.int32)
-    wait_all([comm.Iallreduce(mine, anyone, op=MPI.MAX)])
+    wait_all([gated_call(comm.Iallreduce, mine, anyone, op=MPI.MAX)])
     return bool(anyone[0])
 
 
@@ -311,7 +312,7 @@ def agree_before_exchange(comm, failure: BaseException | None, label: str) -> No
 def on_root(comm, label: str, fn: Callable[[], T], root: int = 0) -> T:
     """(all ranks of comm) Run fn on `root` only and hand its result, or its error, to every
     rank: an HpcckptError as it is, an OSError as a StorageError saying `label` failed (the
-    others would otherwise wait for ever). One broadcast."""
+    others would otherwise wait for ever). One sleeping broadcast (two rounds)."""
     result = None
     if comm.Get_rank() == root:
         try:
@@ -320,7 +321,7 @@ def on_root(comm, label: str, fn: Callable[[], T], root: int = 0) -> T:
             result = exc
         except OSError as exc:
             result = StorageError(f"{label} failed: {exc.strerror or exc}; fix the directory and restart")
-    result = comm.bcast(result, root=root)
+    result = quiet_bcast(comm, result, root=root)
     if isinstance(result, HpcckptError):
         result.collective = True
         raise result
@@ -338,11 +339,11 @@ def quiet_allgather(comm, value):
 
     payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     sizes = np.empty(comm.Get_size(), dtype=np.int64)
-    wait_all([comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes)])
+    wait_all([gated_call(comm.Iallgather, np.array([payload.size], dtype=np.int64), sizes)])
     offsets = np.zeros_like(sizes)
     np.cumsum(sizes[:-1], out=offsets[1:])
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
-    wait_all([comm.Iallgatherv(payload, [gathered, sizes, offsets, MPI.BYTE])])
+    wait_all([gated_call(comm.Iallgatherv, payload, [gathered, sizes, offsets, MPI.BYTE])])
     return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
 
 
@@ -354,14 +355,15 @@ def quiet_gather(comm, value, root: int = 0):
     payload = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     is_root = comm.Get_rank() == root
     sizes = np.empty(comm.Get_size() if is_root else 0, dtype=np.int64)
-    wait_all([comm.Igather(np.array([payload.size], dtype=np.int64), sizes if is_root else None, root=root)])
+    wait_all([gated_call(comm.Igather, np.array([payload.size], dtype=np.int64), sizes if is_root else None,
+                         root=root)])
     if not is_root:
-        wait_all([comm.Igatherv(payload, None, root=root)])
+        wait_all([gated_call(comm.Igatherv, payload, None, root=root)])
         return None
     offsets = np.zeros_like(sizes)
     np.cumsum(sizes[:-1], out=offsets[1:])
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
-    wait_all([comm.Igatherv(payload, [gathered, sizes, offsets, MPI.BYTE], root=root)])
+    wait_all([gated_call(comm.Igatherv, payload, [gathered, sizes, offsets, MPI.BYTE], root=root)])
     return [pickle.loads(gathered[o:o + n]) for o, n in zip(offsets.tolist(), sizes.tolist())]
 
 
@@ -375,10 +377,10 @@ def quiet_bcast(comm, value, root: int = 0):
     payload = np.frombuffer(bytearray(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)), dtype=np.uint8) \
         if is_root else None
     size = np.array([payload.size if is_root else 0], dtype=np.int64)
-    wait_all([comm.Ibcast(size, root=root)])
+    wait_all([gated_call(comm.Ibcast, size, root=root)])
     if not is_root:
         payload = np.empty(int(size[0]), dtype=np.uint8)
-    wait_all([comm.Ibcast([payload, MPI.BYTE], root=root)])
+    wait_all([gated_call(comm.Ibcast, [payload, MPI.BYTE], root=root)])
     return value if is_root else pickle.loads(payload)
 
 
@@ -404,11 +406,11 @@ def quiet_scatter(comm, values: list | None, root: int = 0):
         offsets = np.zeros_like(sizes)
         np.cumsum(sizes[:-1], out=offsets[1:])
         packed = np.frombuffer(bytearray(b"".join(payloads)), dtype=np.uint8)
-        wait_all([comm.Iscatter(sizes, size, root=root)])
+        wait_all([gated_call(comm.Iscatter, sizes, size, root=root)])
     else:
-        wait_all([comm.Iscatter(None, size, root=root)])
+        wait_all([gated_call(comm.Iscatter, None, size, root=root)])
     received = np.empty(int(size[0]), dtype=np.uint8)
-    wait_all([comm.Iscatterv([packed, sizes, offsets, MPI.BYTE] if is_root else None, [received, MPI.BYTE],
+    wait_all([gated_call(comm.Iscatterv, [packed, sizes, offsets, MPI.BYTE] if is_root else None, [received, MPI.BYTE],
                              root=root)])
     return pickle.loads(received)
 
@@ -480,18 +482,19 @@ def exchange_objects(comm, value, send_to, receive_from, tag: int) -> dict:
     send_to, receive_from = list(send_to), list(receive_from)
     size = np.array([payload.size], dtype=np.int64)
     sizes = {source: np.empty(1, dtype=np.int64) for source in receive_from}
-    wait_all([comm.Irecv(sizes[source], source=source, tag=tag) for source in receive_from]
-             + [comm.Isend(size, dest=dest, tag=tag) for dest in send_to])
+    wait_all([gated_call(comm.Irecv, sizes[source], source=source, tag=tag) for source in receive_from]
+             + [gated_call(comm.Isend, size, dest=dest, tag=tag) for dest in send_to])
     buffers = {source: np.empty(int(sizes[source][0]), dtype=np.uint8) for source in receive_from}
-    wait_all([comm.Irecv([buffers[source], MPI.BYTE], source=source, tag=tag + 1) for source in receive_from]
-             + [comm.Isend([payload, MPI.BYTE], dest=dest, tag=tag + 1) for dest in send_to])
+    wait_all([gated_call(comm.Irecv, [buffers[source], MPI.BYTE], source=source, tag=tag + 1)
+              for source in receive_from]
+             + [gated_call(comm.Isend, [payload, MPI.BYTE], dest=dest, tag=tag + 1) for dest in send_to])
     return {source: pickle.loads(buffer) for source, buffer in buffers.items()}
 
 
 def quiet_barrier(comm) -> None:
     """A barrier that sleeps while it waits: MPICH's blocking barrier spins, and on shared cores
     a spinning background thread steals time from training and from the ranks doing I/O."""
-    wait_all([comm.Ibarrier()])
+    wait_all([gated_call(comm.Ibarrier)])
 
 
 def route_rows(comm, rows, destinations, sizes_known=None):

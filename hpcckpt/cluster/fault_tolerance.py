@@ -32,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from hpcckpt.cluster.mpi_gate import held
 from hpcckpt.exit_record import record_exit
 
 # What a rank exits with when the job cannot go on in place: the restart loop retries any
@@ -80,11 +81,12 @@ _watching: bool | None = None  # whether this process can survive failures (deci
 def _failures_known() -> int:
     from mpi4py import MPI
 
-    failed = MPI.COMM_WORLD.Get_failed()
-    try:
-        return failed.Get_size()
-    finally:
-        failed.Free()
+    with held():  # asked from the pipeline's threads too
+        failed = MPI.COMM_WORLD.Get_failed()
+        try:
+            return failed.Get_size()
+        finally:
+            failed.Free()
 
 
 def a_rank_died() -> bool:
@@ -105,10 +107,11 @@ def failure_reported(*comms) -> bool:
 
     # A probe of this rank's own messages on COMM_SELF: it drives progress and, unlike an
     # ANY_SOURCE probe on a communicator with a dead member, never fails for that death.
-    MPI.COMM_SELF.Iprobe(0, _PROGRESS_TAG)
-    if a_rank_died():
-        return True
-    return any(_is_communicator(comm) and comm.Is_revoked() for comm in comms)
+    with held():
+        MPI.COMM_SELF.Iprobe(0, _PROGRESS_TAG)
+        if a_rank_died():
+            return True
+        return any(_is_communicator(comm) and comm.Is_revoked() for comm in comms)
 
 
 _PROGRESS_TAG = 32100  # a tag nothing sends to

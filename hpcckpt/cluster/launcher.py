@@ -66,12 +66,11 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
     mpiexec = str(prefix / "bin" / "mpiexec")
     flags, _ = mpiexec_flags(mpiexec)
     env = {"MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"), "MPI4PY_MPIABI": "openmpi",
-           # Open MPI 5.0's MPIX_Comm_agree returns outcomes no rank gave (0), now and then
-           # and not always alike on every rank, while another thread of the rank is inside
-           # MPI (docs/in-job-recovery.md): commit_step's agreement cannot run beside the
-           # save pipeline's threads. Serialized, the pipeline's MPI runs on the calling
-           # thread; MPI4PY_RC_THREAD_LEVEL=multiple set by the user asks for the threads.
-           "MPI4PY_RC_THREAD_LEVEL": os.environ.get("MPI4PY_RC_THREAD_LEVEL", "serialized")}
+           # The save pipeline's threads move the levels' bytes behind the application; they
+           # keep out of MPI while commit_step's agreement is in it (cluster/mpi_gate.py).
+           # MPI4PY_RC_THREAD_LEVEL=serialized set by the user runs the pipeline's MPI on the
+           # application's thread instead.
+           "MPI4PY_RC_THREAD_LEVEL": os.environ.get("MPI4PY_RC_THREAD_LEVEL", "multiple")}
     forwarded = [arg for name in env for arg in ("-x", name)]
     placed = []
     if hostfile is not None:

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from hpcckpt.cluster.collectives import wait_all
+from hpcckpt.cluster.mpi_gate import gated_call
 from hpcckpt.io.direct_io import ReusedBuffers
 
 
@@ -77,10 +78,10 @@ def rebuild_in_rounds(comm, code, decoder: int, segment: int, chunk: int, source
                 if rank == decoder:
                     available[source.block] = data
                 else:
-                    requests.append((comm.Isend([data, MPI.BYTE], dest=decoder, tag=tag), data))
+                    requests.append((gated_call(comm.Isend, [data, MPI.BYTE], dest=decoder, tag=tag), data))
             elif rank == decoder:
                 buffer = buffers.get(("rebuild", index % 2, j), length)
-                requests.append((comm.Irecv([buffer, MPI.BYTE], source=source.provider, tag=tag), buffer))
+                requests.append((gated_call(comm.Irecv, [buffer, MPI.BYTE], source=source.provider, tag=tag), buffer))
                 available[source.block] = buffer
         return requests, available
 

@@ -34,11 +34,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
                                              is_process_failure, revoke, shrink)
+from hpcckpt.cluster.mpi_gate import agree
 from hpcckpt.run.in_job_state import (count_recovery, forget_held, hold, open_checkpointers, recoveries_in_job,
                                       record as record_for_the_run)
 
@@ -222,7 +224,7 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
             # Survivors waiting in commit_step's agreement (which a revoke does not end) would
             # wait for this rank there while it waits for them in the shrink.
             if ckpt.job.schedule is not None and ckpt.job.schedule.comm is not None:
-                ckpt.commits.join_recovery(ckpt.job.schedule.comm.Agree)
+                ckpt.commits.join_recovery(partial(agree, ckpt.job.schedule.comm))
         for ckpt in abandoned:
             if ckpt.job.claim.holder is not None and ckpt.job.comm is not None:
                 # The lease's holder is rank 0 of that checkpointer's communicator.

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hpcckpt.cluster.collectives import quiet_any
 from hpcckpt.save.threads import Worker
 
 
@@ -53,9 +54,6 @@ class AsyncFlush:
     for the next call on the main thread."""
 
     def __init__(self, comm, copy: Callable, log, on_start: Callable[[], None] | None = None):
-        from mpi4py import MPI
-
-        self._max = MPI.MAX
         self.comm = comm.Dup()
         self.copy = copy
         self.log = log
@@ -74,7 +72,7 @@ class AsyncFlush:
         if not (due or self.owed):
             return False
         self.stats.offered += due
-        busy = persist_comm.allreduce(0 if self.idle.is_set() else 1, op=self._max)
+        busy = quiet_any(persist_comm, not self.idle.is_set())
         if busy:
             self.stats.skipped += due
             self.owed = True

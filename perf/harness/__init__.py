@@ -10,7 +10,9 @@
 - results (harness/results.py): results as JSON, with the machine;
 - baselines (harness/baselines.py): raw files written durably (sharded or one writer), h5py
   and torch DCP over a gloo group of the MPI ranks, measured beside hpcckpt in the same run;
-- load (harness/load.py): how busy the machine was while a benchmark ran.
+- load (harness/load.py): how busy the machine was while a benchmark ran;
+- processes (harness/processes.py): a job's ranks found from outside, to kill one as a crash
+  does.
 
 The scripts run as `python perf/<script>.py`, so perf/ is on sys.path and `from harness import
 ...` finds this package; it puts the checkout on sys.path too. Importing it loads neither
@@ -28,6 +30,7 @@ from .launch import (REPO, THREAD_VARS, compile_checkout, find_mpiexec, mpiexec_
                      run_worker, worker_env)
 from .load import ForeignLoad
 from .machine import describe, machine, mem_total, print_machine
+from .processes import tagged_ranks
 from .results import write_json
 from .stats import alternated, median, paper_delay, paper_overhead, rotated, time_median
 
@@ -57,6 +60,6 @@ def __getattr__(name):
 __all__ = ["REPO", "THREAD_VARS", "Dcp", "ForeignLoad", "alternated", "available", "bcast_arrays", "compile_checkout",
            "describe",
            "find_mpiexec", "fsync_path", "gloo_close", "gloo_group", "h5py_load", "h5py_save", "machine",
-           "median", "mem_total", "mpiexec_command", "paper_delay", "paper_overhead", "pin_threads",
+           "median", "mem_total", "mpiexec_command", "paper_delay", "paper_overhead", "pin_threads", "tagged_ranks",
            "print_machine", "quiet_barrier", "rotated", "run_mpi", "run_worker", "shard_bounds", "time_median",
            "worker_env", "write_durably", "write_json"]
