@@ -10,10 +10,10 @@ Two cases:
   `mpiexec` (the mpich wheel) and under `python -m hpcckpt.cluster.ulfm_mpiexec`;
 - perf/bench_checkpoint.py's 100 MB case (`--quick --approaches hpcckpt`): blocking median
   and the papers' overhead, with `--mpiexec` left out and with `--mpiexec ulfm`.
-The `ulfm` variant asks for MPI_THREAD_MULTIPLE (the save pipeline's threads behind the
-application), which the launch no longer does by default (its agreement beside a thread,
-docs/in-job-recovery.md). --serialized adds a third variant of each: the launch's default,
-serialized MPI, every level's transfers on the application's thread.
+The `ulfm` variant asks for MPI_THREAD_MULTIPLE, the launch's default (the save pipeline's
+threads behind the application, kept out of MPI while commit_step's agreement is in it:
+cluster/mpi_gate.py). --serialized adds a third variant of each: serialized MPI, every
+level's transfers on the application's thread.
 Reported: medians over the pairs, and the ULFM/mpich ratios (target: within 1.5x).
 """
 
