@@ -1,5 +1,5 @@
 """Command line: hpcckpt train | evaluate | inspect | report | verify | export | halt | exec | make-data |
-clean-shm (run train, evaluate and exec under mpiexec for several ranks)."""
+clean-shm | plan (run train, evaluate and exec under mpiexec for several ranks)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
                                 "categorical ids per sample (dataset 'ids'), 0/1 labels")
     make_data.add_argument("--fields", type=int, default=8)
     make_data.add_argument("--vocabulary", type=int, default=20000)
+
+    _add_plan_parser(commands)
     return parser
+
+
+def _add_plan_parser(commands) -> None:
+    from hpcckpt.simulate.plan import PARAMS
+
+    plan = commands.add_parser(
+        "plan", help="for a site's machine and failure rates: the levels and intervals the library would choose, "
+                     "the goodput simulated, the spares to hold and the config lines to paste (no MPI)",
+        description="Anything not given is assumed (an H100 cluster as Llama 3 ran it) and said so. Sizes take "
+                    "B, kB, MB, GB, TB or KiB ... PiB; bandwidths the same per second (GB/s) or bits (Gb/s); "
+                    "durations s, min, h, d or w; an MTBF may be none.")
+    plan.add_argument("-c", "--config", help="TOML file whose [plan] table gives any of the values below by the "
+                                             "same names (nodes = 2048, pfs_write_bw = \"2TB/s\"); flags override it")
+    for param in PARAMS:
+        plan.add_argument(param.flag, dest=param.name, metavar="VALUE", help=f"{param.help} (e.g. {param.example})")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _world():
@@ -362,6 +380,17 @@ def _command_verify(args) -> int:
     return 0 if not problems else 1
 
 
+def _command_plan(args) -> int:
+    import json
+
+    from hpcckpt.simulate.plan import PARAMS, make_plan, read_settings, render, to_json
+
+    settings = read_settings({param.name: getattr(args, param.name) for param in PARAMS}, args.config)
+    plan = make_plan(settings)
+    print(json.dumps(to_json(plan), indent=1) if args.json else render(plan))
+    return 0
+
+
 def _command_clean_shm(args) -> int:
     from hpcckpt.cluster.shm_orphans import find_orphans, remove_orphans
 
@@ -419,7 +448,7 @@ def _command_exec(args) -> int:
 
 COMMANDS = {"clean-shm": _command_clean_shm, "exec": _command_exec, "halt": _command_halt, "train": _command_train, "make-data": _command_make_data,
             "inspect": _command_inspect, "export": _command_export, "evaluate": _command_evaluate,
-            "verify": _command_verify, "report": _command_report}
+            "verify": _command_verify, "report": _command_report, "plan": _command_plan}
 
 
 def main(argv=None) -> int:

@@ -161,6 +161,16 @@ def test_a_cut_run_keeps_only_the_progress_restored():
     assert result.work_s < result.wall_s and result.work_s % 300.0 == 0
 
 
+def test_restarts_that_failures_always_cut_short_end_at_the_cut_not_never():
+    """A restart of 100 s against a failure every second never finishes: the run is cut at
+    max_wall_s inside the restarts, with the progress it would go on from."""
+    plan = RunPlan(1000.0, 10.0, (SimLevel("L4", None, 1.0, 1.0),), (SimFailure("crash", 0, 1.0),),
+                   {("crash", "L4"): 100.0})
+    result = simulate_run(plan, seed=2, max_wall_s=5000.0)
+    assert result.truncated and 5000.0 <= result.wall_s < 5100.0 and result.work_s == 0.0
+    assert result.failures > 2000
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(levels=(SimLevel("L1", 0, 1.0, 1.0),)), "no level survives every failure"),
     (dict(interval_s=0.0), "interval_s"),

@@ -264,6 +264,9 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
             recovery_s += failed_at - now
             now = failed_at
             failures += 1
+            if now >= max_wall_s:  # restarts that never end between failures: cut here, not never
+                n0 = restored
+                break
             failure = later
             lost = _lost_after(plan.during_restart, lost, later.domains_lost, levels[source])
     kept = (n0 if truncated else last) * plan.interval_s
