@@ -131,14 +131,23 @@ def _command_train(args) -> int:
     faults = [parse_fault(text) for text in args.inject]
     comm = _world()
     record_started(comm)
-    if config.cluster.simulated_nodes > comm.Get_size():
+    spares = config.resilience.spares
+    workers = comm.Get_size() - spares
+    if workers < 1:
         from hpcckpt.errors import ConfigError
 
+        raise ConfigError(f"{config.origin('resilience.spares')}: resilience.spares = {spares} but the job has "
+                          f"{comm.Get_size()} rank(s): mpiexec -n counts the spares too; start more ranks or hold "
+                          f"fewer spares")
+    if config.cluster.simulated_nodes > workers:
+        from hpcckpt.errors import ConfigError
+
+        spared = f" besides the {spares} spare(s)" if spares else ""
         raise ConfigError(
             f"{config.origin('cluster.simulated_nodes')}: cluster.simulated_nodes = {config.cluster.simulated_nodes} "
-            f"but only {comm.Get_size()} ranks run; use at most {comm.Get_size()} or start more ranks with mpiexec -n"
+            f"but only {workers} ranks run{spared}; use at most {workers} or start more ranks with mpiexec -n"
         )
-    _check_fault_targets(faults, config, comm)
+    _check_fault_targets(faults, config, comm, workers)
     if args.init_optimizer and not args.init_from:
         from hpcckpt.errors import ConfigError
 
@@ -153,7 +162,9 @@ def _command_train(args) -> int:
         return run_training(config, comm, restart=restart, faults=faults, init_from=args.init_from,
                             init_optimizer=args.init_optimizer)
 
-    summary = run_surviving(train, comm)
+    summary = run_surviving(train, comm, spares=spares)
+    if summary is None:  # an idle spare, released at the end: the workers' summary says how it went
+        return 0
     if summary.halted:
         from hpcckpt.schedule.stopping import EXIT_HALTED
 
@@ -161,12 +172,12 @@ def _command_train(args) -> int:
     return 0
 
 
-def _check_fault_targets(faults, config, comm) -> None:
+def _check_fault_targets(faults, config, comm, size: int) -> None:
     """A fault aimed at a rank or node the job does not have would never fire, and a test or
-    demo relying on it would pass for the wrong reason."""
+    demo relying on it would pass for the wrong reason. `size`: the ranks that run main (the
+    spares do not)."""
     from hpcckpt.errors import ConfigError
 
-    size = comm.Get_size()
     for fault in faults:
         if fault.kind != "node-loss" and fault.target != -1 and not 0 <= fault.target < size:
             raise ConfigError(f"--inject {fault.kind}:rank={fault.target}: this job has ranks 0 to {size - 1}; "

@@ -184,6 +184,10 @@ class ResilienceConfig:
     # in memory where everything protected is replicated and the application calls
     # commit_step (restore/from_memory.py); false: they always read a version.
     in_job_from_memory: bool = True
+    # Ranks started beside the job's that wait idle and take dead ranks' places in the job, so
+    # it goes on at its size (run/spares.py; needs in-job recovery, ULFM): the last that many
+    # of `mpiexec -n`. More deaths than spares: the job shrinks for the rest.
+    spares: int = 0
 
 
 @dataclass(frozen=True)
@@ -268,7 +272,8 @@ _POSITIVE = {
 }
 _AT_LEAST = {("data", "classes"): 2}
 _NON_NEGATIVE = {
-    ("run", "seed"), ("eval", "every_steps"), ("resilience", "skip_batches_on_rewind"), ("cluster", "simulated_nodes"), ("cluster", "simulated_domains"),
+    ("run", "seed"), ("eval", "every_steps"), ("resilience", "skip_batches_on_rewind"), ("resilience", "spares"),
+    ("cluster", "simulated_nodes"), ("cluster", "simulated_domains"),
     ("storage", "pfs_bandwidth_mb"), ("storage", "pfs_read_bandwidth_mb"), ("storage", "local_bandwidth_mb"), ("storage", "memory_budget_mb"), ("run", "halt_seconds"), ("run", "end_time"), ("checkpoint", "mtbf_hours"), ("resilience", "mtbf_crash_hours"), ("resilience", "mtbf_node_hours"),
     ("resilience", "mtbf_two_nodes_hours"), ("checkpoint", "persist_nice"), ("optimizer", "momentum"),
     ("optimizer", "weight_decay"),

@@ -96,15 +96,18 @@ def _differing_copies(comm, digests: list[tuple[str, int]]) -> str:
     return ", ".join(problems[:8]) + (f" and {len(problems) - 8} more" if len(problems) > 8 else "")
 
 
-def differing(comm, digests: np.ndarray) -> list[int]:
+def differing(comm, digests: np.ndarray | None, count: int = 0) -> list[int]:
     """(all ranks, a uint64 digest per array in the same order everywhere) The indices of the
     arrays whose digests are not the same on every rank of `comm`: one allreduce of the digests
-    and their complements gives each one's largest and smallest."""
+    and their complements gives each one's largest and smallest. `digests` None: this rank
+    holds none of the `count` arrays and takes no part in the comparison (zeros in both halves
+    change no maximum)."""
     from mpi4py import MPI
 
-    extremes = np.concatenate([digests, ~digests])
+    extremes = np.concatenate([digests, ~digests]) if digests is not None else np.zeros(2 * count, dtype=np.uint64)
     wait_all([gated_call(comm.Iallreduce, MPI.IN_PLACE, extremes, op=MPI.MAX)])
-    return np.flatnonzero(extremes[:len(digests)] != ~extremes[len(digests):]).tolist()
+    half = len(extremes) // 2
+    return np.flatnonzero(extremes[:half] != ~extremes[half:]).tolist()
 
 
 def _ranks(ranks: list[int]) -> str:

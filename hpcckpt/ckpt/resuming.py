@@ -171,8 +171,9 @@ class Resuming:
         job.arrays.check_memory()
         memory = go_on_from_memory(job.comm, held, job.arrays.registry, self.log)
         if memory is not None:
-            self.log.info(f"went on from step {memory.step}, held in memory by the {job.world_size} survivor(s): no "
-                          f"version read ({memory.seconds:.3f} s)", console=True)
+            spares = f" and handed to {memory.handed_to} spare(s) in dead ranks' places" if memory.handed_to else ""
+            self.log.info(f"went on from step {memory.step}, held in memory by the {job.world_size - memory.handed_to} "
+                          f"survivor(s){spares}: no version read ({memory.seconds:.3f} s)", console=True)
         return memory
 
     def state_problems(self, saved: dict, written_by: int) -> list[str]:

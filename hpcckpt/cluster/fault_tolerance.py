@@ -79,14 +79,28 @@ _watching: bool | None = None  # whether this process can survive failures (deci
 
 
 def _failures_known() -> int:
+    """Dead processes MPI knows of, but idle spares (run/spares.py): the workers go on without
+    them, and the next recovery counts them as lost."""
     from mpi4py import MPI
 
     with held():  # asked from the pipeline's threads too
         failed = MPI.COMM_WORLD.Get_failed()
         try:
-            return failed.Get_size()
+            count = failed.Get_size()
+            if not count or not _idle_spares:
+                return count
+            world = MPI.Group.Translate_ranks(failed, list(range(count)), MPI.COMM_WORLD.Get_group())
+            return sum(1 for rank in world if rank not in _idle_spares)
         finally:
             failed.Free()
+
+
+_idle_spares: frozenset = frozenset()  # COMM_WORLD ranks of the idle spares
+
+
+def note_idle_spares(world_ranks) -> None:
+    global _idle_spares
+    _idle_spares = frozenset(world_ranks)
 
 
 def a_rank_died() -> bool:
@@ -225,6 +239,21 @@ def world_ranks_after_shrink(comm) -> tuple[int, ...] | None:
         return None
     return tuple(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
                                            MPI.COMM_WORLD.Get_group()))
+
+
+_spares_at_start = 0  # the last ranks of COMM_WORLD started as spares (run/spares.py)
+
+
+def note_spares_at_start(spares: int) -> None:
+    global _spares_at_start
+    _spares_at_start = spares
+
+
+def spares_at_start() -> int:
+    """How many of COMM_WORLD's last ranks were started as spares: with simulated nodes they
+    sit on a node of their own past the workers' (a spare node), where they would on a
+    cluster."""
+    return _spares_at_start
 
 
 def inherit_topology(topology) -> None:

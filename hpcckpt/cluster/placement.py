@@ -30,23 +30,28 @@ def discover_topology(comm, simulated_nodes: int = 0, failure_domains: str = "au
     """
     rules = parse_domain_rules(failure_domains)
     if simulated_nodes:
-        from hpcckpt.cluster.fault_tolerance import inherited_topology, world_ranks_after_shrink
+        from hpcckpt.cluster.fault_tolerance import inherited_topology, spares_at_start, world_ranks_after_shrink
 
         inherited = inherited_topology(comm.Get_size())
         if inherited is not None:
             return inherited
         world = world_ranks_after_shrink(comm)
+        spares = spares_at_start()
         if world is not None:  # the survivors of dead ranks keep the nodes they were placed on
             from mpi4py import MPI
 
-            placed = simulated_node_of_rank(MPI.COMM_WORLD.Get_size(), simulated_nodes)
+            workers = MPI.COMM_WORLD.Get_size() - spares
+            placed = simulated_node_of_rank(workers, simulated_nodes) + (simulated_nodes,) * spares
             node_of_rank = tuple(placed[rank] for rank in world)
         else:
             node_of_rank = simulated_node_of_rank(comm.Get_size(), simulated_nodes)
         if not simulated_domains:
             return Topology(node_of_rank)
         names = tuple(f"domain {d}" for d in range(simulated_domains))
-        return Topology(node_of_rank, simulated_domain_of_node(simulated_nodes, simulated_domains), names)
+        domain_of_node = simulated_domain_of_node(simulated_nodes, simulated_domains)
+        if spares:  # the spare node is a domain of its own
+            domain_of_node, names = domain_of_node + (simulated_domains,), names + ("spare node",)
+        return Topology(node_of_rank, domain_of_node, names)
     from mpi4py import MPI
 
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcckpt.ckpt.replicas import differing, digest
+from hpcckpt.cluster.backend import array_module
+from hpcckpt.cluster.collectives import exchange, quiet_allgather, quiet_bcast
 from hpcckpt.format.rank_state import split_state
 
 
@@ -39,6 +41,7 @@ class FromMemory:
     seconds: float
     rank_states: dict  # {this survivor's rank then: its own per-rank state then}
     world_size: int  # the job's ranks then
+    handed_to: int = 0  # spares in dead ranks' places that a survivor gave the step to
 
 
 def offer(held, registry, world_size: int) -> tuple[int, str | None]:
@@ -69,33 +72,80 @@ def offer(held, registry, world_size: int) -> tuple[int, str | None]:
 def go_on_from_memory(comm, held, registry, log) -> FromMemory | None:
     """(all ranks of the survivors' communicator) The arrays protected now filled with the
     finished step the survivors hold, and that step's state; or None (said in the log), the
-    arrays untouched, where the restart must read a version instead."""
+    arrays untouched, where the restart must read a version instead. `held` is FILLING on a
+    spare in a dead rank's place: a survivor that holds the step sends it the arrays."""
+    from hpcckpt.run.in_job_state import FILLING
+
     started = time.perf_counter()
-    rank = comm.Get_rank()
-    everyone = comm.allgather(offer(held, registry, comm.Get_size()))
+    filling = held is FILLING
+    everyone = quiet_allgather(comm, (FILLING_PLACE, None) if filling else offer(held, registry, comm.Get_size()))
     refusing = [(r, why) for r, (_, why) in enumerate(everyone) if why is not None]
+    needy = [r for r, (step, _) in enumerate(everyone) if step == FILLING_PLACE]
+    holders = [r for r in range(len(everyone)) if r not in needy]
+    if not refusing and needy and registry.per_rank_states:
+        refusing = [(needy[0], f"a spare took the place of a rank that died, and per-rank state "
+                               f"{sorted(registry.per_rank_states)[0]!r} died with it")]
+    if not refusing and not holders:
+        refusing = [(0, "no survivor holds a finished step")]
     if refusing:
         first, why = refusing[0]
         others = f" (and {len(refusing) - 1} more rank(s))" if len(refusing) > 1 else ""
         log.info(f"the survivors read a version: rank {first}{others} cannot go on from memory: {why}",
                  console=True)
         return None
-    steps = sorted({step for step, _ in everyone})
+    steps = sorted({everyone[r][0] for r in holders})
     if len(steps) > 1:
         log.warning(f"the survivors hold different steps ({', '.join(map(str, steps))}): due() was called out of step "
                     "on some rank; reading a version instead")
         return None
-    kept = [(name, held.arrays[name]) for name in registry.arrays]
-    differ = differing(comm, np.array([digest(array) for _, array in kept], dtype=np.uint64)) if kept else []
+    names = list(registry.arrays)
+    digests = None if filling else np.array([digest(held.arrays[name]) for name in names], dtype=np.uint64)
+    differ = differing(comm, digests, len(names)) if names else []
     if differ:
-        names = ", ".join(repr(kept[i][0]) for i in differ[:4])
-        log.warning(f"the survivors' copies of step {steps[0]} differ ({names}{' ...' if len(differ) > 4 else ''}): "
+        listed = ", ".join(repr(names[i]) for i in differ[:4])
+        log.warning(f"the survivors' copies of step {steps[0]} differ ({listed}{' ...' if len(differ) > 4 else ''}): "
                     "the arrays were changed outside commit_step .. due(); reading a version instead")
         return None
-    for name, array in kept:
-        target = registry.arrays[name].array
-        if array is not target:
-            target[...] = array
-    state = comm.bcast(held.state if rank == 0 else None, root=0)
+    if not filling:
+        for name in names:
+            array, target = held.arrays[name], registry.arrays[name].array
+            if array is not target:
+                target[...] = array
+    if needy:
+        _hand_to_spares(comm, registry, holders, needy)
+    root = holders[0]
+    state = quiet_bcast(comm, held.state if comm.Get_rank() == root else None, root=root)
+    seconds = time.perf_counter() - started
+    if filling:
+        return FromMemory(steps[0], state, seconds, {}, comm.Get_size(), len(needy))
     _, own = split_state(held.state, registry.per_rank_states)
-    return FromMemory(steps[0], state, time.perf_counter() - started, {held.rank: own}, held.world_size)
+    return FromMemory(steps[0], state, seconds, {held.rank: own}, held.world_size, len(needy))
+
+
+FILLING_PLACE = -2  # what a spare in a dead rank's place offers: no step of its own
+
+
+def _hand_to_spares(comm, registry, holders: list[int], needy: list[int]) -> None:
+    """(all ranks) Each spare in a dead rank's place gets every protected array from a
+    survivor (spares spread over the survivors: O(state) sent per survivor, not per spare)."""
+    rank = comm.Get_rank()
+    source_of = {spare: holders[i % len(holders)] for i, spare in enumerate(needy)}
+    for protected in registry.arrays.values():  # one after the other: MPI keeps their order
+        target = protected.array
+        sends = [(spare, _host_bytes(target)) for spare, source in source_of.items() if source == rank]
+        received = np.empty(target.nbytes, dtype=np.uint8) if rank in source_of else None
+        receives = [(source_of[rank], received)] if received is not None else []
+        exchange(comm, sends, receives, HAND_OVER_TAG)
+        if received is not None:
+            values = received.view(target.dtype).reshape(target.shape)
+            xp = array_module(target)
+            target[...] = values if xp is np else xp.asarray(values)
+
+
+HAND_OVER_TAG = 32200
+
+
+def _host_bytes(array) -> np.ndarray:
+    xp = array_module(array)
+    host = array if xp is np else xp.asnumpy(array)
+    return np.ascontiguousarray(host).reshape(-1).view(np.uint8)

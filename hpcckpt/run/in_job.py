@@ -38,11 +38,14 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from hpcckpt.cluster.collectives import quiet_bcast
 from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
-                                             is_process_failure, revoke, shrink)
+                                             is_process_failure, note_spares_at_start, revoke, shrink)
 from hpcckpt.cluster.mpi_gate import agree
-from hpcckpt.run.in_job_state import (count_recovery, forget_held, hold, open_checkpointers, recoveries_in_job,
-                                      record as record_for_the_run)
+from hpcckpt.errors import ConfigError
+from hpcckpt.run.in_job_state import (FILLING, count_recovery, forget_held, held_runs, hold, open_checkpointers,
+                                      recoveries_in_job, record as record_for_the_run)
+from hpcckpt.run.spares import SparePool
 
 T = TypeVar("T")
 
@@ -81,10 +84,11 @@ def close_left_open() -> None:
 
 def speaks_for_the_job(world_rank: int) -> bool:
     """Whether this rank records how the job ended (exit_record.py): rank 0 of the world, or
-    after ranks died in the job rank 0 of the survivors (the world's may be among the dead)."""
+    after ranks died in the job rank 0 of the working survivors (the world's may be among the
+    dead; an idle spare never speaks)."""
     if _survivors is None:
         return world_rank == 0
-    return _survivors.Get_rank() == 0
+    return _working is not None and _working.Get_rank() == 0
 
 
 def exit_if_survived_failures(code: int) -> None:
@@ -107,7 +111,9 @@ def exit_if_survived_failures(code: int) -> None:
 
 
 LINGER_S = 0.5
-_survivors = None  # the communicator of the last recovery's survivors
+_survivors = None  # the communicator of the last recovery's survivors, idle spares included
+_working = None  # of those, the ranks that run main (None on an idle spare)
+_pool = None  # the job's spare ranks (run/spares.py), where it holds any
 
 
 def caused_by_process_failure(exc: BaseException, comms=()) -> bool:
@@ -146,20 +152,41 @@ DETECTION_S = 7.0
 
 
 def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60.0,
-                  max_recoveries: int | None = None) -> T:
+                  max_recoveries: int | None = None, spares: int = 0) -> T | None:
     """(all ranks) main(comm), entered again on the survivors' communicator each time ranks
     die, at most `max_recoveries` times (None: as long as ranks are left). Returns what the
-    last main returned."""
+    last main returned. `spares`: the last that many ranks of `comm` do not run main but wait
+    to take dead ranks' places (run/spares.py), so that main goes on at its size; an idle
+    spare released at the end returns None."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
     unavailable = in_job_recovery_unavailable()
+    global _pool, _survivors, _working
+    if spares:
+        if unavailable is not None:
+            raise ConfigError(f"resilience.spares = {spares}: spare ranks take dead ranks' places in the job, "
+                              f"which needs in-job recovery: {unavailable}; set resilience.spares = 0 here")
+        _pool = SparePool(comm, spares)
+        note_spares_at_start(spares)
+        comm = _pool.work
     recoveries = 0
     global _surviving
     while True:
+        if _pool is not None and _pool.is_spare:
+            if not _pool.wait_idle():
+                return None  # the workers are done
+            count_recovery()
+            comm = _survivors = _join_recovery_as_spare(_pool, timeout)
+            if not _pool.is_spare:
+                comm = _working = _pool.work
+            continue
         _surviving += 1
         try:
-            return main(comm)
+            result = main(comm)
+            if _pool is not None:
+                _pool.release()
+            return result
         except BaseException as exc:
             if unavailable is not None:
                 raise
@@ -178,10 +205,30 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
                 raise
             recoveries += 1
             count_recovery()
-            global _survivors
-            comm = _survivors = recover(comm, timeout, exc)
+            comm = _working = recover(comm, timeout, exc)
+            _survivors = _pool.whole if _pool is not None else comm
         finally:
             _surviving -= 1
+
+
+def _join_recovery_as_spare(pool, timeout: float):
+    """(an idle spare, once the workers' recovery revoked where it waits) Its part in the
+    shrink and the refill; the run directories the workers offered are marked FILLING where it
+    takes a place. Returns the spares' and workers' communicator."""
+    survivors = shrink(pool.whole, timeout=timeout)
+    refilled = pool.refill(survivors)
+    _offer_runs_to_spares(pool, refilled)
+    if not pool.is_spare:  # its next Checkpointer writes the run's records, maybe as their rank 0
+        _record_and_say(refilled.places_before, set(refilled.lost_places), pool.work, survivors, refilled,
+                        "none: an idle spare, woken by the workers' recovery")
+    return pool.whole
+
+
+def _refill_record(refilled, survivors, pool) -> dict:
+    return {"event": "spares", "lost_places": list(refilled.lost_places),
+            "filled": {str(place): spare for place, spare in refilled.filled.items()},
+            "given_up": list(refilled.given_up), "spares_lost": refilled.spares_lost,
+            "spares_left": pool.idle_spares, "shrink_s": round(survivors.seconds, 6)}
 
 
 def _described(exc: BaseException | None) -> str | None:
@@ -216,7 +263,7 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
         hold(ckpt.config.run_dir, ckpt.commits.held())
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
-    revoke(*_job_communicators(comm, abandoned))
+    revoke(*_job_communicators(comm, abandoned), *(_pool.communicators() if _pool is not None else ()))
     _application_comms.clear()
     holders = {}
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):
@@ -231,28 +278,68 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
                 holder_rank = MPI.Group.Translate_ranks(ckpt.job.comm.Get_group(), [0], comm.Get_group())[0]
                 holders[holder_rank] = ckpt.job.claim.holder
             ckpt.abandon()
-    survivors = shrink(comm, timeout=timeout)
-    lost = set(survivors.lost)
-    if abandoned:
-        from hpcckpt.cluster.fault_tolerance import inherit_topology
-        from hpcckpt.cluster.topology import Topology
+    if _pool is None:
+        survivors = shrink(comm, timeout=timeout)
+        lost, working, refilled = set(survivors.lost), survivors.comm, None
+        if abandoned:
+            from hpcckpt.cluster.fault_tolerance import inherit_topology
+            from hpcckpt.cluster.topology import Topology
 
-        old = abandoned[0].job.topology
-        inherit_topology(Topology(tuple(old.node_of_rank[rank] for rank in survivors.kept), old.domain_of_node,
-                                  old.domain_names))
+            old = abandoned[0].job.topology
+            inherit_topology(Topology(tuple(old.node_of_rank[rank] for rank in survivors.kept), old.domain_of_node,
+                                      old.domain_names))
+    else:  # the spares wait on `whole`, which the revoke above reached: they shrink it with us
+        survivors = shrink(_pool.whole, timeout=timeout)
+        refilled = _pool.refill(survivors)
+        _offer_runs_to_spares(_pool, refilled)
+        lost, working = set(refilled.lost_places), _pool.work
     for rank in lost & set(holders):
         mark_holder_lost(*holders[rank])
-    record = {"event": "process_failure", "lost_ranks": sorted(lost), "ranks_left": survivors.comm.Get_size(),
-              "shrink_s": round(survivors.seconds, 6), "noticed": _described(noticed)}
     for ckpt in abandoned:
         ckpt.abandoned()
+    _record_and_say(comm.Get_size(), lost, working, survivors, refilled, _described(noticed))
+    return working
+
+
+def _record_and_say(size: int, lost: set, working, survivors, refilled, noticed: str | None) -> None:
+    """(every rank of `working`) The recovery's records for the run, and its line on the
+    console from `working`'s rank 0."""
+    record = {"event": "process_failure", "lost_ranks": sorted(lost), "ranks_left": working.Get_size(),
+              "shrink_s": round(survivors.seconds, 6), "noticed": noticed}
     record_for_the_run(record)
-    if survivors.comm.Get_rank() == 0:
-        if lost:
-            said = (f"rank(s) {', '.join(map(str, sorted(lost)))} of {comm.Get_size()} died: going on in the job on "
-                    f"the {survivors.comm.Get_size()} left")
-        else:  # an error of MPI's own that no death explains: the job goes on whole
-            said = (f"a process failure was reported ({record['noticed']}) but no rank of {comm.Get_size()} is lost: "
-                    f"going on in the job on all of them")
-        print(f"hpcckpt: {said} (shrunk in {survivors.seconds:.3f} s)", file=sys.stderr, flush=True)
-    return survivors.comm
+    if refilled is not None:
+        record_for_the_run(_refill_record(refilled, survivors, _pool))
+    if working.Get_rank() == 0:
+        print(f"hpcckpt: {_recovery_said(size, lost, working, refilled, record)} (shrunk in "
+              f"{survivors.seconds:.3f} s)", file=sys.stderr, flush=True)
+
+
+def _recovery_said(size: int, lost: set, working, refilled, record: dict) -> str:
+    """What a recovery did, in the user's words."""
+    if not lost and (refilled is None or not refilled.spares_lost):
+        # an error of MPI's own that no death explains: the job goes on whole
+        return (f"a process failure was reported ({record['noticed']}) but no rank of {size} is lost: going on in the "
+                f"job on all of them")
+    if refilled is None:
+        return f"rank(s) {', '.join(map(str, sorted(lost)))} of {size} died: going on in the job on the " \
+               f"{working.Get_size()} left"
+    said = f"rank(s) {', '.join(map(str, sorted(lost)))} of {size} died" if lost else "no working rank died"
+    if refilled.filled:
+        said += f"; spare(s) took place(s) {', '.join(map(str, sorted(refilled.filled)))}"
+    if refilled.given_up:
+        said += f"; no spare left for place(s) {', '.join(map(str, refilled.given_up))}"
+    if refilled.spares_lost:
+        said += f"; {refilled.spares_lost} idle spare(s) died"
+    return f"{said}: going on in the job on {working.Get_size()} rank(s), {_pool.idle_spares} spare(s) left"
+
+
+def _offer_runs_to_spares(pool, refilled) -> None:
+    """(every survivor, workers and spares, after a refill) The run directories whose
+    abandoned checkpointers offered what they held go from a rank that was working before to
+    every rank: a spare now in a place marks them FILLING, so every rank of the new `work`
+    takes the same path at its restart (from memory, or a version)."""
+    root = pool.offering_rank(refilled)
+    runs = quiet_bcast(pool.whole, held_runs() if pool.whole.Get_rank() == root else None, root=root)
+    if pool.took_place_now(refilled):
+        for run_dir in runs or ():
+            hold(run_dir, FILLING)

@@ -15,6 +15,7 @@ _open: "weakref.WeakSet" = weakref.WeakSet()  # the checkpointers of this proces
 # None where it held none.
 _held: dict = {}
 NOT_OFFERED = object()  # no checkpointer of that run was abandoned since its last restart
+FILLING = object()  # a spare took a dead rank's place: it holds nothing, the survivors hand it theirs
 _unrecorded: list[dict] = []
 _recoveries = 0
 
@@ -40,14 +41,20 @@ def hold(run_dir, held) -> None:
     _held[str(run_dir)] = held
 
 
+def held_runs() -> list[str]:
+    """The run directories whose abandoned checkpointers offered what they held."""
+    return sorted(_held)
+
+
 def forget_held() -> None:
     """A second failure before the restart: only the newest checkpointers count."""
     _held.clear()
 
 
 def take_held(run_dir) -> object:
-    """(restart) What the abandoned checkpointer of `run_dir` held: a HeldStep, None, or
-    NOT_OFFERED; alike on every survivor but the HeldStep. Handed over once."""
+    """(restart) What the abandoned checkpointer of `run_dir` held: a HeldStep, None, FILLING
+    (a spare in a dead rank's place), or NOT_OFFERED; offered or not alike on every survivor.
+    Handed over once."""
     return _held.pop(str(run_dir), NOT_OFFERED)
 
 

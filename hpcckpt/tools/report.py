@@ -3,8 +3,8 @@
 Each attempt (one `hpcckpt train`, or the survivors of dead ranks going on in the job) leaves
 a restart record (where each rank's shard came from, how far the previous attempt had got), a
 checkpoint summary and a final or halted record; an attempt in the job follows a
-process_failure record (the ranks lost, the ranks left, the shrink's time). This module only
-reads them back.
+process_failure record (the ranks lost, the ranks left, the shrink's time) and, where the job
+holds spare ranks, a spares record (the places they took). This module only reads them back.
 """
 
 from __future__ import annotations
@@ -45,11 +45,26 @@ def _attempts(records: list[dict]) -> list[tuple[dict, dict | None]]:
     attempts, failure = [], None
     for record in records:
         if record.get("event") == "process_failure":
-            failure = record
+            failure = dict(record)
+        elif record.get("event") == "spares" and failure is not None:
+            failure["spares"] = record  # what the job's spare ranks did in that recovery
         elif record.get("event") == "restart":
             attempts.append((record, failure))
             failure = None
     return attempts
+
+
+def _spares_said(spares: dict | None) -> str:
+    if spares is None:
+        return ""
+    said = []
+    if spares["filled"]:
+        said.append(f"spare(s) took place(s) {', '.join(sorted(spares['filled'], key=int))}")
+    if spares["given_up"]:
+        said.append(f"no spare for place(s) {', '.join(map(str, spares['given_up']))}")
+    if spares["spares_lost"]:
+        said.append(f"{spares['spares_lost']} idle spare(s) died")
+    return "; " + "; ".join(said + [f"{spares['spares_left']} spare(s) left"])
 
 
 def summarise(records: list[dict]) -> list[str]:
@@ -84,7 +99,8 @@ def summarise(records: list[dict]) -> list[str]:
             start += f"; the previous attempt had reached step {attempt['reached_before']}: {lost} step(s) of work lost"
         if failure is not None:
             start = (f"in the job after rank(s) {', '.join(map(str, failure['lost_ranks']))} died "
-                     f"({failure['ranks_left']} rank(s) left, shrunk in {failure['shrink_s']:.3f} s): {start}")
+                     f"({failure['ranks_left']} rank(s) left{_spares_said(failure.get('spares'))}, shrunk in "
+                     f"{failure['shrink_s']:.3f} s): {start}")
         lines.append(f"  attempt {number}: {start}")
     last_end = next((r for r in reversed(records) if "weights_digest" in r), None)
     steps_done = last_end["step"] if last_end else max(

@@ -10,7 +10,9 @@ as a solver's residual. --kill STEP:RANK: that rank SIGKILLs itself at STEP, bef
 allreduce (repeatable); --fail-at STEP: every rank raises an error that is no process failure;
 --die-before-checkpointer RANK: that rank dies before main's first Checkpointer exists;
 --inject: the library's fault injection (a kill inside a checkpoint's
-phase). Ranks in both are COMM_WORLD's, so a fault strikes once: its rank dies with it. Rank 0
+phase); --spares K: the last K ranks are spares (run_surviving's spares); --spare-dies-after S:
+the last rank, a spare, SIGKILLs itself S seconds after the start; --step-seconds S: each step
+sleeps that long (a run long enough for that). Ranks in both are COMM_WORLD's, so a fault strikes once: its rank dies with it. Rank 0
 prints one RESULT line: each entry of main's restored step and rank count, the last step, the
 exit code, and digests of the weights, the field and the residuals, which do not depend on the
 rank count: a run that lost ranks must end on the digests of one that did not.
@@ -21,6 +23,8 @@ import hashlib
 import json
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -42,6 +46,9 @@ def parse(argv=None):
     parser.add_argument("--fail-at", type=int, help="every rank raises an error of its own at this step")
     parser.add_argument("--max-recoveries", type=int, help="run_surviving's bound (default: none)")
     parser.add_argument("--die-before-checkpointer", type=int, help="this rank dies before the first Checkpointer")
+    parser.add_argument("--spares", type=int, default=0)
+    parser.add_argument("--spare-dies-after", type=float)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     return parser.parse_args(argv)
 
 
@@ -68,6 +75,7 @@ def solve(comm, args, entries: list) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step == args.fail_at:
                 raise RuntimeError(f"the solver's own error at step {step}")
+            time.sleep(args.step_seconds)
             weights += step
             block += step * (1 + np.arange(low, high))
             total = np.array([block.sum()])
@@ -90,7 +98,12 @@ def solve(comm, args, entries: list) -> int:
 def main(argv=None) -> int:
     args = parse(argv)
     entries: list = []
-    return run_surviving(lambda comm: solve(comm, args, entries), max_recoveries=args.max_recoveries)
+    world = MPI.COMM_WORLD
+    if args.spare_dies_after is not None and world.Get_rank() == world.Get_size() - 1:
+        threading.Timer(args.spare_dies_after, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    code = run_surviving(lambda comm: solve(comm, args, entries), max_recoveries=args.max_recoveries,
+                         spares=args.spares)
+    return 0 if code is None else code  # None: an idle spare, released at the end
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""Spare ranks that take dead ranks' places in the job (run/spares.py), on real ranks of the
+ULFM MPI: the job goes on at its size and ends on the failure-free run's state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, mpi_env, read_metrics, run_mpi, run_ulfm, run_ulfm_script, script_results
+
+SURVIVING_APP = REPO / "tests" / "scripts" / "surviving_app.py"
+APP_ARGS = ["4", "60", "--set", "checkpoint.every_steps=10"]
+DIGESTS = ("weights", "field", "residuals", "step")
+JOB = str(REPO / "jobs" / "local.toml")
+
+
+def final_weights(out: str) -> str:
+    import re
+
+    found = re.findall(r"weights ([0-9a-f]{16}) \(identical on all ranks\)", out)
+    assert len(found) == 1, out[-3000:]
+    return found[0]
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if r.get("event") == kind]
+
+
+def app_result(proc) -> dict:
+    results = script_results(proc)
+    assert len(results) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def failure_free_weights(tmp_path_factory) -> str:
+    """The README job's final weights on 4 ranks (mpich wheel), no failure, no spare."""
+    directory = tmp_path_factory.mktemp("straight")
+    proc = run_mpi(4, ["train", "-c", JOB, "--set", f"run.dir={directory / 'run'}"], directory)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return final_weights(proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    """The solver's end on 4 ranks of the ULFM MPI, no failure, no spare."""
+    directory = tmp_path_factory.mktemp("solver")
+    proc = run_ulfm_script(4, SURVIVING_APP, [str(directory / "run"), *APP_ARGS], directory)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return app_result(proc)
+
+
+@pytest.mark.parametrize("fault, place, from_memory", [
+    ("rank-kill:rank=2:step=75:attempt=1", 2, True),  # mid-step
+    ("rank-kill:rank=0:step=75:attempt=1", 0, True),  # rank 0: the run's records and lease
+    ("rank-kill:rank=1:step=100:phase=partner:attempt=1", 1, None),  # inside a checkpoint's L2 copies
+], ids=["mid-step", "rank-0", "mid-checkpoint"])
+def test_the_trainer_with_a_spare_ends_at_its_size_on_the_failure_free_weights(tmp_path, failure_free_weights,
+                                                                                fault, place, from_memory):
+    """5 ranks, one of them a spare: a rank dies and the spare takes its place, so the job ends
+    on 4 ranks, from one launcher, on the weights of the run that lost nothing, byte for byte
+    (every array replicated: the spare is handed the step the survivors hold, no version
+    read)."""
+    proc = run_ulfm(5, ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=1",
+                        "--inject", fault], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert f"spare(s) took place(s) {place}: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]
+    assert final_weights(out) == failure_free_weights
+    if from_memory:
+        assert "held in memory by the 3 survivor(s) and handed to 1 spare(s) in dead ranks' places: no version " \
+               "read" in out, out[-3000:]
+    [failure] = events(tmp_path / "run", "process_failure")
+    assert (failure["lost_ranks"], failure["ranks_left"]) == ([place], 4), failure
+    [spares] = events(tmp_path / "run", "spares")
+    assert (spares["filled"], spares["given_up"], spares["spares_left"]) == ({str(place): 4}, [], 0), spares
+    report = subprocess.run([sys.executable, "-m", "hpcckpt", "report", "-c", JOB, "--set",
+                             f"run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=mpi_env(), capture_output=True,
+                            text=True)
+    assert f"attempt 2: in the job after rank(s) {place} died (4 rank(s) left; spare(s) took place(s) {place}; 0 " \
+           f"spare(s) left, shrunk in" in report.stdout, report.stdout + report.stderr
+
+
+def test_a_solver_s_block_goes_to_the_spare_from_its_partner_with_no_pfs_read(tmp_path, straight):
+    """A block-decomposed field: the spare in rank 2's place restores that rank's block of the
+    newest version from the partner's copy (rank 2's node-local files are on another node),
+    the others theirs from L1, and the solver ends on the failure-free state on 4 ranks."""
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--spares", "1", "--kill", "25:2"],
+                           tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    result = app_result(proc)
+    assert [entry["ranks"] for entry in result["entries"]] == [4, 4], result
+    assert result["entries"][1]["restored"] in (10, 20), result
+    assert "onto 4 rank(s): old shards 3 from L1 local, 1 from L2 partner;" in out, out[-3000:]
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    [restart] = [r for r in events(tmp_path / "run", "restart") if r["attempt"] == 2]
+    assert sorted(restart["sources"]) == ["local", "local", "local", "partner"], restart
+
+
+def test_two_deaths_and_one_spare_take_one_place_and_shrink_for_the_other(tmp_path, straight):
+    """Rank 0 dies (the spare takes its place, and from then on speaks for the job), then world
+    rank 3: no spare is left, and the job shrinks to 3 ranks as it would without spares."""
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--spares", "1", "--kill", "15:0",
+                                              "--kill", "45:3"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    result = app_result(proc)
+    assert result["entries"][-1]["ranks"] == 3 and result["ranks"] == 3, result
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    failures = events(tmp_path / "run", "process_failure")
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures] == [([0], 4), ([3], 3)], failures
+    spares = events(tmp_path / "run", "spares")
+    assert [(s["filled"], s["given_up"]) for s in spares] == [({"0": 4}, []), ({}, [3])], spares
+    assert "rank(s) 3 of 4 died; no spare left for place(s) 3: going on in the job on 3 rank(s)" in out
+
+
+def test_a_spare_that_dies_idle_stops_no_work_and_is_not_replaced(tmp_path, straight):
+    """The spare SIGKILLs itself while the workers run: they go on undisturbed (no recovery for
+    an idle spare's death) and end on 4 ranks; a worker dying after it finds no spare left, and
+    the recovery counts the dead spare."""
+    slow = ["--spares", "1", "--spare-dies-after", "0.5", "--step-seconds", "0.03"]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(alone / "run"), *APP_ARGS, *slow], alone)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert [entry["ranks"] for entry in result["entries"]] == [4] and result["ranks"] == 4, result
+    assert events(alone / "run", "process_failure") == []
+    then = tmp_path / "then"
+    then.mkdir()
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(then / "run"), *APP_ARGS, *slow, "--kill", "40:2"], then)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert result["ranks"] == 3 and {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    [spares] = events(then / "run", "spares")
+    assert (spares["given_up"], spares["spares_lost"], spares["spares_left"]) == ([2], 1, 0), spares
+
+
+def test_spares_are_refused_where_no_rank_could_take_a_place(tmp_path):
+    """Under the mpich wheel no rank survives a death in the job, so a spare could never take a
+    place: refused with exit 2, as is a job of spares only."""
+    proc = run_mpi(2, ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=1",
+                       "--set", "cluster.simulated_nodes=1"], tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resilience.spares = 1: spare ranks take dead ranks' places in the job, which needs in-job recovery" \
+        in proc.stderr, proc.stderr[-3000:]
+    proc = run_mpi(2, ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run2'}", "--set", "resilience.spares=2"],
+                   tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resilience.spares = 2 but the job has 2 rank(s): mpiexec -n counts the spares too" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert not (tmp_path / "run2").exists() or not any((tmp_path / "run2").rglob("v0*"))
