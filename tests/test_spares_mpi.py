@@ -153,3 +153,43 @@ def test_spares_are_refused_where_no_rank_could_take_a_place(tmp_path):
     assert "resilience.spares = 2 but the job has 2 rank(s): mpiexec -n counts the spares too" in proc.stderr, \
         proc.stderr[-3000:]
     assert not (tmp_path / "run2").exists() or not any((tmp_path / "run2").rglob("v0*"))
+
+
+def test_an_error_of_the_application_ends_the_job_and_releases_the_idle_spare(tmp_path):
+    """main's own error (no rank died) ends the job as without spares: the idle spare is
+    released rather than left waiting (a hang), and never runs main."""
+    exit_file = tmp_path / "exit"
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--spares", "1", "--fail-at", "21"],
+                           tmp_path, timeout=120, env={"HPCCKPT_EXIT_FILE": str(exit_file)})
+    assert exit_file.read_text().startswith("exit_code=1\n"), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "RuntimeError is not a process failure MPI confirmed; the job ends" in proc.stderr, proc.stderr[-3000:]
+    assert not script_results(proc) and not events(tmp_path / "run", "process_failure"), proc.stdout[-3000:]
+
+
+def test_the_spare_that_took_a_place_dies_too_and_the_next_death_is_still_seen(tmp_path, straight):
+    """World rank 1 dies (the spare, world rank 4, takes place 1), then world rank 4 itself,
+    then world rank 2: each death is a recovery of its own, the last two shrinking (4 -> 3 ->
+    2), and the state ends as the failure-free run's. The second recovery must not hide the
+    third death from the workers' failure detection."""
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--spares", "1", "--kill", "15:1",
+                                              "--kill", "30:4", "--kill", "45:2"], tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = app_result(proc)
+    assert result["ranks"] == 2 and {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    failures = events(tmp_path / "run", "process_failure")
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures] == [([1], 4), ([1], 3), ([1], 2)], failures
+    assert [s["filled"] for s in events(tmp_path / "run", "spares")] == [{"1": 4}, {}, {}]
+
+
+def test_max_recoveries_counts_a_spare_s_recoveries_alike(tmp_path):
+    """run_surviving(max_recoveries=1) with a spare: the first death is recovered from (the spare
+    takes the place), the second ends the job for a relaunch on every rank, the former spare
+    included, which counted the first recovery too."""
+    exit_file = tmp_path / "exit"
+    args = [str(tmp_path / "run"), *APP_ARGS, "--spares", "1", "--kill", "15:1", "--kill", "45:4",
+            "--max-recoveries", "1"]
+    proc = run_ulfm_script(5, SURVIVING_APP, args, tmp_path, timeout=120, env={"HPCCKPT_EXIT_FILE": str(exit_file)})
+    assert not script_results(proc), proc.stdout[-3000:]
+    assert "the job ends for a relaunch" in proc.stderr, proc.stderr[-3000:]
+    assert exit_file.read_text().startswith("exit_code=1\n")
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in events(tmp_path / "run", "process_failure")] == [([1], 4)]

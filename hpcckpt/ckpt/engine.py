@@ -41,7 +41,6 @@ from functools import partial
 from typing import Callable, Sequence
 
 from hpcckpt.ckpt.closing import close_run
-from hpcckpt.cluster.mpi_gate import agree
 from hpcckpt.ckpt.job import CommJob, require_running_mpi
 from hpcckpt.ckpt.library_config import LibraryConfig
 from hpcckpt.ckpt.registry import ENGINE_STATE_KEY, ArrayRegistry
@@ -49,6 +48,7 @@ from hpcckpt.ckpt.resuming import Resuming
 from hpcckpt.ckpt.state_dicts import split_state_dict
 from hpcckpt.ckpt.step_commits import StepCommits
 from hpcckpt.ckpt.taking import CheckpointTaking
+from hpcckpt.cluster.mpi_gate import fault_tolerant_agree
 from hpcckpt.errors import ConfigError, StorageError
 from hpcckpt.faults import NO_FAULTS
 from hpcckpt.format.layout import Layout
@@ -162,8 +162,9 @@ class Checkpointer:
         change only between commit_step(step) and due(step). A no-op without ULFM."""
         if not self._survives_rank_loss:
             return
-        self.commits.commit(step, partial(agree, self.job.schedule.comm), lambda outcome: self.log.warning(
-            f"commit_step({step}): MPI's agreement returned {outcome}, which no rank gave; taken for a failure"))
+        said = "commit_step({}): MPI's agreement returned {}, which no rank gave; taken for a failure"
+        self.commits.commit(step, partial(fault_tolerant_agree, self.job.schedule.comm),
+                            lambda outcome: self.log.warning(said.format(step, outcome)))
 
     @property
     def survives_rank_loss(self) -> bool:

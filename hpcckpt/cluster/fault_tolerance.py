@@ -76,6 +76,7 @@ def is_process_failure(exc: BaseException) -> bool:
 # Failures MPI had reported when the survivors last recovered: only a new one is news.
 _failures_handled = 0
 _watching: bool | None = None  # whether this process can survive failures (decided once)
+_idle_spares: frozenset = frozenset()  # COMM_WORLD ranks started as spares that are not working
 
 
 def _failures_known() -> int:
@@ -95,10 +96,9 @@ def _failures_known() -> int:
             failed.Free()
 
 
-_idle_spares: frozenset = frozenset()  # COMM_WORLD ranks of the idle spares
-
-
 def note_idle_spares(world_ranks) -> None:
+    """The COMM_WORLD ranks started as spares that do not work (dead ones included): their
+    deaths are no reason for the workers to recover."""
     global _idle_spares
     _idle_spares = frozenset(world_ranks)
 

@@ -6,7 +6,7 @@ returns an outcome no rank gave (0), and not always alike on every rank
 (perf/agree_beside_threads.py counts them; with no other thread inside MPI it never does, even
 with nonblocking transfers pending). The save pipeline's threads move the levels' bytes
 behind the application through nonblocking calls polled with Testall: every such call takes
-the gate (`gated_call`, `test_all` in cluster/collectives.py), and `agree` posts the agreement
+the gate (`gated_call`, `test_all` in cluster/collectives.py), and `fault_tolerant_agree` posts the agreement
 nonblocking and tests it under the gate. So no library thread is inside MPI while the
 agreement is, and yet the threads' transfers go on between its tests.
 
@@ -48,7 +48,7 @@ def gated_call(call: Callable[..., T], *args, **kwargs) -> T:
         return call(*args, **kwargs)
 
 
-def agree(comm, flag: int) -> int:
+def fault_tolerant_agree(comm, flag: int) -> int:
     """(all ranks of comm) MPIX_Comm_agree: the bitwise AND of every live rank's `flag`, the
     same on every rank; raises MPI's error where a rank died (the outcome of the live ones
     is then not used). Posted nonblocking and tested under the gate."""

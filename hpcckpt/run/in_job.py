@@ -41,7 +41,7 @@ from typing import Callable, TypeVar
 from hpcckpt.cluster.collectives import quiet_bcast
 from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
                                              is_process_failure, note_spares_at_start, revoke, shrink)
-from hpcckpt.cluster.mpi_gate import agree
+from hpcckpt.cluster.mpi_gate import fault_tolerant_agree
 from hpcckpt.errors import ConfigError
 from hpcckpt.run.in_job_state import (FILLING, count_recovery, forget_held, held_runs, hold, open_checkpointers,
                                       recoveries_in_job, record as record_for_the_run)
@@ -170,7 +170,6 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
         _pool = SparePool(comm, spares)
         note_spares_at_start(spares)
         comm = _pool.work
-    recoveries = 0
     global _surviving
     while True:
         if _pool is not None and _pool.is_spare:
@@ -182,11 +181,9 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
                 comm = _working = _pool.work
             continue
         _surviving += 1
+        leaving = True  # main returns or its error ends the job: the idle spares are released
         try:
-            result = main(comm)
-            if _pool is not None:
-                _pool.release()
-            return result
+            return main(comm)
         except BaseException as exc:
             if unavailable is not None:
                 raise
@@ -196,28 +193,46 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
                       f"confirmed; the job ends: {exc}", file=sys.stderr, flush=True)
                 close_left_open()
                 raise
-            if max_recoveries is not None and recoveries >= max_recoveries:
+            # Counted alike on every live rank, spares that took a place included.
+            if max_recoveries is not None and recoveries_in_job() >= max_recoveries:
                 # Ranks are dead: a close would wait on them. Left to the relaunch, as without ULFM.
                 for ckpt in open_checkpointers():
                     ckpt.abandon()
-                print(f"hpcckpt: rank {comm.Get_rank()}: ranks died after {recoveries} recovery(ies) in the job, "
-                      f"max_recoveries = {max_recoveries}: the job ends for a relaunch", file=sys.stderr, flush=True)
+                print(f"hpcckpt: rank {comm.Get_rank()}: ranks died after {recoveries_in_job()} recovery(ies) in the "
+                      f"job, max_recoveries = {max_recoveries}: the job ends for a relaunch", file=sys.stderr,
+                      flush=True)
                 raise
-            recoveries += 1
+            leaving = False
             count_recovery()
             comm = _working = recover(comm, timeout, exc)
             _survivors = _pool.whole if _pool is not None else comm
         finally:
             _surviving -= 1
+            if leaving:
+                _release_spares()
+
+
+def _release_spares() -> None:
+    """(a worker leaving run_surviving) The idle spares told that the job is over, whichever
+    way it ended, so that none waits for a recovery that will not come."""
+    if _pool is None or _pool.is_spare:
+        return
+    try:
+        _pool.release()
+    except Exception as exc:  # the job ends either way; said, and the exit code says the rest
+        print(f"hpcckpt: releasing the idle spares failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _join_recovery_as_spare(pool, timeout: float):
     """(an idle spare, once the workers' recovery revoked where it waits) Its part in the
     shrink and the refill; the run directories the workers offered are marked FILLING where it
     takes a place. Returns the spares' and workers' communicator."""
-    survivors = shrink(pool.whole, timeout=timeout)
-    refilled = pool.refill(survivors)
-    _offer_runs_to_spares(pool, refilled)
+    # Woken by the revoke, at the start of the workers' recovery: they shrink only once their
+    # checkpointers are abandoned, which has a watchdog of its own.
+    survivors = shrink(pool.whole, timeout=2 * timeout)
+    with RecoveryWatchdog("taking the dead ranks' places", timeout, pool.whole.Get_rank()):
+        refilled = pool.refill(survivors)
+        _offer_runs_to_spares(pool, refilled, [])
     if not pool.is_spare:  # its next Checkpointer writes the run's records, maybe as their rank 0
         _record_and_say(refilled.places_before, set(refilled.lost_places), pool.work, survivors, refilled,
                         "none: an idle spare, woken by the workers' recovery")
@@ -271,7 +286,7 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
             # Survivors waiting in commit_step's agreement (which a revoke does not end) would
             # wait for this rank there while it waits for them in the shrink.
             if ckpt.job.schedule is not None and ckpt.job.schedule.comm is not None:
-                ckpt.commits.join_recovery(partial(agree, ckpt.job.schedule.comm))
+                ckpt.commits.join_recovery(partial(fault_tolerant_agree, ckpt.job.schedule.comm))
         for ckpt in abandoned:
             if ckpt.job.claim.holder is not None and ckpt.job.comm is not None:
                 # The lease's holder is rank 0 of that checkpointer's communicator.
@@ -290,8 +305,10 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
                                       old.domain_names))
     else:  # the spares wait on `whole`, which the revoke above reached: they shrink it with us
         survivors = shrink(_pool.whole, timeout=timeout)
-        refilled = _pool.refill(survivors)
-        _offer_runs_to_spares(_pool, refilled)
+        with RecoveryWatchdog("giving the dead ranks' places to spares", timeout, _pool.whole.Get_rank()):
+            refilled = _pool.refill(survivors)
+            lost_holders = [holders[rank] for rank in set(refilled.lost_places) & set(holders)]
+            _offer_runs_to_spares(_pool, refilled, lost_holders)
         lost, working = set(refilled.lost_places), _pool.work
     for rank in lost & set(holders):
         mark_holder_lost(*holders[rank])
@@ -333,13 +350,19 @@ def _recovery_said(size: int, lost: set, working, refilled, record: dict) -> str
     return f"{said}: going on in the job on {working.Get_size()} rank(s), {_pool.idle_spares} spare(s) left"
 
 
-def _offer_runs_to_spares(pool, refilled) -> None:
+def _offer_runs_to_spares(pool, refilled, lost_holders: list) -> None:
     """(every survivor, workers and spares, after a refill) The run directories whose
-    abandoned checkpointers offered what they held go from a rank that was working before to
-    every rank: a spare now in a place marks them FILLING, so every rank of the new `work`
-    takes the same path at its restart (from memory, or a version)."""
+    abandoned checkpointers offered what they held, and the lease holders that died, go from a
+    rank that was working before to every rank: a spare now in a place marks the runs FILLING,
+    so every rank of the new `work` takes the same path at its restart (from memory, or a
+    version), and claims a run's lease knowing its holder is dead (it may be on another host)."""
+    from hpcckpt.run.lease import mark_holder_lost
+
     root = pool.offering_rank(refilled)
-    runs = quiet_bcast(pool.whole, held_runs() if pool.whole.Get_rank() == root else None, root=root)
+    mine = (held_runs(), lost_holders) if pool.whole.Get_rank() == root else None
+    runs, holders = quiet_bcast(pool.whole, mine, root=root) or ((), ())
     if pool.took_place_now(refilled):
-        for run_dir in runs or ():
+        for run_dir in runs:
             hold(run_dir, FILLING)
+        for holder in holders:
+            mark_holder_lost(*holder)

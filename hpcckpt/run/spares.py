@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcckpt.cluster.collectives import test_all
-from hpcckpt.cluster.fault_tolerance import is_process_failure, note_idle_spares
+from hpcckpt.cluster.fault_tolerance import failures_handled, is_process_failure, note_idle_spares
 from hpcckpt.cluster.mpi_gate import gated_call
 from hpcckpt.errors import ConfigError
 
@@ -37,7 +37,7 @@ RELEASE_TAG = 32101  # nothing else sends on `whole`
 @dataclass(frozen=True)
 class Refilled:
     """What one recovery did to the places: `lost_places` the workers' ranks (in the old
-    `work`) that died, `filled` {place: the whole rank of the spare now in it}, `given_up` the
+    `work`) that died, `filled` {place: the COMM_WORLD rank of the spare now in it}, `given_up` the
     places no spare was left for, `spares_lost` how many idle spares died, `origin` for each
     rank of the new `work` either ("worker", its old rank) or ("spare", its whole rank)."""
 
@@ -151,12 +151,16 @@ class SparePool:
             if place is not None:
                 origin_of[renumbered[place]] = ("worker", old_place[old]) if old_place[old] is not None \
                     else ("spare", old)
+        filled_by_world_rank = {place: self.world_of[spare] for place, spare in filled.items()}
         self.whole = survivors.comm
         self.world_of = [self.world_of[old] for old in survivors.kept]
         self._note_idle()
+        # The shrink counted the failures known with the idle spares of before: a spare that
+        # worked and died since is left out now, and would hide the next death.
+        failures_handled()
         self.work = self._split()
-        return Refilled(sum(1 for place in old_place if place is not None), tuple(lost_places), {place: spare for place, spare in filled.items()}, given_up,
-                        spares_lost, tuple(origin_of[rank] for rank in range(len(ordered))))
+        return Refilled(sum(1 for place in old_place if place is not None), tuple(lost_places), filled_by_world_rank,
+                        given_up, spares_lost, tuple(origin_of[rank] for rank in range(len(ordered))))
 
     def offering_rank(self, refilled: Refilled) -> int:
         """The rank of `whole` of the first place held by a rank that was working before this

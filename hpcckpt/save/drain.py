@@ -9,7 +9,7 @@ import dataclasses
 from typing import Callable
 
 from hpcckpt.save.retention import steps_to_delete
-from hpcckpt.cluster.collectives import fold_at_root
+from hpcckpt.cluster.collectives import fold_at_root, quiet_bcast, quiet_gather
 from hpcckpt.errors import CheckpointError
 from hpcckpt.format.shardfile import verify_shard
 from hpcckpt.io.mapped import map_readonly
@@ -72,10 +72,11 @@ def copy_version(comm, source, target, manifest, stage: Callable, log, stored: C
     step = manifest.step
     # A copy of this version that a killed job began and never committed would make every
     # shard "already exist" (files are never overwritten) and fail this copy in every attempt.
-    if comm.bcast(step in target.uncommitted_steps() if comm.Get_rank() == 0 else None, root=0):
+    if quiet_bcast(comm, step in target.uncommitted_steps() if comm.Get_rank() == 0 else None, root=0):
         stage(step, f"{target.number}: the uncommitted copy left by an earlier job", lambda: target.remove(step))
     # The target's one record lists every shard; each rank's node-local copy lists its node's part.
-    gathered = comm.gather(manifest.shard(comm.Get_rank()), root=0)
+    # Sleeping, nonblocking (cluster/mpi_gate.py): this runs on L4's thread beside the agreement.
+    gathered = quiet_gather(comm, manifest.shard(comm.Get_rank()), root=0)
     if gathered is not None:
         manifest = manifest.with_shards(gathered)
 

@@ -12,8 +12,8 @@ allreduce (repeatable); --fail-at STEP: every rank raises an error that is no pr
 --inject: the library's fault injection (a kill inside a checkpoint's
 phase); --spares K: the last K ranks are spares (run_surviving's spares); --spare-dies-after S:
 the last rank, a spare, SIGKILLs itself S seconds after the start; --step-seconds S: each step
-sleeps that long (a run long enough for that). Ranks in both are COMM_WORLD's, so a fault strikes once: its rank dies with it. Rank 0
-prints one RESULT line: each entry of main's restored step and rank count, the last step, the
+sleeps that long (a run long enough for that). Ranks in --kill and --inject are COMM_WORLD's,
+so a fault strikes once: its rank dies with it. Rank 0 prints one RESULT line: each entry of main's restored step and rank count, the last step, the
 exit code, and digests of the weights, the field and the residuals, which do not depend on the
 rank count: a run that lost ranks must end on the digests of one that did not.
 """
@@ -100,7 +100,10 @@ def main(argv=None) -> int:
     entries: list = []
     world = MPI.COMM_WORLD
     if args.spare_dies_after is not None and world.Get_rank() == world.Get_size() - 1:
-        threading.Timer(args.spare_dies_after, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        # A daemon: a spare released before its time leaves without dying.
+        dying = threading.Timer(args.spare_dies_after, os.kill, (os.getpid(), signal.SIGKILL))
+        dying.daemon = True
+        dying.start()
     code = run_surviving(lambda comm: solve(comm, args, entries), max_recoveries=args.max_recoveries,
                          spares=args.spares)
     return 0 if code is None else code  # None: an idle spare, released at the end
