@@ -127,19 +127,34 @@ FILLING_PLACE = -2  # what a spare in a dead rank's place offers: no step of its
 
 def _hand_to_spares(comm, registry, holders: list[int], needy: list[int]) -> None:
     """(all ranks) Each spare in a dead rank's place gets every protected array from a
-    survivor (spares spread over the survivors: O(state) sent per survivor, not per spare)."""
+    survivor (spares spread over the survivors: O(state) sent per survivor, not per spare),
+    all arrays posted at once (MPI keeps one sender's messages of one tag in order), received
+    straight into the arrays where their memory allows."""
     rank = comm.Get_rank()
     source_of = {spare: holders[i % len(holders)] for i, spare in enumerate(needy)}
-    for protected in registry.arrays.values():  # one after the other: MPI keeps their order
-        target = protected.array
-        sends = [(spare, _host_bytes(target)) for spare, source in source_of.items() if source == rank]
-        received = np.empty(target.nbytes, dtype=np.uint8) if rank in source_of else None
-        receives = [(source_of[rank], received)] if received is not None else []
-        exchange(comm, sends, receives, HAND_OVER_TAG)
-        if received is not None:
-            values = received.view(target.dtype).reshape(target.shape)
+    targets = [protected.array for protected in registry.arrays.values()]
+    sends = [(spare, _host_bytes(target)) for spare, source in source_of.items() if source == rank
+             for target in targets]
+    landings = [(target, _landing(target)) for target in targets] if rank in source_of else []
+    receives = [(source_of[rank], landing) for _, landing in landings]
+    exchange(comm, sends, receives, HAND_OVER_TAG)
+    for target, landing in landings:
+        if not _lands_in_place(target):
+            values = landing.view(target.dtype).reshape(target.shape)
             xp = array_module(target)
             target[...] = values if xp is np else xp.asarray(values)
+
+
+def _lands_in_place(target) -> bool:
+    return isinstance(target, np.ndarray) and target.flags.c_contiguous and target.flags.writeable
+
+
+def _landing(target) -> np.ndarray:
+    """Where a spare receives `target`'s bytes: its own memory where it is one contiguous
+    NumPy buffer, else a buffer copied in afterwards (a GPU array, a strided view)."""
+    if _lands_in_place(target):
+        return target.reshape(-1).view(np.uint8)
+    return np.empty(target.nbytes, dtype=np.uint8)
 
 
 HAND_OVER_TAG = 32200
