@@ -162,7 +162,7 @@ def _command_train(args) -> int:
         return run_training(config, comm, restart=restart, faults=faults, init_from=args.init_from,
                             init_optimizer=args.init_optimizer)
 
-    summary = run_surviving(train, comm, spares=spares)
+    summary = run_surviving(train, comm, spares=spares, shrink=config.resilience.out_of_spares == "shrink")
     if summary is None:  # an idle spare, released at the end: the workers' summary says how it went
         return 0
     if summary.halted:

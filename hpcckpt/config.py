@@ -188,6 +188,10 @@ class ResilienceConfig:
     # it goes on at its size (run/spares.py; needs in-job recovery, ULFM): the last that many
     # of `mpiexec -n`. More deaths than spares: the job shrinks for the rest.
     spares: int = 0
+    # What deaths no spare is left for do: "shrink" (the job goes on in the job on fewer ranks)
+    # or "relaunch" (it ends for the job script's relaunch at its size from its newest version:
+    # the run stays the failure-free run's, whatever the number of ranks means to it).
+    out_of_spares: str = "shrink"
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,7 @@ ENV_NOT_CONFIG = NOT_CONFIG
 # Allowed values, checked after types; each entry: (predicate, description of what is allowed).
 _CHOICES = {
     ("run", "device"): ("auto", "gpu", "cpu"),
+    ("resilience", "out_of_spares"): ("shrink", "relaunch"),
     ("model", "kind"): ("mlp", "conv1d", "embedding"),
     ("model", "activation"): ("relu", "tanh"),
     ("model", "dtype"): ("float32", "float64"),

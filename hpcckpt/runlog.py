@@ -70,6 +70,17 @@ def _ends_in_a_cut_line(path: Path) -> bool:
         return False
 
 
+def append_metrics(run_dir: str | Path, records: list[dict]) -> None:
+    """Records for a run whose log this process does not hold open (one its abandoned
+    checkpointers wrote), appended to its metrics as RunLog.metrics would."""
+    path = Path(run_dir) / "metrics.jsonl"
+    with open(path, "a") as f:
+        if _ends_in_a_cut_line(path):
+            f.write("\n")
+        for record in records:
+            f.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+
+
 class RunLog:
     def __init__(self, run_dir: str | Path, rank: int, world_size: int, console: bool = True):
         self.rank = rank

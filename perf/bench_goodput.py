@@ -81,17 +81,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from goodput_replay import print_replay, record_for_replay  # noqa: E402
 from harness import (REPO, compile_checkout, find_mpiexec, machine, print_machine, tagged_ranks, worker_env,
                      write_durably, write_json)
 
-APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_l4", "dcp", "h5py")
+APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_spare", "hpcckpt_l4", "dcp", "h5py")
 # The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a
 # margin; this small job starts in seconds): under ULFM a rank killed before the others are
 # through MPI_Init leaves them there, and the loop's default of 300 s would hold a job that met
 # it in its first attempt.
 START_TIMEOUT_S = 30
-MULTI_LEVEL = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job")
+MULTI_LEVEL = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_spare")
 IN_JOB = "hpcckpt_in_job"
+SPARE = "hpcckpt_spare"  # in the job with one spare rank on a node of its own
+IN_JOB_APPROACHES = (IN_JOB, SPARE)
+SPARES = {SPARE: 1}
 CLASSES = ("crash", "node", "two_nodes")
 NODES_LOST = {"crash": 0, "node": 1, "two_nodes": 2}
 FEATURES = 1024
@@ -278,7 +282,7 @@ def job_toml(path: Path, run_dir: Path, steps: int, hidden: tuple, extra: dict) 
 
 def memory_dir_of(memory_root: Path | None, name: str) -> Path | None:
     """Where an approach keeps node-local versions in memory (None: on the disk only)."""
-    return memory_root / name if memory_root is not None and name in ("hpcckpt", IN_JOB) else None
+    return memory_root / name if memory_root is not None and name in ("hpcckpt", *IN_JOB_APPROACHES) else None
 
 
 def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: dict, mtbf_s: float,
@@ -300,14 +304,17 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
             extra["resilience"] = {"levels": ["local", "partner", "erasure", "pfs"], "group_size": 4, "parity": 2,
                                    "mtbf_crash_hours": rates_h["crash"], "mtbf_node_hours": rates_h["node"],
                                    "mtbf_two_nodes_hours": rates_h["two_nodes"]}
+            if SPARES.get(name):
+                # never smaller: a death no spare is left for relaunches the job at its size
+                extra["resilience"].update(spares=SPARES[name], out_of_spares="relaunch")
         elif name == "hpcckpt_l4":
             extra["checkpoint"].update(every_steps="auto", mtbf_hours=mtbf_s / 3600)
             extra["resilience"] = {"levels": ["pfs"]}
         else:
             extra["checkpoint"]["every_steps"] = 0
         config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, extra)
-        if name == IN_JOB:
-            return {"CONFIG": str(config), "LAUNCHER": "ulfm",
+        if name in IN_JOB_APPROACHES:
+            return {"CONFIG": str(config), "LAUNCHER": "ulfm", "NRANKS": str(ranks + SPARES.get(name, 0)),
                     "MPIEXEC": f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec"}, run_dir
         return {"CONFIG": str(config)}, run_dir
     config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, {})
@@ -422,7 +429,8 @@ class Job:
             _signal(pid, signal.SIGKILL)
             return True
         node_of = simulated_node_of_rank(self.ranks, self.nodes)
-        victims = [pid for rank, pid in ranks.items() if node_of[rank] in failure.victims]
+        # A spare rank (past the working ranks) sits on a node of its own, which no failure here takes
+        victims = [pid for rank, pid in ranks.items() if rank < len(node_of) and node_of[rank] in failure.victims]
         for pid in victims:  # stopped first, so none writes into its directory again
             _signal(pid, signal.SIGSTOP)
         for node in failure.victims:
@@ -444,7 +452,7 @@ class Job:
         attempts: list[Attempt] = []
         outcome = Outcome(self.name, 0, wall, finished, "")
         for at, line in self.lines:
-            if re.match(r"hpcckpt-job: attempt \d+ \(at most", line) or "died: going on in the job" in line:
+            if re.match(r"hpcckpt-job: attempt \d+ \(at most", line) or "going on in the job" in line:
                 attempts.append(Attempt(at))  # a relaunch, or the survivors going on in the job
             elif not attempts:
                 continue
@@ -545,7 +553,8 @@ def goodput(outcome: Outcome, baseline_s: float) -> float:
     return baseline_s / outcome.wall_s if outcome.finished else 0.0
 
 
-def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps: int, step_s: dict) -> dict:
+def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps: int, step_s: dict,
+              ranks: int = 4) -> dict:
     table = {}
     for name in dict.fromkeys(o.approach for o in outcomes):
         runs = [o for o in outcomes if o.approach == name]
@@ -569,6 +578,9 @@ def summarise(outcomes: list[Outcome], baseline_s: dict, reference: dict, steps:
             "restart_s": {kind: statistics.median(values) for kind, values in restarts.items()},
             "waste_split_s": {key: statistics.median(part[key] for part in split) for key in split[0]},
             "finished": all(o.finished for o in runs),
+            # The spares' machine time charged too: the job held ranks + spares for its wall time.
+            "spares": SPARES.get(name, 0),
+            "waste_charged": 1 - statistics.median(goodputs) * ranks / (ranks + SPARES.get(name, 0)),
             # Going on with fewer ranks sums gradients in another order: other weights.
             "weights_equal": None if name == IN_JOB else all(o.digest == reference[o.seed] for o in runs),
             "checkpoints": [o.checkpoints for o in runs],
@@ -599,11 +611,15 @@ def print_table(table: dict) -> None:
         f"seed {seed}: " + ", ".join(f"{name} {100 * table[name]['waste_by_seed'].get(seed, float('nan')):.1f}%"
                                      for name in names) for seed in seeds))
     if "hpcckpt" in table:
-        for other in ("hpcckpt_l4", "dcp", "h5py", IN_JOB):
+        for other in ("hpcckpt_l4", "dcp", "h5py", *IN_JOB_APPROACHES):
             if other in table and table[other]["waste"] > 0:
                 print(f"hpcckpt's waste / {other}'s: {table['hpcckpt']['waste'] / table[other]['waste']:.2f}")
     print("\nwhere the waste went (median seconds beyond the failure-free run): restarts (failure until the "
           "version is loaded), steps redone, the rest (checkpoint cost, steps cut short)")
+    for name, row in table.items():
+        if row.get("spares"):
+            print(f"{name}: waste {100 * row['waste']:.1f} % over the working ranks' time, "
+                  f"{100 * row['waste_charged']:.1f} % with its {row['spares']} spare rank(s)' time charged too")
     for name, row in table.items():
         split = row["waste_split_s"]
         print(f"  {name:<12} waste {split['waste_s']:6.1f} s = restarts {split['restarts_s']:5.1f} + redone "
@@ -641,6 +657,10 @@ def main(argv=None) -> int:
                         help="hpcckpt's node-local versions in memory first here (storage.memory_dir); "
                              "'' keeps them on the node-local disk")
     parser.add_argument("--json", help="write every run and the table here")
+    parser.add_argument("--no-replay", dest="replay", action="store_false",
+                        help="skip each approach's failure-free run and the simulator's replay of the seeds "
+                             "(perf/goodput_replay.py) fed the costs they measure")
+    parser.add_argument("--replay-out", help="write what the replay needs (tests/measured/ holds one) here")
     args = parser.parse_args(argv)
 
     ranks = nodes = 4
@@ -674,14 +694,26 @@ def main(argv=None) -> int:
         raise SystemExit("the failure-free run failed:\n" + "\n".join(line for _, line in plain.lines[-60:]))
     seeds = seeds_with_failures(args.first_seed, args.seeds, args.min_failures, clean.wall_s, args.mtbf_s, mix,
                                 ranks, nodes)
+    free = {}
+    if args.replay:  # each approach's costs, for the simulator's replay of the seeds
+        for name in approaches:
+            env, run_dir = approach_setup(name, root, args.steps, hidden, rates_h, args.mtbf_s, pfs_mbps, ranks,
+                                          memory_root)
+            job = Job(name, env, run_dir, f"free-{name}", ranks, nodes, args.restart_delay,
+                      memory_dir_of(memory_root, name))
+            free[name] = job.run([], timeout_s=20 * clean.wall_s)
+            print(f"  {name} without failures: {free[name].wall_s:.1f} s ({free[name].checkpoints.strip()})",
+                  flush=True)
     prediction = None
     if "hpcckpt" in args.approaches.split(",") and args.prediction_check:
         prediction = predicted_against_realized(root, args, hidden, rates_h, pfs_mbps, ranks, nodes, memory_root)
     print(f"seeds {seeds}: the first {args.seeds} from {args.first_seed} whose schedule has at least "
           f"{args.min_failures} failure(s) within the failure-free run's {clean.wall_s:.1f} s", flush=True)
+    schedules = {}
     for seed in seeds:
         baseline_s[seed], reference[seed], step_s[seed] = clean.wall_s, clean.digest, clean.step_s or 0.0
         schedule = failure_schedule(seed, args.mtbf_s, mix, ranks, nodes, horizon_s=20 * clean.wall_s)
+        schedules[seed] = schedule
         print(f"seed {seed}: failure-free {clean.wall_s:.1f} s ({1000 * step_s[seed]:.0f} ms/step, weights "
               f"{clean.digest}); schedule: "
               + ", ".join(f"{f.kind}@{f.at_s:.0f}s" for f in schedule if f.at_s < 4 * clean.wall_s), flush=True)
@@ -702,12 +734,19 @@ def main(argv=None) -> int:
                   f"{'' if outcome.finished else ', DID NOT FINISH'}", flush=True)
             if not outcome.finished or (name != IN_JOB and outcome.digest != clean.digest):
                 sys.stderr.write("\n".join(line for _, line in job.lines[-60:]) + "\n")
-    table = summarise(outcomes, baseline_s, reference, args.steps, step_s)
+    table = summarise(outcomes, baseline_s, reference, args.steps, step_s, ranks)
     print()
     print_table(table)
+    replay = None
+    if free:
+        replay = record_for_replay(args, clean.wall_s, free, table, schedules, pfs_mbps, IN_JOB_APPROACHES,
+                                   ("h5py",))
+        print_replay(replay)
+        if args.replay_out:
+            write_json(args.replay_out, replay, host)
     if args.json:
         write_json(args.json, {"args": vars(args), "disk_mbps": disk, "pfs_mbps": pfs_mbps, "hidden": hidden,
-                               "prediction": prediction,
+                               "prediction": prediction, "replay": replay,
                                "rates_h": rates_h, "baseline_s": baseline_s, "step_s": step_s, "table": table,
                                "runs": [asdict(o) for o in outcomes]}, host)
     ok = all(row["finished"] and row["weights_equal"] is not False for row in table.values())

@@ -117,6 +117,32 @@ def test_two_deaths_and_one_spare_take_one_place_and_shrink_for_the_other(tmp_pa
     assert "rank(s) 3 of 4 died; no spare left for place(s) 3: going on in the job on 3 rank(s)" in out
 
 
+def test_out_of_spares_relaunch_ends_the_job_for_a_relaunch_at_its_size_on_the_failure_free_weights(
+        tmp_path, failure_free_weights):
+    """resilience.out_of_spares = "relaunch": the first death is the spare's to fill, the second
+    finds none left and the survivors end the attempt (exit code 1, said once) instead of
+    shrinking; the relaunch (5 ranks again, --restart auto) reads the newest version and ends
+    on 4 working ranks on the weights of the run that lost nothing."""
+    job = ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=1",
+           "--set", "resilience.out_of_spares=relaunch"]
+    exit_file = tmp_path / "exit"
+    first = run_ulfm(5, [*job, "--inject", "rank-kill:rank=2:step=75:attempt=1",
+                         "--inject", "rank-kill:rank=1:step=160:attempt=2"], tmp_path,
+                     env={"HPCCKPT_EXIT_FILE": str(exit_file)})
+    out = first.stdout + first.stderr
+    assert "spare(s) took place(s) 2: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]
+    assert exit_file.read_text().startswith("exit_code=1\n"), out[-3000:]
+    assert out.count("it may not shrink (resilience.out_of_spares = \"relaunch\")") == 1, out[-3000:]
+    assert "identical on all ranks" not in out, out[-3000:]  # it did not finish
+    again = run_ulfm(5, [*job, "--restart", "auto"], tmp_path)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-3000:]
+    assert "restored version 150" in out, out[-3000:]
+    assert final_weights(out) == failure_free_weights
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in events(tmp_path / "run", "process_failure")] == \
+        [([2], 4), ([1], 3)]
+
+
 def test_a_spare_that_dies_idle_stops_no_work_and_is_not_replaced(tmp_path, straight):
     """The spare SIGKILLs itself while the workers run: they go on undisturbed (no recovery for
     an idle spare's death) and end on 4 ranks; a worker dying after it finds no spare left, and

@@ -42,9 +42,9 @@ from hpcckpt.cluster.collectives import quiet_bcast
 from hpcckpt.cluster.fault_tolerance import (RecoveryWatchdog, failure_reported, in_job_recovery_unavailable,
                                              is_process_failure, note_spares_at_start, revoke, shrink)
 from hpcckpt.cluster.mpi_gate import fault_tolerant_agree
-from hpcckpt.errors import ConfigError
+from hpcckpt.errors import ConfigError, HpcckptError
 from hpcckpt.run.in_job_state import (FILLING, count_recovery, forget_held, held_runs, hold, open_checkpointers,
-                                      recoveries_in_job, record as record_for_the_run)
+                                      recoveries_in_job, record as record_for_the_run, take_unrecorded)
 from hpcckpt.run.spares import SparePool
 
 T = TypeVar("T")
@@ -152,12 +152,14 @@ DETECTION_S = 7.0
 
 
 def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60.0,
-                  max_recoveries: int | None = None, spares: int = 0) -> T | None:
+                  max_recoveries: int | None = None, spares: int = 0, shrink: bool = True) -> T | None:
     """(all ranks) main(comm), entered again on the survivors' communicator each time ranks
     die, at most `max_recoveries` times (None: as long as ranks are left). Returns what the
     last main returned. `spares`: the last that many ranks of `comm` do not run main but wait
     to take dead ranks' places (run/spares.py), so that main goes on at its size; an idle
-    spare released at the end returns None."""
+    spare released at the end returns None. `shrink` false: a death that leaves main fewer
+    ranks than it started with (no spare left for its place) ends the job for a relaunch
+    (OutOfSpares) instead of going on smaller."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -170,6 +172,7 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
         _pool = SparePool(comm, spares)
         note_spares_at_start(spares)
         comm = _pool.work
+    places = len(_pool.place) - spares if _pool is not None else comm.Get_size()
     global _surviving
     while True:
         if _pool is not None and _pool.is_spare:
@@ -179,6 +182,7 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
             comm = _survivors = _join_recovery_as_spare(_pool, timeout)
             if not _pool.is_spare:
                 comm = _working = _pool.work
+                _relaunch_if_shrunk(comm, places, shrink)
             continue
         _surviving += 1
         leaving = True  # main returns or its error ends the job: the idle spares are released
@@ -206,10 +210,40 @@ def run_surviving(main: Callable[[object], T], comm=None, *, timeout: float = 60
             count_recovery()
             comm = _working = recover(comm, timeout, exc)
             _survivors = _pool.whole if _pool is not None else comm
+            _relaunch_if_shrunk(comm, places, shrink)
         finally:
             _surviving -= 1
             if leaving:
                 _release_spares()
+
+
+class OutOfSpares(HpcckptError):
+    """Ranks died that no spare was left to replace, and the job may not shrink: every
+    survivor ends for the relaunch tier, which starts the job at its size again."""
+
+    collective = True  # every survivor raises it after the same agreed recovery
+
+
+def _relaunch_if_shrunk(working, places: int, shrink: bool) -> None:
+    """(every rank of `working` after a recovery) OutOfSpares where main would go on with
+    fewer than its `places` ranks and `shrink` is off; said once, by `working`'s rank 0 (the
+    job's rank 0 may be among the dead)."""
+    if shrink or working.Get_size() >= places:
+        return
+    said = (f"ranks died that no spare was left to replace: {working.Get_size()} of the job's {places} working "
+            f"ranks are left and it may not shrink (resilience.out_of_spares = \"relaunch\"); it ends for a "
+            f"relaunch at its size from its newest version")
+    from mpi4py import MPI
+
+    from hpcckpt.runlog import append_metrics
+
+    unrecorded = take_unrecorded()  # no next Checkpointer in this job will write them
+    if working.Get_rank() == 0:
+        for run_dir in held_runs():
+            append_metrics(run_dir, unrecorded)
+        if MPI.COMM_WORLD.Get_rank() != 0:  # run_main has the job's rank 0 say it
+            print(f"hpcckpt: error: {said}", file=sys.stderr, flush=True)
+    raise OutOfSpares(said)
 
 
 def _release_spares() -> None:

@@ -197,24 +197,62 @@ class _Arrivals:
         return self.gaps[self.index - 1], self.uniforms[self.index - 1]
 
 
-def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s: float = math.inf) -> RunResult:
+class _Poisson:
+    """The next failure of the plan's classes as Poisson processes (memoryless: a failure drawn
+    but not reached before a restart ended is drawn again afresh)."""
+
+    def __init__(self, plan: RunPlan, rng: np.random.Generator):
+        self.failing = [f for f in plan.failures if f.per_second > 0]
+        self.rate = sum(f.per_second for f in self.failing)
+        self.cumulative = list(np.cumsum([f.per_second / self.rate for f in self.failing])) if self.failing else []
+        self.arrivals = _Arrivals(rng)
+
+    def next(self, now: float) -> tuple[float, SimFailure | None]:
+        if not self.failing:
+            return math.inf, None
+        gap, pick = self.arrivals.next()
+        return now + gap / self.rate, self.failing[min(bisect.bisect_right(self.cumulative, pick),
+                                                       len(self.failing) - 1)]
+
+    def unread(self) -> None:
+        pass
+
+
+class _Trace:
+    """Failures at given wall times (seconds since the run's start), by class name, in order:
+    a replay of a schedule a real run met. One not yet reached is given again."""
+
+    def __init__(self, plan: RunPlan, trace):
+        by_name = {f.name: f for f in plan.failures}
+        unknown = sorted({name for _, name in trace} - set(by_name))
+        if unknown:
+            raise ValueError(f"trace failures {unknown} are not among the plan's classes {sorted(by_name)}")
+        self.items = sorted((float(at), by_name[name]) for at, name in trace)
+        self.index = 0
+
+    def next(self, now: float) -> tuple[float, SimFailure | None]:
+        if self.index == len(self.items):
+            return math.inf, None
+        at, failure = self.items[self.index]
+        self.index += 1
+        return max(at, now), failure
+
+    def unread(self) -> None:
+        self.index -= 1
+
+
+def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s: float = math.inf,
+                 trace=None) -> RunResult:
     """Wall time and its split for one run of `plan` (seeded: the same seed, the same run).
     A run that fails so often it would take longer than `max_wall_s` is cut at the first
-    restart that ends past it: its work kept is then the progress restored there."""
+    restart that ends past it: its work kept is then the progress restored there. `trace`:
+    (seconds since the start, failure class name) pairs met instead of the plan's rates."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     pattern = _Pattern(plan)
     levels = plan.levels
-    failing = [f for f in plan.failures if f.per_second > 0]
-    rate = sum(f.per_second for f in failing)
-    cumulative = list(np.cumsum([f.per_second / rate for f in failing])) if failing else []
-    arrivals = _Arrivals(rng)
+    arriving = _Poisson(plan, rng) if trace is None else _Trace(plan, trace)
+    next_failure = arriving.next
     last = max(1, math.ceil(plan.work_s / plan.interval_s - 1e-9))
-
-    def next_failure(now: float) -> tuple[float, SimFailure | None]:
-        if not failing:
-            return math.inf, None
-        gap, pick = arrivals.next()
-        return now + gap / rate, failing[min(bisect.bisect_right(cumulative, pick), len(failing) - 1)]
 
     # Version 0, the start, is where a version of ordinal 0 would be (every level; exclusive: the last)
     held = [0 if pattern.holds(i, 0) else -1 for i in range(len(levels))]  # newest version per level (-1: none)
@@ -254,6 +292,7 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
             seconds = plan.restart_s[(failure.name, levels[source].name)]
             failed_at, later = next_failure(now)
             if failed_at - now >= seconds:
+                arriving.unread()
                 now += seconds
                 recovery_s += seconds
                 n0 = restored
