@@ -81,9 +81,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from goodput_replay import print_replay, record_for_replay  # noqa: E402
 from harness import (REPO, compile_checkout, find_mpiexec, machine, print_machine, tagged_ranks, worker_env,
                      write_durably, write_json)
+from goodput_replay import print_replay, record_for_replay  # noqa: E402  (needs the path harness sets)
 
 APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_spare", "hpcckpt_l4", "dcp", "h5py")
 # The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a

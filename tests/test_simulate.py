@@ -278,3 +278,34 @@ def test_a_16384_node_54_day_job_is_simulated_in_seconds():
 def test_failures_during_a_restart(semantics, lost, more, restoring_survives, expected):
     from hpcckpt.simulate.events import _lost_after
     assert _lost_after(semantics, lost, more, SimLevel("L", restoring_survives, 1.0, 1.0)) == expected
+
+
+# --- a failure trace replayed (what perf/goodput_replay.py feeds it) -------------------------
+
+def traced_plan() -> RunPlan:
+    level = SimLevel("pfs", None, 1.0, 1.0)
+    return RunPlan(100.0, 10.0, (level,), (SimFailure("crash", 0, 0.0),), {("crash", "pfs"): 5.0})
+
+
+def test_a_traced_failure_strikes_at_its_time_and_costs_what_it_should():
+    """Versions at 11 s, 22 s, ... (10 s of work, 1 s to write); a failure at 25.5 s rolls back to
+    version 2 (3.5 s redone) and restarts for 5 s; the 8 versions left take 88 s more."""
+    result = simulate_run(traced_plan(), trace=[(25.5, "crash")])
+    assert (result.failures, result.redone_s, result.recovery_s) == (1, pytest.approx(3.5), 5.0)
+    assert result.checkpoint_s == pytest.approx(10.0) and result.wall_s == pytest.approx(118.5)
+
+
+def test_a_traced_failure_during_a_restart_begins_it_again_and_none_is_skipped():
+    once = simulate_run(traced_plan(), trace=[(25.5, "crash"), (27.0, "crash")])
+    assert (once.failures, once.recovery_s, once.wall_s) == (2, pytest.approx(6.5), pytest.approx(120.0))
+    # a failure after the restart is met where it falls, not drawn again: the restart ends at
+    # 30.5 s, version 3 is written by 41.5 s, the failure at 50 s redoes the 8.5 s since
+    later = simulate_run(traced_plan(), trace=[(25.5, "crash"), (50.0, "crash")])
+    assert later.failures == 2 and later.recovery_s == pytest.approx(10.0)
+    assert later.redone_s == pytest.approx(3.5 + 8.5)
+    assert simulate_run(traced_plan(), trace=[(500.0, "crash")]).failures == 0  # past the end
+
+
+def test_a_trace_naming_a_class_the_plan_lacks_is_refused():
+    with pytest.raises(ValueError, match=r"trace failures \['node'\] are not among the plan's classes"):
+        simulate_run(traced_plan(), trace=[(5.0, "node")])

@@ -229,16 +229,20 @@ class _Trace:
             raise ValueError(f"trace failures {unknown} are not among the plan's classes {sorted(by_name)}")
         self.items = sorted((float(at), by_name[name]) for at, name in trace)
         self.index = 0
+        self.given = False  # the last next() gave an item (not the end's "never")
 
     def next(self, now: float) -> tuple[float, SimFailure | None]:
-        if self.index == len(self.items):
+        self.given = self.index < len(self.items)
+        if not self.given:
             return math.inf, None
         at, failure = self.items[self.index]
         self.index += 1
         return max(at, now), failure
 
     def unread(self) -> None:
-        self.index -= 1
+        if self.given:
+            self.index -= 1
+            self.given = False
 
 
 def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s: float = math.inf,
