@@ -7,7 +7,10 @@ edges at 0. MPI_Dims_create cuts it into a px x py grid of blocks, one per rank,
 the sizes do not divide; each rank holds its block with one halo cell on every side and
 trades halos with its four neighbours every iteration. The interior of the local array (the
 rank's block, a view) is protected as a block of the global grid, so a restart may use any
-number of ranks: each new rank's block is filled from the old blocks it overlaps.
+number of ranks: each new rank's block is filled from the old blocks it overlaps. Under the
+fault-tolerant MPI (python -m hpcckpt.cluster.ulfm_mpiexec) the survivors of a dead rank go
+on in the job; with --spares K the last K ranks wait idle and one takes a dead rank's place,
+so the grid keeps its cut and the spare's block comes from the nearest level that holds it.
 
 Jacobi is pointwise and the convergence test a max-reduction, both exact, so the grid is
 bit-identical whatever the decomposition: an interrupted run restarted on any rank count
@@ -66,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="simulated nodes (ranks split evenly); 0: the real nodes, as under a batch system")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a job setting (hpcckpt's config keys), e.g. resilience.parity=1")
+    parser.add_argument("--spares", type=int, default=0, metavar="K",
+                        help="the last K ranks wait idle and take dead ranks' places (the fault-tolerant MPI)")
     parser.add_argument("--crash-at", type=int, default=None, metavar="K")
     parser.add_argument("--poison-at", type=int, default=None, metavar="K")
     parser.add_argument("--dump", type=Path, default=None, metavar="DIR")
@@ -150,8 +155,10 @@ class Block:
 def main(argv=None) -> int:
     args = parse_args(argv)
     # With an MPI that survives a dead rank, solve() is entered again on the survivors: the
-    # grid is cut anew for their number and the newest version restored onto it.
-    return run_surviving(lambda comm: solve(comm, args))
+    # grid is cut anew for their number and the newest version restored onto it; with spares
+    # the cut stays, a spare in each dead rank's place, its block from the nearest level.
+    code = run_surviving(lambda comm: solve(comm, args), spares=args.spares)
+    return 0 if code is None else code  # None: an idle spare, released at the end
 
 
 def solve(comm, args) -> int:

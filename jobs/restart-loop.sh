@@ -125,7 +125,8 @@ hpcckpt_place_nodes() {
     # attempt's, an array) that is still usable keeps its place, so its ranks find their
     # node-local files again; a spare (a usable node not placed) takes the place of a failed
     # one; with no spare left the failed node's place goes (ALLOW_SHRINK=1, the default) or
-    # the job stops (returns 1). $1: the usable nodes, one per line. Sets HPCCKPT_PLACEMENT.
+    # the job stops (returns 1). $1: the usable nodes, one per line. Sets HPCCKPT_PLACEMENT,
+    # and HPCCKPT_SPARE_HOSTS to the spares left.
     local usable=$1 node spare
     local -a placed=() spares=() failed=()
     while read -r node; do
@@ -156,6 +157,7 @@ hpcckpt_place_nodes() {
         return 1
     fi
     HPCCKPT_PLACEMENT=("${placed[@]}")
+    HPCCKPT_SPARE_HOSTS=(${spares[@]+"${spares[@]}"})
     [ "${#failed[@]}" -eq 0 ] || hpcckpt_say "next attempt on ${#placed[@]} node(s): ${placed[*]}"
     return 0
 }

@@ -330,6 +330,7 @@ class Attempt:
     reached: int = 0
     loaded_at_s: float | None = None
     restored_from: str = ""
+    in_job: bool = False  # the survivors going on in the job, not a relaunch
 
 
 @dataclass
@@ -453,7 +454,7 @@ class Job:
         outcome = Outcome(self.name, 0, wall, finished, "")
         for at, line in self.lines:
             if re.match(r"hpcckpt-job: attempt \d+ \(at most", line) or "going on in the job" in line:
-                attempts.append(Attempt(at))  # a relaunch, or the survivors going on in the job
+                attempts.append(Attempt(at, in_job="going on in the job" in line))  # or a relaunch
             elif not attempts:
                 continue
             elif m := re.match(r"went on from step (\d+), held in memory", line):
@@ -739,14 +740,16 @@ def main(argv=None) -> int:
     print_table(table)
     replay = None
     if free:
-        replay = record_for_replay(args, clean.wall_s, free, table, schedules, pfs_mbps, IN_JOB_APPROACHES,
-                                   ("h5py",))
+        replay = record_for_replay(args, clean.wall_s, {name: asdict(o) for name, o in free.items()}, table,
+                                   [asdict(o) for o in outcomes], schedules, pfs_mbps, IN_JOB_APPROACHES, ("h5py",),
+                                   SPARES, START_TIMEOUT_S)
         print_replay(replay)
         if args.replay_out:
             write_json(args.replay_out, replay, host)
     if args.json:
         write_json(args.json, {"args": vars(args), "disk_mbps": disk, "pfs_mbps": pfs_mbps, "hidden": hidden,
                                "prediction": prediction, "replay": replay,
+                               "free": {name: asdict(o) for name, o in free.items()},
                                "rates_h": rates_h, "baseline_s": baseline_s, "step_s": step_s, "table": table,
                                "runs": [asdict(o) for o in outcomes]}, host)
     ok = all(row["finished"] and row["weights_equal"] is not False for row in table.values())

@@ -11,7 +11,10 @@ Each approach's run plan is built from what the same bench run measured, nothing
 - restarts: the median time from a failure to the version loaded, per failure class, over the
   approach's own runs under failures (a class it never met: the median over its other classes);
 - the in-job approaches go on from the step held in memory after a crash (a level every step,
-  free, that survives only a crash);
+  free, that survives only a crash recovered in the job), in the time their in-job recoveries
+  took; with spares, while one is left (one is taken per crash, a relaunch starts them all
+  again), else relaunched; a relaunch a failure strikes before it is done waits for the job
+  script's START_TIMEOUT (Open MPI's ULFM leaves ranks in MPI start-up after a death there);
 - the failures: each seed's schedule, at the same wall times and of the same classes (a crash
   wipes nothing node-local, a node one failure domain, two nodes two), a run cut at the bench's
   timeout counting as no goodput, as the bench counts it.
@@ -69,13 +72,25 @@ def plan_for(record: dict, name: str) -> RunPlan:
         levels.append(SimLevel(level, SURVIVES[level], charged, durable, every))
     if "L4" not in versions:  # the start, version 0, is on the PFS for a relaunch from scratch
         levels.append(SimLevel("L4", None, 0.0, 0.0, steps + 1))
-    if approach.get("in_job"):
-        levels.insert(0, SimLevel(HELD_STEP, 0, 0.0, 0.0, 1))
-    measured = approach["restart_s"]
-    fallback = statistics.median(measured.values()) if measured else record["restart_fallback_s"]
     failures = tuple(SimFailure(kind, domains, 0.0) for kind, domains in DOMAINS.items())
-    restart = {(kind, level.name): measured.get(kind, fallback) for kind in DOMAINS for level in levels}
-    return RunPlan(w0, step_s, tuple(levels), failures, restart, during_restart=COMPOUND)
+    relaunched = approach["restart_s"]
+    fallback = statistics.median(relaunched.values()) if relaunched else record["restart_fallback_s"]
+    relaunch = {(kind, level.name): relaunched.get(kind, fallback) for kind in DOMAINS for level in levels}
+    if not approach.get("in_job"):
+        return RunPlan(w0, step_s, tuple(levels), failures, relaunch, during_restart=COMPOUND)
+    # A crash is survived in the job, from the step the survivors hold, while a spare is left
+    # (no spares held: always, on fewer ranks); the runtime ends the job on a node's loss.
+    levels.insert(0, SimLevel(HELD_STEP, 0, 0.0, 0.0, 1, in_job_only=True))
+    in_the_job = approach.get("in_job_restart_s") or {}
+    restart = {(kind, level.name): in_the_job.get("crash", fallback) if kind == "crash" else
+               relaunched.get(kind, fallback) for kind in DOMAINS for level in levels}
+    relaunch.update({(kind, HELD_STEP): relaunched.get(kind, fallback) for kind in DOMAINS})
+    # Under the fault-tolerant MPI a relaunch a crash strikes before MPI start-up is through
+    # waits there until the job script's START_TIMEOUT stops it.
+    return RunPlan(w0, step_s, tuple(levels), failures, restart, during_restart=COMPOUND,
+                   spares=approach.get("spares"), in_job=frozenset({"crash"}),
+                   relaunch_s=relaunch if approach.get("spares") is not None else None,
+                   struck_relaunch_s=record["start_timeout_s"])
 
 
 def replayed(record: dict) -> dict:
@@ -96,22 +111,48 @@ def replayed(record: dict) -> dict:
     return out
 
 
-def record_for_replay(args, baseline_s: float, free: dict, table: dict, schedules: dict, pfs_mbps: float,
-                      in_job: tuple, synchronous: tuple) -> dict:
+def restarts_by_recovery(run: dict) -> list[tuple[str, bool, float]]:
+    """(failure class, recovered in the job, seconds until the version or step was loaded) of
+    each failure of one bench run (an Outcome as a dict) that had a whole restart of its own."""
+    attempts = [a for a in run["attempts"] if a.get("loaded_at_s") is not None]
+    out = []
+    for at_s, kind, hit, restart in run["failures"]:
+        if not hit or restart is None:
+            continue
+        loaded = min((a for a in attempts if a["loaded_at_s"] > at_s), key=lambda a: a["loaded_at_s"], default=None)
+        if loaded is not None:  # records from before the flag: the survivors went on from memory
+            out.append((kind, loaded.get("in_job", loaded["restored_from"] == "memory"), restart))
+    return out
+
+
+def record_for_replay(args, baseline_s: float, free: dict, table: dict, runs: list, schedules: dict,
+                      pfs_mbps: float, in_job: tuple, synchronous: tuple, spares: dict,
+                      start_timeout_s: float) -> dict:
     """What the replay needs from one bench run, JSON-ready: the work, each approach's
-    failure-free run with checkpoints (`free`: name -> Outcome), its restarts and measured
-    waste per seed (`table`), and the seeds' schedules (seed -> [Failure])."""
+    failure-free run with checkpoints (`free`: name -> Outcome as a dict), its restarts by class
+    and by how they were recovered (`runs`: every Outcome as a dict), its measured waste per
+    seed (`table`), and the seeds' schedules (seed -> [Failure])."""
+    def medians(name: str, in_the_job: bool) -> dict:
+        by_kind: dict = {}
+        for run in runs:
+            if run["approach"] == name:
+                for kind, recovered_in_job, seconds in restarts_by_recovery(run):
+                    if recovered_in_job == in_the_job:
+                        by_kind.setdefault(kind, []).append(seconds)
+        return {kind: statistics.median(values) for kind, values in by_kind.items()}
+
     restarts = [s for row in table.values() for s in row["restart_s"].values()]
     return {
         "steps": args.steps, "state_mb": args.state_mb, "pfs_mbps": pfs_mbps, "baseline_s": baseline_s,
-        "mtbf_s": args.mtbf_s, "mix": args.mix,
+        "mtbf_s": args.mtbf_s, "mix": args.mix, "start_timeout_s": start_timeout_s,
         "restart_fallback_s": statistics.median(restarts) if restarts else 0.0,
         "schedules": {str(seed): [[f.at_s, f.kind] for f in schedule] for seed, schedule in schedules.items()},
         "approaches": {
-            name: {"free_wall_s": free[name].wall_s, "versions": versions_per_level(free[name].checkpoints),
-                   "restart_s": row["restart_s"], "in_job": name in in_job, "synchronous": name in synchronous,
+            name: {"free_wall_s": free[name]["wall_s"], "versions": versions_per_level(free[name]["checkpoints"]),
+                   "restart_s": medians(name, False), "in_job_restart_s": medians(name, True),
+                   "in_job": name in in_job, "synchronous": name in synchronous, "spares": spares.get(name),
                    "waste": row["waste"], "waste_by_seed": {str(s): w for s, w in row["waste_by_seed"].items()}}
-            for name, row in table.items() if name in free and free[name].finished and free[name].checkpoints},
+            for name, row in table.items() if name in free and free[name]["finished"] and free[name]["checkpoints"]},
     }
 
 

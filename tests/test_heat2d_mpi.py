@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_ok, mpi_env, mpiexec_prefix, run_script, script_results
+from conftest import REPO, assert_ok, mpi_env, mpiexec_prefix, run_script, run_ulfm_script, script_results
 
 HEAT2D = REPO / "examples" / "heat2d.py"
 TOL = 1e-4
@@ -159,3 +159,24 @@ def test_a_solution_that_blows_up_is_rewound_in_process_and_ends_on_the_uninterr
     assert stopped.returncode == 2, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     assert "step 251: the run diverged (non-finite loss (inf) at step 251)" in stopped.stdout + stopped.stderr
 
+
+
+def test_a_spare_takes_the_dead_rank_s_block_from_its_partner_and_the_grid_ends_as_uninterrupted(uninterrupted,
+                                                                                                 tmp_path):
+    """5 ranks of the fault-tolerant MPI, the last a spare: the last worker dies at iteration 350
+    (versions 100-300 durable), the spare takes its place in the job, so the grid keeps its 2 x 2
+    cut; version 300 is restored onto the same ranks, the spare's block from the partner's copy
+    (its rank's node-local files are on another node), none from the PFS; the grid ends
+    bit-identical to the uninterrupted run's, from one launch."""
+    proc = run_ulfm_script(5, HEAT2D, ["--run-dir", str(tmp_path / "run"), "--nodes", "4", "--tol", str(TOL),
+                                       "--spares", "1", "--every", "100", "--crash-at", "350", "--dump",
+                                       str(tmp_path / "grids")], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "spare(s) took place(s) 3: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]
+    [result] = script_results(proc)
+    assert result["ranks"] == 4 and result["restored"] == 300, result
+    assert sorted(result["sources"]) == ["local", "local", "local", "partner"], result
+    assert "old shards 3 from L1 local, 1 from L2 partner" in out, out[-3000:]
+    final = np.load(tmp_path / "grids" / "final.npy")
+    assert final.tobytes() == np.load(uninterrupted / "final.npy").tobytes()

@@ -7,8 +7,12 @@ asserts that too, so a check that passes by luck of the seeds fails instead.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,6 +310,71 @@ def test_a_traced_failure_during_a_restart_begins_it_again_and_none_is_skipped()
     assert simulate_run(traced_plan(), trace=[(500.0, "crash")]).failures == 0  # past the end
 
 
+def spared_plan(spares: int | None) -> RunPlan:
+    """The step held in memory (every version, free, survives a crash in the job only) and a
+    disk every other version (1 s); a crash recovered in the job in 0.5 s while a spare is left,
+    relaunched in 3 s otherwise."""
+    levels = (SimLevel("memory", 0, 0.0, 0.0, 1, in_job_only=True), SimLevel("disk", None, 1.0, 1.0, 2))
+    failures = (SimFailure("crash", 0, 0.0),)
+    return RunPlan(100.0, 10.0, levels, failures, {("crash", "memory"): 0.5, ("crash", "disk"): 0.5},
+                   spares=spares, in_job=frozenset({"crash"}),
+                   relaunch_s={("crash", "memory"): 3.0, ("crash", "disk"): 3.0})
+
+
+def test_a_crash_with_a_spare_left_goes_on_in_the_job_and_without_one_is_relaunched():
+    """Crashes at 25.5 s and 50 s. One spare: the first goes on in the job from the held step
+    (version 2, 4.5 s redone, 0.5 s), the second finds none and is relaunched from the disk's
+    version 4 (written by 47 s: 3 s redone, 3 s), which starts the spare again."""
+    trace = [(25.5, "crash"), (50.0, "crash")]
+    one = simulate_run(spared_plan(1), trace=trace)
+    assert (one.recovery_s, one.redone_s) == (pytest.approx(3.5), pytest.approx(7.5))
+    assert one.restored_from == {"memory": 1, "disk": 1} and one.wall_s == pytest.approx(116.0)
+    assert simulate_run(spared_plan(2), trace=trace).recovery_s == pytest.approx(1.0)
+    none = simulate_run(spared_plan(0), trace=trace)
+    assert none.recovery_s == pytest.approx(6.0) and none.restored_from == {"disk": 2}
+    # Each relaunch starts the spare again: a crash after it is the spare's once more
+    again = simulate_run(spared_plan(1), trace=[*trace, (80.0, "crash")])
+    assert again.restored_from == {"memory": 2, "disk": 1}
+    # Without spares counted, every crash is recovered in the job
+    assert simulate_run(spared_plan(None), trace=trace).restored_from == {"memory": 2}
+
+
+def test_a_relaunch_struck_before_it_is_done_hangs_until_its_start_up_timeout():
+    """A crash at 25.5 s on a run with no spare: relaunched from 25.5 s (3 s). A second crash at
+    27 s strikes it: the launch hangs until 25.5 + 30 s, a third crash at 40 s strikes a job
+    already stuck, and the relaunch begins again at 55.5 s (3 s more)."""
+    plan = dataclasses.replace(spared_plan(0), struck_relaunch_s=30.0)
+    result = simulate_run(plan, trace=[(25.5, "crash"), (27.0, "crash"), (40.0, "crash")])
+    assert result.recovery_s == pytest.approx(33.0) and result.failures == 2
+    # In the job (a spare left) there is no launch to hang: the restart begins again at once
+    spared = dataclasses.replace(spared_plan(1), struck_relaunch_s=30.0)
+    assert simulate_run(spared, trace=[(25.5, "crash"), (25.7, "crash")]).recovery_s == pytest.approx(0.2 + 3.0)
+
+
 def test_a_trace_naming_a_class_the_plan_lacks_is_refused():
     with pytest.raises(ValueError, match=r"trace failures \['node'\] are not among the plan's classes"):
         simulate_run(traced_plan(), trace=[(5.0, "node")])
+
+
+# --- this machine: perf/bench_goodput.py's measured waste, replayed --------------------------
+
+MEASURED_BENCH = Path(__file__).parent / "measured" / "bench_goodput_replay.json"
+
+
+def test_fed_the_costs_measured_here_the_simulator_gives_bench_goodputs_waste_within_20_percent():
+    """perf/bench_goodput.py's default run on this project's 2-core VM (its --replay-out record,
+    kept in tests/measured/): each approach's plan built from the costs that run measured (its
+    failure-free wall time with checkpoints, the versions each level stored, its restart time
+    per failure class; perf/goodput_replay.py), each seed's failures replayed at their times.
+    The median waste over the seeds is within 20 % of the median the bench measured, for every
+    approach whose runs all ended on the failure-free weights; the in-job row that shrinks (its
+    steps slow down on fewer ranks, which no plan here models) is held to it too."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "perf"))
+    import goodput_replay
+
+    record = json.loads(MEASURED_BENCH.read_text())
+    rows = goodput_replay.replayed(record)
+    assert len(record["schedules"]) == 5 and set(rows) == set(record["approaches"])
+    off = {name: round(row["simulated"] / row["measured"], 3) for name, row in rows.items()
+           if abs(row["simulated"] / row["measured"] - 1) > 0.20}
+    assert not off, off

@@ -311,34 +311,51 @@ def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
     assert final_record(directory / "run")["step"] == STEPS
 
 
-def test_under_the_ulfm_launcher_a_killed_rank_goes_on_in_the_job_and_a_failed_node_is_relaunched(cluster, tmp_path):
+def test_under_the_ulfm_launcher_a_spare_rank_takes_a_killed_rank_s_place_and_a_failed_node_is_relaunched(
+        cluster, tmp_path, uninterrupted):
     """LAUNCHER=ulfm: Open MPI's mpiexec with fault tolerance starts the ranks inside the
-    allocation instead of srun. A rank killed on its node costs no relaunch: the 3 others go on
-    in the same attempt from the step they hold (the trainer's state is all replicated). A failed
-    node ends the job (Open MPI's runtime cannot survive its lost daemon), and the loop
-    relaunches it on the nodes left, which restore the newest version onto 3 ranks."""
-    ulfm = {"LAUNCHER": "ulfm", "ULFM_MPIEXEC": f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec"}
+    allocation instead of srun; SPARE_RANKS=1 starts one more, idle, on the spare node. A rank
+    killed on its node costs no relaunch: the spare takes its place in the same attempt, handed
+    the step the survivors hold (the trainer's state is all replicated), and the run ends on 4
+    ranks on the failure-free weights. A failed node ends the job (Open MPI's runtime cannot
+    survive its lost daemon), and the loop relaunches it with the spare node in the lost one's
+    place (the spare rank beside the last node's ranks): 4 ranks restore the newest version
+    from the nodes' L1 and the lost rank's partner copy or parity, and end on the same
+    weights."""
+    ulfm = {"LAUNCHER": "ulfm", "ULFM_MPIEXEC": f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec",
+            "SPARE_NODES": "1", "SPARE_RANKS": "1"}
     killed = workdir(tmp_path, "killed")
-    job = submit(killed, "--nodes=4", "--ntasks-per-node=1",
+    job = submit(killed, "--nodes=5", "--ntasks-per-node=1",
                  TRAIN_ARGS="--inject rank-kill:rank=1:step=1050:attempt=1", **ulfm)
     code, out = wait_for(job, killed)
+    nodes = job_nodes(job)
     assert code == 0, out
-    assert "placement: 4 rank(s) on 4 host(s)" in out, out
-    assert "rank(s) 1 of 4 died: going on in the job on the 3 left" in out, out
-    assert "went on from step 1050, held in memory by the 3 survivor(s): no version read" in out, out
+    assert f"placement: 4 rank(s) on 4 host(s) ({', '.join(nodes[:4])})" in out, out
+    assert f"1 spare rank(s) on {nodes[4]}" in out, out
+    assert "rank(s) 1 of 4 died; spare(s) took place(s) 1: going on in the job on 4 rank(s), 0 spare(s) left" in out
+    assert "went on from step 1050, held in memory by the 3 survivor(s) and handed to 1 spare(s)" in out, out
     assert "finished after 1 attempt(s)" in out, out
-    assert final_record(killed / "run")["step"] == STEPS
+    assert final_record(killed / "run")["weights_digest"] == uninterrupted
 
     lost = workdir(tmp_path, "lost")
-    job = submit(lost, "--nodes=4", "--ntasks-per-node=1", **ulfm)
+    job = submit(lost, "--nodes=5", "--ntasks-per-node=1", **ulfm)
     wait_for_step(lost, job, 600)
-    fail_node(job_nodes(job)[2], job, lost)
+    nodes = job_nodes(job)
+    failed_at = time.time()
+    fail_node(nodes[2], job, lost)
+    reached = int((lost / "run" / "heartbeat").read_text().split()[0])
+    wait_for_step(lost, job, reached + 1, timeout=240)
+    print(f"a failed node under LAUNCHER=ulfm with a spare node: {time.time() - failed_at:.1f} s from the failure to "
+          f"the next step after step {reached}")
     code, out = wait_for(job, lost)
     assert code == 0, out
     assert "attempt 1 failed with exit code" in out, out
-    assert re.search(r"restored version \d+ \(written by 4 ranks\) onto 3 rank\(s\)", out), out
+    assert f"node {nodes[2]} failed or left the allocation: spare node {nodes[4]} takes its place" in out, out
+    assert f"1 spare rank(s) on {nodes[3]}" in out, out
+    assert re.search(r"restored version \d+: 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
+                     out), out
     assert re.search(r"finished after [23] attempt\(s\)", out), out
-    assert final_record(lost / "run")["step"] == STEPS
+    assert final_record(lost / "run")["weights_digest"] == uninterrupted
 
 
 def test_under_the_ulfm_launcher_a_rank_dead_before_mpi_start_up_costs_a_few_start_ups(cluster, tmp_path):

@@ -83,6 +83,25 @@ def test_the_trainer_with_a_spare_ends_at_its_size_on_the_failure_free_weights(t
            f"spare(s) left, shrunk in" in report.stdout, report.stdout + report.stderr
 
 
+def test_a_whole_simulated_node_s_ranks_lost_at_once_go_to_two_spares(tmp_path, failure_free_weights):
+    """4 working ranks on 2 simulated nodes and 2 spares: node 1 is lost at step 75 (both its
+    ranks die, its directory is deleted); one recovery gives both places to the spares, and the
+    job ends on 4 ranks on the failure-free weights, the step handed over from memory."""
+    proc = run_ulfm(6, ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=2",
+                        "--set", "cluster.simulated_nodes=2", "--inject", "node-loss:node=1:step=75:attempt=1"],
+                    tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "rank(s) 2, 3 of 4 died; spare(s) took place(s) 2, 3: going on in the job on 4 rank(s), 0 spare(s) " \
+           "left" in out, out[-3000:]
+    assert "held in memory by the 2 survivor(s) and handed to 2 spare(s) in dead ranks' places" in out, out[-3000:]
+    assert final_weights(out) == failure_free_weights
+    [failure] = events(tmp_path / "run", "process_failure")
+    assert (failure["lost_ranks"], failure["ranks_left"]) == ([2, 3], 4), failure
+    [spares] = events(tmp_path / "run", "spares")
+    assert (spares["filled"], spares["given_up"]) == ({"2": 4, "3": 5}, []), spares
+
+
 def test_a_solver_s_block_goes_to_the_spare_from_its_partner_with_no_pfs_read(tmp_path, straight):
     """A block-decomposed field: the spare in rank 2's place restores that rank's block of the
     newest version from the partner's copy (rank 2's node-local files are on another node),

@@ -53,9 +53,10 @@ class SimLevel:
     cost_s: float  # seconds of run one version on it costs (blocking, plus what its background work slows)
     durable_s: float  # seconds from the checkpoint's start until a version is on it
     every: int = 1  # it takes every `every`-th version
+    in_job_only: bool = False  # held in the processes' memory: lost to a relaunch
 
-    def covers(self, domains_lost: int) -> bool:
-        return self.survives is None or domains_lost <= self.survives
+    def covers(self, domains_lost: int, in_job: bool = True) -> bool:
+        return (in_job or not self.in_job_only) and (self.survives is None or domains_lost <= self.survives)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,17 @@ class RunPlan:
     exclusive: bool = False
     reprotect: bool = True
     during_restart: str = COMPOUND
+    # Spare ranks: a failure of an `in_job` class is recovered in the job (restart_s) while a
+    # spare is left, each such recovery using one; with none left it is relaunched
+    # (relaunch_s), which starts the spares again. None: no spares counted (restart_s always).
+    spares: int | None = None
+    in_job: frozenset = frozenset()
+    relaunch_s: Mapping[tuple[str, str], float] | None = None
+    # A relaunch that a failure strikes before it is done hangs until this long after its
+    # start, then begins again (a launcher's start-up timeout: under Open MPI's ULFM a rank dead
+    # before MPI start-up leaves the others waiting there); failures meanwhile strike a job
+    # already stuck. 0: it begins again at once.
+    struck_relaunch_s: float = 0.0
 
     def __post_init__(self):
         if not self.work_s > 0 or not self.interval_s > 0:
@@ -92,6 +104,15 @@ class RunPlan:
             for level in self.levels:
                 if (failure.name, level.name) not in self.restart_s:
                     raise ValueError(f"restart_s has no entry for failure {failure.name!r} from level {level.name!r}")
+        if self.struck_relaunch_s < 0:
+            raise ValueError(f"struck_relaunch_s must be >= 0, got {self.struck_relaunch_s}")
+        if self.spares is not None:
+            if self.spares < 0 or self.relaunch_s is None:
+                raise ValueError("spares must be >= 0 and come with relaunch_s (the restart once none is left)")
+            missing = [(f, level.name) for f in self.in_job for level in self.levels
+                       if (f, level.name) not in self.relaunch_s]
+            if missing:
+                raise ValueError(f"relaunch_s has no entry for {missing[0]}")
         if self.during_restart not in (COMPOUND, SCR):
             raise ValueError(f"during_restart must be {COMPOUND!r} or {SCR!r}, not {self.during_restart!r}")
 
@@ -207,6 +228,9 @@ class _Poisson:
         self.cumulative = list(np.cumsum([f.per_second / self.rate for f in self.failing])) if self.failing else []
         self.arrivals = _Arrivals(rng)
 
+    def skip_until(self, when: float) -> None:
+        pass  # memoryless: the next failure is drawn from `when` on
+
     def next(self, now: float) -> tuple[float, SimFailure | None]:
         if not self.failing:
             return math.inf, None
@@ -239,6 +263,11 @@ class _Trace:
         self.index += 1
         return max(at, now), failure
 
+    def skip_until(self, when: float) -> None:
+        while self.index < len(self.items) and self.items[self.index][0] < when:
+            self.index += 1
+        self.given = False
+
     def unread(self) -> None:
         if self.given:
             self.index -= 1
@@ -260,6 +289,7 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
 
     # Version 0, the start, is where a version of ordinal 0 would be (every level; exclusive: the last)
     held = [0 if pattern.holds(i, 0) else -1 for i in range(len(levels))]  # newest version per level (-1: none)
+    spares_left = plan.spares
     now, n0 = 0.0, 0
     checkpoint_s = computed_s = recovery_s = 0.0
     failures = 0
@@ -288,15 +318,24 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
         failures += 1
         lost = failure.domains_lost
         while True:  # restart, begun again while failures meet it
+            in_job = failure.name in plan.in_job and (spares_left is None or spares_left > 0) \
+                if plan.spares is not None else True
             for i, level in enumerate(levels):
-                held[i] = max(held[i], written[i]) if level.covers(lost) else -1
+                held[i] = max(held[i], written[i]) if level.covers(lost, in_job) else -1
             written = [-1] * len(levels)
-            restored = max(held[i] for i, level in enumerate(levels) if level.covers(lost))
-            source = next(i for i, level in enumerate(levels) if level.covers(lost) and held[i] == restored)
-            seconds = plan.restart_s[(failure.name, levels[source].name)]
+            restored = max(held[i] for i, level in enumerate(levels) if level.covers(lost, in_job))
+            source = next(i for i, level in enumerate(levels) if level.covers(lost, in_job) and held[i] == restored)
+            relaunched = plan.spares is not None and failure.name in plan.in_job and not in_job
+            seconds = (plan.relaunch_s if relaunched else plan.restart_s)[(failure.name, levels[source].name)]
+            a_relaunch = not (in_job and failure.name in plan.in_job)
+            if plan.spares is not None and not a_relaunch:
+                spares_left -= 1  # the spare is taken as the recovery begins: another death needs another
+            began = now
             failed_at, later = next_failure(now)
             if failed_at - now >= seconds:
                 arriving.unread()
+                if plan.spares is not None and a_relaunch:
+                    spares_left = plan.spares  # a relaunch starts every spare again
                 now += seconds
                 recovery_s += seconds
                 n0 = restored
@@ -307,6 +346,10 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
             recovery_s += failed_at - now
             now = failed_at
             failures += 1
+            if a_relaunch and began + plan.struck_relaunch_s > now:
+                recovery_s += began + plan.struck_relaunch_s - now
+                now = began + plan.struck_relaunch_s
+                arriving.skip_until(now)
             if now >= max_wall_s:  # restarts that never end between failures: cut here, not never
                 n0 = restored
                 break
