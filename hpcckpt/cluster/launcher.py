@@ -74,7 +74,10 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
     forwarded = [arg for name in env for arg in ("-x", name)]
     placed = []
     if hostfile is not None:
-        placed = ["--hostfile", hostfile, "--map-by", "slot"]
+        # The sequential mapper: rank r on the host of line r. By slot, Open MPI counts a host's
+        # lines as its slots and fills the hosts in the allocation's order, not the file's:
+        # after a spare node took a lost one's place, ranks left the nodes that hold their files.
+        placed = ["--hostfile", hostfile, "--map-by", f"seq:file={hostfile}"]
         # Open MPI starts its daemons with srun inside Slurm; after a node failure slurmctld may
         # keep the failed step's record on the surviving nodes, and a plain srun would wait
         # for them for ever (the job script's own srun passes --overlap for the same reason).
