@@ -41,6 +41,11 @@ Approaches:
   aimed at a rank already gone strikes a live one. A lost node ends the whole job, as Open
   MPI's runtime does on a cluster when it loses the node's daemon (here: every rank killed
   after the node's directory is deleted), and the loop relaunches it on 4 ranks;
+- hpcckpt_spare: the same in the job with one spare rank more (resilience.spares = 1, on a
+  simulated node of its own): a crashed rank's place goes to the spare, so the job goes on at
+  its size and ends on the failure-free weights; a crash with no spare left ends the job for a
+  relaunch at its size (resilience.out_of_spares = "relaunch"), which starts the spare again.
+  Its waste is given over the working ranks' time and with the spare's time charged too;
 - hpcckpt_l4: L4 only, at its Young/Daly interval (checkpoint.mtbf_hours: all failures);
 - dcp: torch.distributed.checkpoint.async_save, and
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
@@ -55,6 +60,12 @@ those same steps against the mean of the runs without checkpoints before and aft
 for the run as a whole, the waste over
 all its steps (the profile included) and over the whole run (the start and the final
 version's copy to the PFS included, per second of the failure-free run's training).
+
+Each approach also runs once without failures (--no-replay: not), and the simulator
+(hpcckpt/simulate/) replays the seeds' failures fed the costs this run measured
+(perf/goodput_replay.py): its waste per approach is printed beside the measured one, and
+--replay-out writes what the replay needs (tests/measured/ holds one, which
+tests/test_simulate.py holds the simulator to).
 
 Reported per approach (medians over seeds): wall time; goodput = failure-free compute time /
 wall time, the failure-free time being the same job run without checkpoints or failures, and
@@ -742,7 +753,7 @@ def main(argv=None) -> int:
     if free:
         replay = record_for_replay(args, clean.wall_s, {name: asdict(o) for name, o in free.items()}, table,
                                    [asdict(o) for o in outcomes], schedules, pfs_mbps, IN_JOB_APPROACHES, ("h5py",),
-                                   SPARES, START_TIMEOUT_S)
+                                   SPARES)
         print_replay(replay)
         if args.replay_out:
             write_json(args.replay_out, replay, host)

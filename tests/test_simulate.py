@@ -7,7 +7,6 @@ asserts that too, so a check that passes by luck of the seeds fails instead.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -337,18 +336,6 @@ def test_a_crash_with_a_spare_left_goes_on_in_the_job_and_without_one_is_relaunc
     assert again.restored_from == {"memory": 2, "disk": 1}
     # Without spares counted, every crash is recovered in the job
     assert simulate_run(spared_plan(None), trace=trace).restored_from == {"memory": 2}
-
-
-def test_a_relaunch_struck_before_it_is_done_hangs_until_its_start_up_timeout():
-    """A crash at 25.5 s on a run with no spare: relaunched from 25.5 s (3 s). A second crash at
-    27 s strikes it: the launch hangs until 25.5 + 30 s, a third crash at 40 s strikes a job
-    already stuck, and the relaunch begins again at 55.5 s (3 s more)."""
-    plan = dataclasses.replace(spared_plan(0), struck_relaunch_s=30.0)
-    result = simulate_run(plan, trace=[(25.5, "crash"), (27.0, "crash"), (40.0, "crash")])
-    assert result.recovery_s == pytest.approx(33.0) and result.failures == 2
-    # In the job (a spare left) there is no launch to hang: the restart begins again at once
-    spared = dataclasses.replace(spared_plan(1), struck_relaunch_s=30.0)
-    assert simulate_run(spared, trace=[(25.5, "crash"), (25.7, "crash")]).recovery_s == pytest.approx(0.2 + 3.0)
 
 
 def test_a_trace_naming_a_class_the_plan_lacks_is_refused():

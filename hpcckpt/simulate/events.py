@@ -82,11 +82,6 @@ class RunPlan:
     spares: int | None = None
     in_job: frozenset = frozenset()
     relaunch_s: Mapping[tuple[str, str], float] | None = None
-    # A relaunch that a failure strikes before it is done hangs until this long after its
-    # start, then begins again (a launcher's start-up timeout: under Open MPI's ULFM a rank dead
-    # before MPI start-up leaves the others waiting there); failures meanwhile strike a job
-    # already stuck. 0: it begins again at once.
-    struck_relaunch_s: float = 0.0
 
     def __post_init__(self):
         if not self.work_s > 0 or not self.interval_s > 0:
@@ -104,8 +99,6 @@ class RunPlan:
             for level in self.levels:
                 if (failure.name, level.name) not in self.restart_s:
                     raise ValueError(f"restart_s has no entry for failure {failure.name!r} from level {level.name!r}")
-        if self.struck_relaunch_s < 0:
-            raise ValueError(f"struck_relaunch_s must be >= 0, got {self.struck_relaunch_s}")
         if self.spares is not None:
             if self.spares < 0 or self.relaunch_s is None:
                 raise ValueError("spares must be >= 0 and come with relaunch_s (the restart once none is left)")
@@ -228,9 +221,6 @@ class _Poisson:
         self.cumulative = list(np.cumsum([f.per_second / self.rate for f in self.failing])) if self.failing else []
         self.arrivals = _Arrivals(rng)
 
-    def skip_until(self, when: float) -> None:
-        pass  # memoryless: the next failure is drawn from `when` on
-
     def next(self, now: float) -> tuple[float, SimFailure | None]:
         if not self.failing:
             return math.inf, None
@@ -262,11 +252,6 @@ class _Trace:
         at, failure = self.items[self.index]
         self.index += 1
         return max(at, now), failure
-
-    def skip_until(self, when: float) -> None:
-        while self.index < len(self.items) and self.items[self.index][0] < when:
-            self.index += 1
-        self.given = False
 
     def unread(self) -> None:
         if self.given:
@@ -330,7 +315,6 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
             a_relaunch = not (in_job and failure.name in plan.in_job)
             if plan.spares is not None and not a_relaunch:
                 spares_left -= 1  # the spare is taken as the recovery begins: another death needs another
-            began = now
             failed_at, later = next_failure(now)
             if failed_at - now >= seconds:
                 arriving.unread()
@@ -346,10 +330,6 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
             recovery_s += failed_at - now
             now = failed_at
             failures += 1
-            if a_relaunch and began + plan.struck_relaunch_s > now:
-                recovery_s += began + plan.struck_relaunch_s - now
-                now = began + plan.struck_relaunch_s
-                arriving.skip_until(now)
             if now >= max_wall_s:  # restarts that never end between failures: cut here, not never
                 n0 = restored
                 break
