@@ -157,6 +157,7 @@ hpcckpt_place_nodes() {
         return 1
     fi
     HPCCKPT_PLACEMENT=("${placed[@]}")
+    # shellcheck disable=SC2034  # read by jobs/slurm.sbatch's launch (where spare ranks go)
     HPCCKPT_SPARE_HOSTS=(${spares[@]+"${spares[@]}"})
     [ "${#failed[@]}" -eq 0 ] || hpcckpt_say "next attempt on ${#placed[@]} node(s): ${placed[*]}"
     return 0
