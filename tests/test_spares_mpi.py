@@ -3,6 +3,7 @@ ULFM MPI: the job goes on at its size and ends on the failure-free run's state."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,6 @@ JOB = str(REPO / "jobs" / "local.toml")
 
 
 def final_weights(out: str) -> str:
-    import re
 
     found = re.findall(r"weights ([0-9a-f]{16}) \(identical on all ranks\)", out)
     assert len(found) == 1, out[-3000:]
@@ -156,7 +156,10 @@ def test_out_of_spares_relaunch_ends_the_job_for_a_relaunch_at_its_size_on_the_f
     again = run_ulfm(5, [*job, "--restart", "auto"], tmp_path)
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-3000:]
-    assert "restored version 150" in out, out[-3000:]
+    # The newest version every rank finished: 150, or 100 where 150's persist was still running
+    # when the second rank died (a busy machine)
+    restored = re.search(r"restored version (\d+)", out)
+    assert restored and int(restored.group(1)) in (100, 150), out[-3000:]
     assert final_weights(out) == failure_free_weights
     assert [(f["lost_ranks"], f["ranks_left"]) for f in events(tmp_path / "run", "process_failure")] == \
         [([2], 4), ([1], 3)]
