@@ -70,15 +70,27 @@ def _ends_in_a_cut_line(path: Path) -> bool:
         return False
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
+def _append_records(path: Path, records: list[dict], check_cut: bool) -> bool:
+    """`records`, time-stamped, at the end of the metrics file `path`. True where a crash had
+    cut its last record short: that line stays (readers skip it), and what follows starts on a
+    line of its own instead of joining it."""
+    mended = False
+    with open(path, "a") as f:
+        if check_cut and _ends_in_a_cut_line(path):
+            f.write("\n")
+            mended = True
+        for record in records:
+            f.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+    return mended
+
+
 def append_metrics(run_dir: str | Path, records: list[dict]) -> None:
     """Records for a run whose log this process does not hold open (one its abandoned
     checkpointers wrote), appended to its metrics as RunLog.metrics would."""
-    path = Path(run_dir) / "metrics.jsonl"
-    with open(path, "a") as f:
-        if _ends_in_a_cut_line(path):
-            f.write("\n")
-        for record in records:
-            f.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+    _append_records(Path(run_dir) / METRICS_FILE, records, check_cut=True)
 
 
 class RunLog:
@@ -102,7 +114,7 @@ class RunLog:
         self.console = console and rank == 0
         self._progress_on_screen = False
         self._watched: bool | None = None  # a person watches this output (watched()), once known
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS_FILE
         self._metrics_checked = False
         self._heartbeat_fd: int | None = None
 
@@ -126,17 +138,11 @@ class RunLog:
         """(rank 0 only writes) Append one metrics record."""
         if self.rank != 0:
             return
-        record = {"time": round(time.time(), 3), **record}
-        with open(self.metrics_path, "a") as f:
-            if not self._metrics_checked:
-                self._metrics_checked = True
-                if _ends_in_a_cut_line(self.metrics_path):
-                    # A crash cut the last record short: it stays (readers skip it), and what
-                    # follows starts on a line of its own instead of joining it.
-                    f.write("\n")
-                    self.warning(f"{self.metrics_path}: its last line was cut short (a crash while it was written); "
-                                 "kept, and skipped by its readers")
-            f.write(json.dumps(record) + "\n")
+        mended = _append_records(self.metrics_path, [record], check_cut=not self._metrics_checked)
+        self._metrics_checked = True
+        if mended:
+            self.warning(f"{self.metrics_path}: its last line was cut short (a crash while it was written); "
+                         "kept, and skipped by its readers")
 
     def heartbeat(self, step: int) -> None:
         """(rank 0 only writes) The last step done, overwritten in place each step (page cache,

@@ -303,22 +303,23 @@ def simulate_run(plan: RunPlan, seed: int | np.random.Generator = 0, max_wall_s:
         failures += 1
         lost = failure.domains_lost
         while True:  # restart, begun again while failures meet it
-            in_job = failure.name in plan.in_job and (spares_left is None or spares_left > 0) \
-                if plan.spares is not None else True
+            # With spares counted: a spare taken (in the job, memory kept) or a relaunch
+            spare_taken = plan.spares is not None and failure.name in plan.in_job and spares_left > 0
+            memory_kept = plan.spares is None or spare_taken
             for i, level in enumerate(levels):
-                held[i] = max(held[i], written[i]) if level.covers(lost, in_job) else -1
+                held[i] = max(held[i], written[i]) if level.covers(lost, memory_kept) else -1
             written = [-1] * len(levels)
-            restored = max(held[i] for i, level in enumerate(levels) if level.covers(lost, in_job))
-            source = next(i for i, level in enumerate(levels) if level.covers(lost, in_job) and held[i] == restored)
-            relaunched = plan.spares is not None and failure.name in plan.in_job and not in_job
-            seconds = (plan.relaunch_s if relaunched else plan.restart_s)[(failure.name, levels[source].name)]
-            a_relaunch = not (in_job and failure.name in plan.in_job)
-            if plan.spares is not None and not a_relaunch:
-                spares_left -= 1  # the spare is taken as the recovery begins: another death needs another
+            restored = max(held[i] for i, level in enumerate(levels) if level.covers(lost, memory_kept))
+            source = next(i for i, level in enumerate(levels)
+                          if level.covers(lost, memory_kept) and held[i] == restored)
+            out_of_spares = plan.spares is not None and failure.name in plan.in_job and not spare_taken
+            seconds = (plan.relaunch_s if out_of_spares else plan.restart_s)[(failure.name, levels[source].name)]
+            if spare_taken:
+                spares_left -= 1  # taken as the recovery begins: another death meanwhile needs another
             failed_at, later = next_failure(now)
             if failed_at - now >= seconds:
                 arriving.unread()
-                if plan.spares is not None and a_relaunch:
+                if plan.spares is not None and not spare_taken:
                     spares_left = plan.spares  # a relaunch starts every spare again
                 now += seconds
                 recovery_s += seconds
