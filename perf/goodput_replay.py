@@ -15,9 +15,8 @@ Each approach's run plan is built from what the same bench run measured, nothing
   took; with spares, while one is left (one is taken per crash, a relaunch starts them all
   again), else relaunched. Not modelled: a crash that strikes a relaunch under the
   fault-tolerant MPI before MPI start-up is through leaves the others there until the job
-  script's START_TIMEOUT (30 s here); charging that to every failure that meets a relaunch
-  over-predicted the in-job rows (1.72x and 1.29x), since the plan cannot tell when start-up
-  ends;
+  script's START_TIMEOUT; charging that to every failure that meets a relaunch over-predicted
+  the in-job rows (perf/log/2026-12-06.md), since the plan cannot tell when start-up ends;
 - the failures: each seed's schedule, at the same wall times and of the same classes (a crash
   wipes nothing node-local, a node one failure domain, two nodes two), a run cut at the bench's
   timeout counting as no goodput, as the bench counts it.
