@@ -9,7 +9,11 @@ Two cases:
   version every 50 steps): its summary line's blocking median and estimated overhead, under
   `mpiexec` (the mpich wheel) and under `python -m hpcckpt.cluster.ulfm_mpiexec`;
 - perf/bench_checkpoint.py's 100 MB case (`--quick --approaches hpcckpt`): blocking median
-  and the papers' overhead, with `--mpiexec` left out and with `--mpiexec ulfm`.
+  and the papers' overhead, with `--mpiexec` left out and with `--mpiexec ulfm`; on 4 ranks
+  and on 2 (`--checkpoint-ranks`). On a 2-core machine 4 ranks share each core, and the
+  blocking time is then mostly how long the application's thread waits for its core back
+  after waking the copier thread, which Open MPI's ranks wait longer for than MPICH's; 2
+  ranks give each rank a core, as a cluster does.
 The `ulfm` variant asks for MPI_THREAD_MULTIPLE, the launch's default (the save pipeline's
 threads behind the application, kept out of MPI while commit_step's agreement is in it:
 cluster/mpi_gate.py). --serialized adds a third variant of each: serialized MPI, every
@@ -59,10 +63,10 @@ def readme_job(variant: str, run_dir: Path) -> dict:
     return result
 
 
-def checkpoint_bench(variant: str, directory: Path) -> dict:
-    out = directory / f"bench_checkpoint_{variant}.json"
-    command = [sys.executable, str(REPO / "perf" / "bench_checkpoint.py"), "--quick", "--approaches", "hpcckpt",
-               "--freq", "", "--json", str(out)]
+def checkpoint_bench(variant: str, directory: Path, ranks: int) -> dict:
+    out = directory / f"bench_checkpoint_{variant}_{ranks}.json"
+    command = [sys.executable, str(REPO / "perf" / "bench_checkpoint.py"), "--quick", "--ranks", str(ranks),
+               "--approaches", "hpcckpt", "--freq", "", "--json", str(out)]
     env = worker_env()
     if variant != "mpich":
         command += ["--mpiexec", "ulfm"]
@@ -71,7 +75,7 @@ def checkpoint_bench(variant: str, directory: Path) -> dict:
     if proc.returncode != 0 or not out.is_file():
         raise SystemExit(f"bench_checkpoint under {variant} failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
                          f"{proc.stderr[-2000:]}")
-    run = json.loads(out.read_text())["runs"]["r4_100MB"]["approaches"]["hpcckpt"]
+    run = json.loads(out.read_text())["runs"][f"r{ranks}_100MB"]["approaches"]["hpcckpt"]
     return {"blocking_ms": run["blocking_ms"], "overhead_pct": run["overhead_pct"],
             "wall_overhead_pct": run.get("wall_overhead_pct")}
 
@@ -100,6 +104,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--serialized", action="store_true", help="also the ULFM launch with serialized MPI")
     parser.add_argument("--skip-checkpoint-bench", action="store_true", help="the README job only")
+    parser.add_argument("--checkpoint-ranks", default="4,2",
+                        help="rank counts of the 100 MB case (default 4,2: 4 shares two cores per rank on a 2-core "
+                             "machine, 2 gives each rank a core)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     pin_threads()
@@ -109,7 +116,8 @@ def main() -> int:
     variants = ["mpich", "ulfm"] + (["ulfm_serialized"] if args.serialized else [])
     directory = Path(tempfile.mkdtemp(prefix="bench_ulfm_pipeline_"))
     readme = {variant: [] for variant in variants}
-    bench = {variant: [] for variant in variants}
+    checkpoint_ranks = [int(n) for n in args.checkpoint_ranks.split(",") if n]
+    bench = {ranks: {variant: [] for variant in variants} for ranks in checkpoint_ranks}
     try:
         for pair in range(args.pairs):
             order = variants if pair % 2 == 0 else list(reversed(variants))  # who goes first alternates
@@ -118,17 +126,19 @@ def main() -> int:
                 readme[variant].append(readme_job(variant, run_dir))
                 shutil.rmtree(run_dir, ignore_errors=True)
                 print(f"pair {pair + 1}, README job, {variant}: {readme[variant][-1]}", flush=True)
-            if not args.skip_checkpoint_bench:
+            for ranks in checkpoint_ranks if not args.skip_checkpoint_bench else ():
                 for variant in order:
                     os.sync()
-                    bench[variant].append(checkpoint_bench(variant, directory))
-                    print(f"pair {pair + 1}, bench_checkpoint 100 MB, {variant}: {bench[variant][-1]}", flush=True)
+                    bench[ranks][variant].append(checkpoint_bench(variant, directory, ranks))
+                    print(f"pair {pair + 1}, bench_checkpoint 100 MB, {ranks} ranks, {variant}: "
+                          f"{bench[ranks][variant][-1]}", flush=True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     result = {"readme_job": summarise("the README's main job (4 ranks, 400 steps, a version every 50)", readme),
               "pairs": args.pairs}
-    if not args.skip_checkpoint_bench:
-        result["bench_checkpoint_100MB"] = summarise("bench_checkpoint --quick, 100 MB, 4 ranks", bench)
+    for ranks in checkpoint_ranks if not args.skip_checkpoint_bench else ():
+        key = "bench_checkpoint_100MB" if ranks == 4 else f"bench_checkpoint_100MB_{ranks}ranks"
+        result[key] = summarise(f"bench_checkpoint --quick, 100 MB, {ranks} ranks", bench[ranks])
     if args.json:
         write_json(args.json, result, where)
     return 0
