@@ -13,7 +13,9 @@ its loss spikes and its update throws the weights off. Nothing dies (the trainer
 check, resilience.rewind_on_divergence and resilience.divergence_factor, rewinds the run).
 Without a phase the fault strikes right after training step S; with phase = snapshot, local,
 partner, erasure, pfs or commit it strikes inside that phase of step S's checkpoint, and with
-phase = restore while version S is being loaded at restart. A level's phase strikes where that
+phase = restore while version S is being loaded at restart, with phase = handover as the
+survivors of a death in the job begin to hand step S, which they hold in memory, to spare
+ranks in dead ranks' places. A level's phase strikes where that
 level's store begins, on the thread that runs it (faulty_levels.py): L1's runs on the writer
 thread beside L2's and L3's transfers, so what those finished before the crash varies, as in
 a real one. `attempt=A` limits the fault to
@@ -53,7 +55,7 @@ from pathlib import Path
 from hpcckpt.env_names import ATTEMPT_VARIABLE
 from hpcckpt.errors import ConfigError
 
-PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit", "restore")
+PHASES = ("snapshot", "local", "partner", "erasure", "pfs", "commit", "restore", "handover")
 CRASH_EXIT_CODE = 137
 DEFAULT_SPIKE_FACTOR = 30.0
 REAPER_GRACE_S = 30.0  # a dying rank exits by itself if its reaper has not killed it by then

@@ -83,6 +83,53 @@ def test_the_trainer_with_a_spare_ends_at_its_size_on_the_failure_free_weights(t
            f"spare(s) left, shrunk in" in report.stdout, report.stdout + report.stderr
 
 
+def test_a_death_in_the_hand_over_to_a_spare_starts_the_recovery_again_and_the_step_still_comes_from_memory(
+        tmp_path, failure_free_weights):
+    """4 working ranks and 2 spares: rank 2 dies at step 75 and the first spare takes its place;
+    rank 0, the survivor that hands it the step held in memory, dies as the hand-over begins.
+    The recovery starts again: the second spare takes place 0, the first is still owed the
+    step, and the 2 survivors left hand it to both, no version read. One launcher, 4 ranks to
+    the end, the failure-free weights."""
+    proc = run_ulfm(6, ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=2",
+                        "--inject", "rank-kill:rank=2:step=75:attempt=1",
+                        # a recovery in the job counts as an attempt: the hand-over is the second's
+                        "--inject", "rank-kill:rank=0:step=75:phase=handover:attempt=2"], tmp_path, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "injected rank-kill on rank 0 (node 0) at step 75 in phase handover" in out, out[-3000:]
+    assert "held in memory by the 2 survivor(s) and handed to 2 spare(s) in dead ranks' places: no version " \
+           "read" in out, out[-3000:]
+    assert final_weights(out) == failure_free_weights
+    failures = events(tmp_path / "run", "process_failure")
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures] == [([2], 4), ([0], 4)], failures
+    assert [s["filled"] for s in events(tmp_path / "run", "spares")] == [{"2": 4}, {"0": 5}]
+
+
+def test_a_rank_killed_in_a_restart_s_restore_gives_its_place_to_the_spare(tmp_path, failure_free_weights):
+    """A job crashed under the mpich wheel (rank 1 at step 170); its relaunch under the ULFM MPI
+    with a spare loses rank 3 while loading the newest version: the spare takes its place, the
+    restore runs again on 4 ranks, and the run ends on the failure-free weights from one
+    launcher."""
+    job = ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}"]
+    crashed = run_mpi(4, [*job, "--inject", "rank-kill:rank=1:step=170:attempt=1"], tmp_path)
+    assert crashed.returncode != 0, crashed.stdout[-3000:] + crashed.stderr[-3000:]
+    # Version 150 may still have been in flight behind training when rank 1 died: the relaunch
+    # then loads version 100, and rank 3 dies inside whichever it loads.
+    proc = run_ulfm(5, [*job, "--set", "resilience.spares=1", "--restart", "auto",
+                        "--inject", "rank-kill:rank=3:step=150:phase=restore:attempt=2",
+                        "--inject", "rank-kill:rank=3:step=100:phase=restore:attempt=2"], tmp_path,
+                    env={"HPCCKPT_ATTEMPT": "2"}, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    killed = re.search(r"injected rank-kill on rank 3 \(node 3\) at step (100|150) in phase restore", out)
+    assert killed, out[-3000:]
+    assert "spare(s) took place(s) 3: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]
+    assert f"restored version {killed.group(1)}:" in out, out[-3000:]
+    assert final_weights(out) == failure_free_weights
+    [failure] = events(tmp_path / "run", "process_failure")
+    assert (failure["lost_ranks"], failure["ranks_left"]) == ([3], 4), failure
+
+
 def test_a_whole_simulated_node_s_ranks_lost_at_once_go_to_two_spares(tmp_path, failure_free_weights):
     """4 working ranks on 2 simulated nodes and 2 spares: node 1 is lost at step 75 (both its
     ranks die, its directory is deleted); one recovery gives both places to the spares, and the
@@ -117,6 +164,29 @@ def test_a_solver_s_block_goes_to_the_spare_from_its_partner_with_no_pfs_read(tm
     assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
     [restart] = [r for r in events(tmp_path / "run", "restart") if r["attempt"] == 2]
     assert sorted(restart["sources"]) == ["local", "local", "local", "partner"], restart
+
+
+def test_a_rank_killed_in_the_restore_the_job_runs_for_a_spare_gives_its_place_to_the_next_spare(
+        tmp_path, straight):
+    """A block-decomposed field, 4 working ranks and 2 spares: rank 2 dies, the first spare
+    takes its place and the job restores the newest version (the spare's block from its
+    partner); rank 0 dies inside that restore, the second spare takes place 0 and the restore
+    runs again. The solver ends on 4 ranks on the failure-free state."""
+    # Version 20 may still be in flight behind the step when rank 2 dies: the job then restores
+    # version 10, and rank 0 dies inside whichever restore it runs.
+    proc = run_ulfm_script(6, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--spares", "2", "--kill", "25:2",
+                                              "--inject", "rank-kill:rank=0:step=20:phase=restore",
+                                              "--inject", "rank-kill:rank=0:step=10:phase=restore"], tmp_path,
+                           timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"injected rank-kill on rank 0 \(node 0\) at step (10|20) in phase restore", out), out[-3000:]
+    result = app_result(proc)
+    assert result["ranks"] == 4 and result["entries"][-1]["ranks"] == 4, result
+    assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
+    failures = events(tmp_path / "run", "process_failure")
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures] == [([2], 4), ([0], 4)], failures
+    assert [s["filled"] for s in events(tmp_path / "run", "spares")] == [{"2": 4}, {"0": 5}]
 
 
 def test_two_deaths_and_one_spare_take_one_place_and_shrink_for_the_other(tmp_path, straight):

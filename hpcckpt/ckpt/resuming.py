@@ -169,7 +169,12 @@ class Resuming:
         job = self.job
         job.ensure_layout()
         job.arrays.check_memory()
-        memory = go_on_from_memory(job.comm, held, job.arrays.registry, self.log)
+        # Until it returns, a death offers `held` again: the survivors' arrays are still that
+        # step, and a spare that was being handed it is still to be handed it.
+        self.commits.restarting_from = held
+        memory = go_on_from_memory(job.comm, held, job.arrays.registry, self.log,
+                                   lambda step: self.faults.strike(step, "handover"))
+        self.commits.restarting_from = None
         if memory is not None:
             spares = f" and handed to {memory.handed_to} spare(s) in dead ranks' places" if memory.handed_to else ""
             self.log.info(f"went on from step {memory.step}, held in memory by the {job.world_size - memory.handed_to} "

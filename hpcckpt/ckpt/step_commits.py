@@ -48,6 +48,10 @@ class StepCommits:
         self.committing: int | None = None  # commit_step(step) passed, due(step) not yet called
         self.finished: HeldStep | None = None
         self.took_part = False  # this rank met the other survivors in the agreement of this round
+        # What this checkpointer's restart took from the one a recovery abandoned (a HeldStep,
+        # or in_job_state.FILLING on a spare in a dead rank's place) while it goes on from it:
+        # a death before it could (in the hand-over to a spare, say) offers it again.
+        self.restarting_from = None
 
     def commit(self, step: int, agree, on_unsound=None) -> None:
         """`agree(flag)`: the fault-tolerant agreement over the job's ranks, the AND of every
@@ -109,6 +113,11 @@ class StepCommits:
 
     def held(self) -> HeldStep | None:
         return self.finished if self.committing is None else None
+
+    def offered(self):
+        """What the next checkpointer of the run may go on from if this one is abandoned: the
+        step held, or what this one's restart was going on from when it was cut short."""
+        return self.restarting_from if self.restarting_from is not None else self.held()
 
 
 def _raise_process_failure():

@@ -69,11 +69,12 @@ def offer(held, registry, world_size: int) -> tuple[int, str | None]:
     return held.step, None
 
 
-def go_on_from_memory(comm, held, registry, log) -> FromMemory | None:
+def go_on_from_memory(comm, held, registry, log, strike=None) -> FromMemory | None:
     """(all ranks of the survivors' communicator) The arrays protected now filled with the
     finished step the survivors hold, and that step's state; or None (said in the log), the
     arrays untouched, where the restart must read a version instead. `held` is FILLING on a
-    spare in a dead rank's place: a survivor that holds the step sends it the arrays."""
+    spare in a dead rank's place: a survivor that holds the step sends it the arrays.
+    `strike(step)`: fault injection as the hand-over to spares begins (faults.py)."""
     from hpcckpt.run.in_job_state import FILLING
 
     started = time.perf_counter()
@@ -112,6 +113,8 @@ def go_on_from_memory(comm, held, registry, log) -> FromMemory | None:
             if array is not target:
                 target[...] = array
     if needy:
+        if strike is not None:
+            strike(steps[0])
         _hand_to_spares(comm, registry, holders, needy)
     root = holders[0]
     state = quiet_bcast(comm, held.state if comm.Get_rank() == root else None, root=root)

@@ -309,7 +309,7 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
     abandoned = open_checkpointers()
     forget_held()
     for ckpt in abandoned:
-        hold(ckpt.config.run_dir, ckpt.commits.held())
+        hold(ckpt.config.run_dir, ckpt.commits.offered())
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
     revoke(*_job_communicators(comm, abandoned), *(_pool.communicators() if _pool is not None else ()))
