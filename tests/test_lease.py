@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import mpi_env, mpiexec_prefix, small_job
@@ -37,12 +38,42 @@ def test_a_live_process_on_this_host_is_refused(tmp_path):
     try:
         plant(tmp_path, host=os.uname().nodename, pid=other.pid, job="local")
         with pytest.raises(LeaseError, match=rf"is in use by job local \(host .*, pid {other.pid}"):
-            RunLease(tmp_path, "local", "me").acquire()
+            RunLease(tmp_path, "local", "me").acquire(exit_grace_s=0.5)
     finally:
         other.kill()
         other.wait()
     # Gone now: its lease is stale and taken over.
     RunLease(tmp_path, "local", "me").acquire().release()
+
+
+def test_a_holder_on_this_host_that_exits_within_the_grace_is_taken_over(tmp_path):
+    """A relaunch right after the launcher returned may find the old rank 0 still exiting: it
+    waits for it (up to EXIT_GRACE_S) instead of refusing the run."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    try:
+        plant(tmp_path, host=os.uname().nodename, pid=other.pid, job="local")
+        started = time.monotonic()
+        RunLease(tmp_path, "local", "me").acquire(exit_grace_s=20).release()
+        assert 0.5 < time.monotonic() - started < 15
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_holder_that_exited_but_was_not_reaped_is_taken_over(tmp_path):
+    """A zombie (exited, its parent has not waited for it) holds nothing: taken over at once."""
+    other = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{other.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.05)
+    try:
+        plant(tmp_path, host=os.uname().nodename, pid=other.pid, job="local")
+        started = time.monotonic()
+        RunLease(tmp_path, "local", "me").acquire(exit_grace_s=20).release()
+        assert time.monotonic() - started < 5
+    finally:
+        other.wait()
 
 
 def test_an_earlier_attempt_of_the_same_batch_job_is_taken_over(tmp_path):

@@ -11,9 +11,11 @@ renewed by a thread of rank 0 every RENEW_S seconds and removed by close(). Anot
 finding it:
 - takes it over when it is the same batch job (a later attempt of the restart loop: the
   launcher has returned, so the earlier attempt's ranks are gone);
-- on the same host, takes it over when the holder's process is gone, is refused when it
-  lives (the same process holding it twice is re-entrant: a library caller that did not
-  close() its first Checkpointer);
+- on the same host, takes it over when the holder's process is gone (a zombie counts as
+  gone), is refused when it still lives after EXIT_GRACE_S (a launcher that returned may
+  leave its ranks exiting for a moment, and a restart loop relaunches at once; the same
+  process holding it twice is re-entrant: a library caller that did not close() its first
+  Checkpointer);
 - on another host, where the process cannot be checked, waits until the lease is EXPIRE_S
   old (a job that crashed stops renewing) and then takes it over, or is refused if the
   holder keeps renewing.
@@ -47,6 +49,9 @@ def mark_holder_lost(host: str, pid: int) -> None:
     _lost_holders.add((host, pid))
 RENEW_S = 10.0
 EXPIRE_S = 60.0
+# How long a live holder on this host is given to exit before a job is refused: a relaunch
+# right after its launcher returned can find the old rank 0 still on its way out.
+EXIT_GRACE_S = 5.0
 
 
 class LeaseError(ConfigError):
@@ -74,7 +79,16 @@ def _process_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # another user's live process
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped by its parent (a rank its launcher has not waited for)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False  # gone meanwhile (the next check says so), or no /proc here
 
 
 class RunLease:
@@ -89,10 +103,11 @@ class RunLease:
         self._thread: threading.Thread | None = None
 
     # -- taking it ---------------------------------------------------------------------------
-    def acquire(self, expire_s: float = EXPIRE_S) -> "RunLease":
+    def acquire(self, expire_s: float = EXPIRE_S, exit_grace_s: float = EXIT_GRACE_S) -> "RunLease":
         """(rank 0) Take the lease or raise LeaseError; waits at most `expire_s` for a holder
-        on another host to stop renewing."""
+        on another host to stop renewing, `exit_grace_s` for one on this host to exit."""
         waited_since = None
+        refused_since = None
         while True:
             if self._create():
                 return self._started()
@@ -109,6 +124,11 @@ class RunLease:
                                      f"{min(expire_s, 2 * RENEW_S):.0f} s: taken over")
                 self._write(self.me)
                 return self._started()
+            if verdict == "refuse" and refused_since is None:
+                refused_since = now
+            if verdict == "refuse" and now - refused_since < exit_grace_s:
+                time.sleep(min(0.2, exit_grace_s / 10))
+                continue
             if verdict == "refuse" or (waited_since is not None and now - waited_since > expire_s + RENEW_S):
                 raise LeaseError(
                     f"run.dir {str(self.path.parent)!r} is in use by "
