@@ -9,8 +9,10 @@ trades halos with its four neighbours every iteration. The interior of the local
 rank's block, a view) is protected as a block of the global grid, so a restart may use any
 number of ranks: each new rank's block is filled from the old blocks it overlaps. Under the
 fault-tolerant MPI (python -m hpcckpt.cluster.ulfm_mpiexec) the survivors of a dead rank go
-on in the job; with --spares K the last K ranks wait idle and one takes a dead rank's place,
-so the grid keeps its cut and the spare's block comes from the nearest level that holds it.
+on in the job; with --spares K (or resilience.spares, which the job scripts' SPARE_RANKS sets)
+the last K ranks wait idle and one takes a dead rank's place, so the grid keeps its cut and the
+spare's block comes from the nearest level that holds it; with resilience.out_of_spares =
+"relaunch" a death no spare is left for ends the job for a relaunch at its size instead.
 
 Jacobi is pointwise and the convergence test a max-reduction, both exact, so the grid is
 bit-identical whatever the decomposition: an interrupted run restarted on any rank count
@@ -69,8 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="simulated nodes (ranks split evenly); 0: the real nodes, as under a batch system")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a job setting (hpcckpt's config keys), e.g. resilience.parity=1")
-    parser.add_argument("--spares", type=int, default=0, metavar="K",
-                        help="the last K ranks wait idle and take dead ranks' places (the fault-tolerant MPI)")
+    parser.add_argument("--spares", type=int, default=None, metavar="K",
+                        help="the last K ranks wait idle and take dead ranks' places (the fault-tolerant MPI; "
+                             "default: resilience.spares, which the job scripts' SPARE_RANKS sets); with none "
+                             "left the job shrinks, or ends for a relaunch at its size with --set "
+                             "resilience.out_of_spares=relaunch")
     parser.add_argument("--crash-at", type=int, default=None, metavar="K")
     parser.add_argument("--poison-at", type=int, default=None, metavar="K")
     parser.add_argument("--dump", type=Path, default=None, metavar="DIR")
@@ -154,17 +159,23 @@ class Block:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    config = job_config(args)
     # With an MPI that survives a dead rank, solve() is entered again on the survivors: the
     # grid is cut anew for their number and the newest version restored onto it; with spares
     # the cut stays, a spare in each dead rank's place, its block from the nearest level.
-    code = run_surviving(lambda comm: solve(comm, args), spares=args.spares)
+    code = run_surviving(lambda comm: solve(comm, args, config), spares=config.resilience.spares,
+                         shrink=config.resilience.out_of_spares == "shrink")
     return 0 if code is None else code  # None: an idle spare, released at the end
 
 
-def solve(comm, args) -> int:
-    config = load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={args.nodes}",
-                                'resilience.levels=["local", "partner", "erasure", "pfs"]',
-                                f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *args.set])
+def job_config(args):
+    spares = [] if args.spares is None else [f"resilience.spares={args.spares}"]
+    return load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={args.nodes}",
+                              'resilience.levels=["local", "partner", "erasure", "pfs"]',
+                              f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *spares, *args.set])
+
+
+def solve(comm, args, config) -> int:
     block = Block(comm, tuple(args.shape))
     revoke_on_failure(block.cart)
     solver = {"iteration": 0, "change": float("inf")}

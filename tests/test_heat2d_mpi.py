@@ -180,3 +180,24 @@ def test_a_spare_takes_the_dead_rank_s_block_from_its_partner_and_the_grid_ends_
     assert "old shards 3 from L1 local, 1 from L2 partner" in out, out[-3000:]
     final = np.load(tmp_path / "grids" / "final.npy")
     assert final.tobytes() == np.load(uninterrupted / "final.npy").tobytes()
+
+
+def test_out_of_spares_relaunch_ends_the_job_instead_of_shrinking_and_the_relaunch_ends_as_uninterrupted(
+        uninterrupted, tmp_path):
+    """resilience.out_of_spares = "relaunch" reaches the example's run_surviving: under the
+    fault-tolerant MPI with no spare, the last rank's death at iteration 350 ends the job
+    (exit 1, no shrink to 3 ranks and a new cut); the relaunch at 4 ranks restores version 300
+    and ends bit-identical to the uninterrupted run."""
+    args = ["--run-dir", str(tmp_path / "run"), "--nodes", "4", "--tol", str(TOL), "--every", "100",
+            "--set", "resilience.out_of_spares=relaunch", "--dump", str(tmp_path / "grids")]
+    first = run_ulfm_script(4, HEAT2D, [*args, "--crash-at", "350"], tmp_path)
+    out = first.stdout + first.stderr
+    assert first.returncode == 1, out[-3000:]
+    assert 'it may not shrink (resilience.out_of_spares = "relaunch")' in out, out[-3000:]
+    assert not script_results(first), out[-3000:]
+    again = run_ulfm_script(4, HEAT2D, args, tmp_path, env={"HPCCKPT_ATTEMPT": "2"})
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    [result] = script_results(again)
+    assert result["ranks"] == 4 and result["restored"] == 300, result
+    final = np.load(tmp_path / "grids" / "final.npy")
+    assert final.tobytes() == np.load(uninterrupted / "final.npy").tobytes()
