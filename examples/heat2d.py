@@ -172,7 +172,7 @@ def job_config(args):
     spares = [] if args.spares is None else [f"resilience.spares={args.spares}"]
     return load_config(None, [f"run.dir={args.run_dir}", f"cluster.simulated_nodes={args.nodes}",
                               'resilience.levels=["local", "partner", "erasure", "pfs"]',
-                              f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *spares, *args.set])
+                              f"checkpoint.every_steps={args.every!r}".replace("'", '"'), *args.set, *spares])
 
 
 def solve(comm, args, config) -> int:

@@ -168,9 +168,10 @@ def test_a_spare_takes_the_dead_rank_s_block_from_its_partner_and_the_grid_ends_
     cut; version 300 is restored onto the same ranks, the spare's block from the partner's copy
     (its rank's node-local files are on another node), none from the PFS; the grid ends
     bit-identical to the uninterrupted run's, from one launch."""
+    # The spare comes from the job's config, as the job scripts' SPARE_RANKS hands it over.
     proc = run_ulfm_script(5, HEAT2D, ["--run-dir", str(tmp_path / "run"), "--nodes", "4", "--tol", str(TOL),
-                                       "--spares", "1", "--every", "100", "--crash-at", "350", "--dump",
-                                       str(tmp_path / "grids")], tmp_path)
+                                       "--every", "100", "--crash-at", "350", "--dump", str(tmp_path / "grids")],
+                           tmp_path, env={"HPCCKPT_RESILIENCE_SPARES": "1"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "spare(s) took place(s) 3: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]

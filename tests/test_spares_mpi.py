@@ -83,26 +83,30 @@ def test_the_trainer_with_a_spare_ends_at_its_size_on_the_failure_free_weights(t
            f"spare(s) left, shrunk in" in report.stdout, report.stdout + report.stderr
 
 
+@pytest.mark.parametrize("victim", [0, 3], ids=["the-sender", "another-survivor"])
 def test_a_death_in_the_hand_over_to_a_spare_starts_the_recovery_again_and_the_step_still_comes_from_memory(
-        tmp_path, failure_free_weights):
+        tmp_path, failure_free_weights, victim):
     """4 working ranks and 2 spares: rank 2 dies at step 75 and the first spare takes its place;
-    rank 0, the survivor that hands it the step held in memory, dies as the hand-over begins.
-    The recovery starts again: the second spare takes place 0, the first is still owed the
-    step, and the 2 survivors left hand it to both, no version read. One launcher, 4 ranks to
-    the end, the failure-free weights."""
+    as the survivors begin to hand it the step they hold in memory, another survivor dies:
+    rank 0, which sends it the arrays, or rank 3, which sends nothing (the others may then
+    finish the hand-over and go on before they meet the death). The recovery starts again: the
+    second spare takes the new place, the first is still owed the step, and the 2 survivors
+    left hand it to both, no version read. One launcher, 4 ranks to the end, the failure-free
+    weights."""
     proc = run_ulfm(6, ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=2",
                         "--inject", "rank-kill:rank=2:step=75:attempt=1",
                         # a recovery in the job counts as an attempt: the hand-over is the second's
-                        "--inject", "rank-kill:rank=0:step=75:phase=handover:attempt=2"], tmp_path, timeout=300)
+                        "--inject", f"rank-kill:rank={victim}:step=75:phase=handover:attempt=2"], tmp_path,
+                    timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert "injected rank-kill on rank 0 (node 0) at step 75 in phase handover" in out, out[-3000:]
+    assert f"injected rank-kill on rank {victim} (node {victim}) at step 75 in phase handover" in out, out[-3000:]
     assert "held in memory by the 2 survivor(s) and handed to 2 spare(s) in dead ranks' places: no version " \
            "read" in out, out[-3000:]
     assert final_weights(out) == failure_free_weights
     failures = events(tmp_path / "run", "process_failure")
-    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures] == [([2], 4), ([0], 4)], failures
-    assert [s["filled"] for s in events(tmp_path / "run", "spares")] == [{"2": 4}, {"0": 5}]
+    assert [(f["lost_ranks"], f["ranks_left"]) for f in failures] == [([2], 4), ([victim], 4)], failures
+    assert [s["filled"] for s in events(tmp_path / "run", "spares")] == [{"2": 4}, {str(victim): 5}]
 
 
 def test_a_rank_killed_in_a_restart_s_restore_gives_its_place_to_the_spare(tmp_path, failure_free_weights):

@@ -166,16 +166,18 @@ class Resuming:
         held = take_held(self.config.run_dir)  # alike on every survivor: offered or not
         if held is NOT_OFFERED or not self.config.resilience.in_job_from_memory:
             return None
+        # Until the next commit_step, a death offers `held` again (step_commits.py): the
+        # survivors' arrays are still that step, and a spare that was being handed it is still
+        # owed it. Not once a version is to be read: the read overwrites the arrays.
+        self.commits.restarting_from = held
         job = self.job
         job.ensure_layout()
         job.arrays.check_memory()
-        # Until it returns, a death offers `held` again: the survivors' arrays are still that
-        # step, and a spare that was being handed it is still to be handed it.
-        self.commits.restarting_from = held
         memory = go_on_from_memory(job.comm, held, job.arrays.registry, self.log,
                                    lambda step: self.faults.strike(step, "handover"))
-        self.commits.restarting_from = None
-        if memory is not None:
+        if memory is None:
+            self.commits.restarting_from = None
+        else:
             spares = f" and handed to {memory.handed_to} spare(s) in dead ranks' places" if memory.handed_to else ""
             self.log.info(f"went on from step {memory.step}, held in memory by the {job.world_size - memory.handed_to} "
                           f"survivor(s){spares}: no version read ({memory.seconds:.3f} s)", console=True)

@@ -49,8 +49,10 @@ class StepCommits:
         self.finished: HeldStep | None = None
         self.took_part = False  # this rank met the other survivors in the agreement of this round
         # What this checkpointer's restart took from the one a recovery abandoned (a HeldStep,
-        # or in_job_state.FILLING on a spare in a dead rank's place) while it goes on from it:
-        # a death before it could (in the hand-over to a spare, say) offers it again.
+        # or in_job_state.FILLING on a spare in a dead rank's place), until the next commit
+        # or a load: a death before then (in the hand-over to a spare, or among survivors that
+        # finished the restart before the others) offers it again, since the arrays are
+        # changed only after commit_step.
         self.restarting_from = None
 
     def commit(self, step: int, agree, on_unsound=None) -> None:
@@ -61,6 +63,7 @@ class StepCommits:
         raised the same way, after `on_unsound(outcome)` is told."""
         self.in_use = True
         self.took_part = False
+        self.restarting_from = None
         try:
             agreed = agree(COMMITTING)  # raising here, nobody changed anything: the step finished before is held
         except BaseException:
@@ -106,6 +109,7 @@ class StepCommits:
         """A restore or a rewind replaced the arrays: no step is held until the next due()."""
         self.committing = None
         self.finished = None
+        self.restarting_from = None
 
     def held_arrays(self) -> dict:
         """The arrays of the finished step held, by name (the application's objects)."""
@@ -115,8 +119,8 @@ class StepCommits:
         return self.finished if self.committing is None else None
 
     def offered(self):
-        """What the next checkpointer of the run may go on from if this one is abandoned: the
-        step held, or what this one's restart was going on from when it was cut short."""
+        """What the next checkpointer of the run may go on from if this one is abandoned: what
+        its restart went on from, until the next commit, else the step held."""
         return self.restarting_from if self.restarting_from is not None else self.held()
 
 

@@ -125,8 +125,8 @@ class RunLease:
                 self._write(self.me)
                 return self._started()
             if verdict == "refuse" and refused_since is None:
-                refused_since = now
-            if verdict == "refuse" and now - refused_since < exit_grace_s:
+                refused_since = time.monotonic()
+            if verdict == "refuse" and time.monotonic() - refused_since < exit_grace_s:
                 time.sleep(min(0.2, exit_grace_s / 10))
                 continue
             if verdict == "refuse" or (waited_since is not None and now - waited_since > expire_s + RENEW_S):
