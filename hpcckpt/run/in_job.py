@@ -313,6 +313,8 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
     # Every communicator revoked and the library's threads stopped before the shrink: Open
     # MPI's Shrink is not safe beside threads still working on communicators of the job.
     revoke(*_job_communicators(comm, abandoned), *(_pool.communicators() if _pool is not None else ()))
+    if _pool is not None:  # they join the shrink below, which waits for them
+        _pool.wake_idle()
     _application_comms.clear()
     holders = {}
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):

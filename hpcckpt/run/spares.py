@@ -7,11 +7,13 @@ on a communicator of their own (`work`), the last `spares` wait. Every one of th
 of `whole`, a duplicate of COMM_WORLD that a recovery revokes and shrinks with the workers'
 communicators; an idle spare waits on it (one receive from the workers' rank 0, tested every
 IDLE_POLL_S: far below a percent of a core) and so learns of a recovery as the workers' other
-communicators do, through the revoke. After the shrink every survivor, worker or spare, calls
-`refill` with the same shrunk communicator and the same list of the lost: each lost place
-(the worker's rank in `work`) goes to a live spare, in order, and a new `work` is split off with
-each rank at its place; where places outnumber the spares the rest are given up and the
-workers renumbered as a shrink does. A spare that dies is not replaced: it is one of the lost.
+communicators do, through the revoke. Between its tests it sleeps on a doorbell
+(cluster/doorbell.py) that the workers ring as they revoke, so that it tests at once and joins
+their shrink without making them wait out its polling interval. After the shrink every
+survivor, worker or spare, calls `refill` with the same shrunk communicator and the same list
+of the lost: each lost place (the worker's rank in `work`) goes to a live spare, in order, and
+a new `work` is split off with each rank at its place; where places outnumber the spares the
+rest are given up and the workers renumbered as a shrink does. A spare that dies is not replaced: it is one of the lost.
 
 At the end the workers' rank 0 releases every idle spare (`release`), which returns from
 run_surviving with None.
@@ -25,12 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import test_all
+from hpcckpt.cluster.collectives import POLL_S, test_all
+from hpcckpt.cluster.doorbell import Doorbell
 from hpcckpt.cluster.fault_tolerance import failures_handled, is_process_failure, note_idle_spares
 from hpcckpt.cluster.mpi_gate import gated_call
 from hpcckpt.errors import ConfigError
 
 IDLE_POLL_S = 0.05
+# Rung, a spare tests every POLL_S for this long: the revoke that woke it reaches it through
+# MPI within that; a stray ring costs no more.
+WOKEN_S = 2.0
 RELEASE_TAG = 32101  # nothing else sends on `whole`
 
 
@@ -67,6 +73,7 @@ class SparePool:
         self.world_of = MPI.Group.Translate_ranks(self.whole.Get_group(), list(range(size)),
                                                   MPI.COMM_WORLD.Get_group())
         self.started_as_spares = frozenset(self.world_of[workers:])
+        self.doorbell = Doorbell(self.whole, listening=self.is_spare, key=self.world_of[self.whole.Get_rank()])
         self._note_idle()
         self.work = self._split()
 
@@ -88,6 +95,10 @@ class SparePool:
         """What a recovery revokes beside the workers' own: `whole`, where the spares wait."""
         return [self.whole]
 
+    def wake_idle(self) -> None:
+        """(a worker that has revoked `whole`) The idle spares told to test for the revoke now."""
+        self.doorbell.ring(self.world_of[rank] for rank, place in enumerate(self.place) if place is None)
+
     def _split(self):
         me = self.whole.Get_rank()
         place = self.place[me]
@@ -102,6 +113,7 @@ class SparePool:
         revokes `whole` or the workers' rank 0 dies (True: it joins the recovery)."""
         released = np.zeros(1, dtype=np.int32)
         request = gated_call(self.whole.Irecv, released, source=self._leader(), tag=RELEASE_TAG)
+        woken_until = 0.0
         while True:
             try:
                 if test_all([request]):
@@ -110,7 +122,10 @@ class SparePool:
                 if is_process_failure(exc):
                     return True
                 raise
-            time.sleep(IDLE_POLL_S)
+            if time.monotonic() < woken_until:
+                time.sleep(POLL_S)
+            elif self.doorbell.wait(IDLE_POLL_S):
+                woken_until = time.monotonic() + WOKEN_S
 
     def release(self) -> None:
         """(the workers' rank 0, at the end) Every idle spare returns from its wait. A spare
@@ -121,6 +136,7 @@ class SparePool:
         for rank, place in enumerate(self.place):
             if place is None:
                 request = gated_call(self.whole.Isend, done, dest=rank, tag=RELEASE_TAG)
+                self.doorbell.ring([self.world_of[rank]])
                 try:
                     while not test_all([request]):
                         time.sleep(IDLE_POLL_S / 10)
@@ -154,6 +170,8 @@ class SparePool:
         filled_by_world_rank = {place: self.world_of[spare] for place, spare in filled.items()}
         self.whole = survivors.comm
         self.world_of = [self.world_of[old] for old in survivors.kept]
+        if not self.is_spare:  # no longer waits to be woken
+            self.doorbell.close()
         self._note_idle()
         # The shrink counted the failures known with the idle spares of before: a spare that
         # worked and died since is left out now, and would hide the next death.
