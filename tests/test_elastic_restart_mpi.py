@@ -14,7 +14,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from conftest import assert_ok, node_local, run_mpi, small_job
+from conftest import assert_ok, node_local, read_metrics, run_mpi, small_job
 
 ALL_LEVELS = ["local", "partner", "erasure", "pfs"]
 
@@ -228,11 +228,15 @@ def test_a_crash_while_the_version_is_written_again_leaves_it_on_l4(tmp_path, sa
     assert (tmp_path / "run" / "pfs" / "v000000000040" / "manifest.json").is_file()
     resumed = train(tmp_path, config, 3, 3, "--set", "run.steps=40")
     assert_ok(resumed)
-    # Each shard from L4, or from a partner replica of this job's writing that the ranks
-    # finished beside rank 0's L1 write before it died: verified against L4's record either way.
+    # Each shard from L4, or from a copy of this job's writing that the other ranks finished
+    # before rank 0 died (their L1 shards, partner replicas): verified against L4's record
+    # either way. Rank 0's L1 shard, whose write it died in, is not read.
     restored = re.search(r"restored version 40: (.*)\n", resumed.stdout)
     assert restored, resumed.stdout
     sources = re.findall(r"(\d+) rank\(s\) from (L\d \w+)", restored.group(1))
-    assert sum(int(n) for n, _ in sources) == 3 and {level for _, level in sources} <= {"L4 pfs", "L2 partner"}, \
+    assert sum(int(n) for n, _ in sources) == 3 and {level for _, level in sources} <= {"L4 pfs", "L2 partner",
+                                                                                         "L1 local"}, \
         restored.group(0)
+    [restart] = [r for r in read_metrics(tmp_path / "run") if r.get("event") == "restart"][-1:]
+    assert restart["sources"][0] != "local", restart
     assert_same_tensors(exported(tmp_path, config, 40), saved_40)

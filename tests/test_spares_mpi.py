@@ -156,9 +156,12 @@ def test_a_whole_simulated_node_s_ranks_lost_at_once_go_to_two_spares(tmp_path, 
 def test_a_solver_s_block_goes_to_the_spare_from_its_partner_with_no_pfs_read(tmp_path, straight):
     """A block-decomposed field: the spare in rank 2's place restores that rank's block of the
     newest version from the partner's copy (rank 2's node-local files are on another node),
-    the others theirs from L1, and the solver ends on the failure-free state on 4 ranks."""
-    proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--spares", "1", "--kill", "25:2"],
-                           tmp_path)
+    the others theirs from L1, and the solver ends on the failure-free state on 4 ranks. L4
+    holds every version too, and is not read: the spare's partner and erasure group under the
+    job's new placement are not the writer's, and the old shards' route finds the writer's."""
+    # Steps of 0.1 s: version 20 is on L4 too before rank 2 dies at step 29.
+    proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--set", "storage.pfs_every=1",
+                                              "--step-seconds", "0.1", "--spares", "1", "--kill", "29:2"], tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     result = app_result(proc)

@@ -194,13 +194,33 @@ def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
     redundancy, as the job that wrote it ran), "repartition" (over the old job's shards,
     wherever they survived), or None."""
     writing = _writing(everyone, step)
+    plan = None
     if writing is None or (writing.world_size == ctx.job.world_size and writing.layout_digest == ctx.job.layout.digest):
-        if all(_sources_of_every_rank(ctx, everyone, step)):
-            return "same"
+        sources = _sources_of_every_rank(ctx, everyone, step)
+        if all(sources):
+            plan = _repartition_plan(ctx, everyone, step)
+            if plan is None or not plan.complete or _global_reads(plan) >= _global_only(ctx, sources):
+                return "same"
+            # A rank now on another node than the one that wrote its shard (a spare in a dead
+            # rank's place) has partners and an erasure group of this job's placement, not of
+            # the writer's: only the old shards' route finds its node-local copies by the
+            # writer's, where the same route would read the PFS.
+            return "repartition"
     if _never_completed(ctx, everyone, step):
         return None
-    plan = _repartition_plan(ctx, everyone, step)
+    plan = plan or _repartition_plan(ctx, everyone, step)
     return "repartition" if plan is not None and plan.complete else None
+
+
+def _global_only(ctx, sources: list[list[str]]) -> int:
+    """How many ranks can get their own shard from no node-local level."""
+    node_local = {level.name for level in ctx.levels.node_local}
+    return sum(1 for levels in sources if not node_local.intersection(levels))
+
+
+def _global_reads(plan: RepartitionPlan) -> int:
+    """How many old shards `plan` reads from a global level."""
+    return sum(1 for source in plan.sources if source is not None and source.provider is None)
 
 
 def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted: int | None,
