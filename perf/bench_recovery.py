@@ -4,10 +4,18 @@
     python perf/bench_recovery.py                  # 100 MB state, 4 ranks, 5 repeats of each
     python perf/bench_recovery.py --quick          # 20 MB, 3 repeats
     python perf/bench_recovery.py --size-mb 100 --ranks 4 --repeats 5 --json recovery.json
+    python perf/bench_recovery.py --states blocks  # the block-decomposed state alone
 
-The application (this script with --worker): a replicated float32 state of --size-mb in 4
-arrays, the same on every rank as data-parallel weights, protected by a Checkpointer with the
-default job's levels (L1 local, L2 partner, L3 erasure, L4 pfs; --nodes simulated nodes) and
+The application (this script with --worker), with one of two states (--states, both by
+default, in the same run):
+- replicated: a float32 state of --size-mb in 4 arrays, the same on every rank as
+  data-parallel weights;
+- blocks: 4 float32 arrays of --size-mb in all, each cut into one block per rank as a
+  domain-decomposed solver cuts its grid (protected with global_shape and offset); on fewer
+  ranks the blocks are cut again. No rank holds another's block, so no variant goes on from
+  memory: a rank's block comes from its own L1, its node, its partner's copy or an erasure
+  rebuild (the restart's record says which; reported per repeat as `sources`).
+Either is protected by a Checkpointer with the default job's levels (L1 local, L2 partner, L3 erasure, L4 pfs; --nodes simulated nodes) and
 a version every 4 steps; each step allreduces a checksum of the state (a training step's
 collective), then adds to the state, as an optimizer's update. In step 11 (versions 4 and 8
 taken), before its allreduce, rank 1 writes the wall clock to death.json and SIGKILLs itself,
@@ -27,6 +35,7 @@ Variants, interleaved repeat by repeat so slow phases of a shared machine hit ea
   job goes on at N ranks; from memory, a survivor hands the spare the step it holds; without
   commit_step, version 8 is restored onto the same N ranks, the spare's shard from its place's
   partner copy.
+The from_memory variants run with the replicated state only.
 - relaunch: the mpich wheel's mpiexec (the default install); the death ends the job and this
   script starts the same application again on N ranks at once, as the job scripts' loop does
   in the same allocation (with no pause between attempts), which restores from its files.
@@ -60,6 +69,8 @@ EXPECTED_VERSION = 8
 
 
 FROM_MEMORY_STEP = KILL_STEP - 1
+STATES = ("replicated", "blocks")
+STATE_SAID = {"replicated": "replicated state", "blocks": "block-decomposed state (a block per rank)"}
 
 
 def worker(args) -> int:
@@ -73,7 +84,7 @@ def worker(args) -> int:
     world_rank = MPI.COMM_WORLD.Get_rank()
     scratch = Path(args.scratch)
     length = int(args.size_mb * 1e6 / 4 / ARRAYS)
-    arrays = [np.zeros(length, dtype=np.float32) for _ in range(ARRAYS)]
+    replicated = [np.zeros(length, dtype=np.float32) for _ in range(ARRAYS)] if args.state == "replicated" else None
     loop = {"step": 0}
     entered = {"before": args.attempt > 1}
 
@@ -84,8 +95,16 @@ def worker(args) -> int:
                                     "resilience.group_size=2", "resilience.parity=1", "storage.pfs_every=1"])
         ckpt = Checkpointer(comm, config)
         try:
-            for index, array in enumerate(arrays):
-                ckpt.protect(f"w{index}", array)
+            if replicated is not None:
+                arrays = replicated
+                for index, array in enumerate(arrays):
+                    ckpt.protect(f"w{index}", array)
+            else:  # this rank's block of each array, cut for the ranks main has now
+                start = comm.Get_rank() * length // comm.Get_size()
+                stop = (comm.Get_rank() + 1) * length // comm.Get_size()
+                arrays = [np.zeros(stop - start, dtype=np.float32) for _ in range(ARRAYS)]
+                for index, array in enumerate(arrays):
+                    ckpt.protect(f"w{index}", array, global_shape=(length,), offset=(start,))
             ckpt.register_state("loop", lambda: dict(loop), loop.update)
             restored = ckpt.restart()
             checksum = np.zeros(1)
@@ -137,21 +156,30 @@ def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple
             prefix = [arg for arg in prefix if arg not in drop]
     command = [*prefix, sys.executable, str(Path(__file__).resolve()), "--worker", "--scratch", str(scratch),
                "--size-mb", str(args.size_mb), "--nodes", str(args.nodes), "--attempt", str(attempt),
+               "--state", args.state,
                *(["--commit"] if variant.endswith("from_memory") else []),
                *(["--spares", "1"] if "spare" in variant else [])]
     log = open(scratch / f"attempt-{attempt}.log", "w")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), time.time()
 
 
-def shrink_seconds(scratch: Path) -> float | None:
+def run_records(scratch: Path, event: str) -> list[dict]:
     metrics = scratch / "run" / "metrics.jsonl"
     if not metrics.exists():
-        return None
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("event") == "process_failure":
-            return record["shrink_s"]
-    return None
+        return []
+    return [record for record in map(json.loads, metrics.read_text().splitlines()) if record.get("event") == event]
+
+
+def shrink_seconds(scratch: Path) -> float | None:
+    failures = run_records(scratch, "process_failure")
+    return failures[0]["shrink_s"] if failures else None
+
+
+def restored_from(scratch: Path) -> list | None:
+    """The level each rank's shard came from in the restart after the death (None: read
+    nothing, from memory)."""
+    restarts = [record for record in run_records(scratch, "restart") if record.get("step")]
+    return restarts[-1].get("sources") if restarts else None
 
 
 def one_repeat(variant: str, args, scratch: Path) -> dict:
@@ -163,7 +191,7 @@ def one_repeat(variant: str, args, scratch: Path) -> dict:
     code = first.wait(timeout=600)
     ended = time.time()
     death = json.loads((scratch / "death.json").read_text())["t"]
-    sample = {"variant": variant}
+    sample = {"state": args.state, "variant": variant}
     if variant.startswith("in_job"):
         if code != 0:
             raise SystemExit(f"bench_recovery: in_job ended with {code}; see {scratch}/attempt-1.log")
@@ -183,14 +211,17 @@ def one_repeat(variant: str, args, scratch: Path) -> dict:
     if "spare" in variant and after["ranks"] != args.ranks:
         raise SystemExit(f"bench_recovery: {variant} went on on {after['ranks']} ranks, not {args.ranks}: no spare "
                          f"took the place; see {scratch}")
-    sample.update(recovery_s=after["t"] - death, ranks_after=after["ranks"], restored=after["restored"])
+    sample.update(recovery_s=after["t"] - death, ranks_after=after["ranks"], restored=after["restored"],
+                  sources=restored_from(scratch))
     return sample
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 MB, 3 repeats")
-    parser.add_argument("--size-mb", type=float, help="replicated state in MB (default 100; --quick 20)")
+    parser.add_argument("--size-mb", type=float, help="state in MB (default 100; --quick 20)")
+    parser.add_argument("--states", default=",".join(STATES),
+                        help="replicated, blocks or both (default), measured in the same run")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (default: one per rank)")
     parser.add_argument("--repeats", type=int, help="repeats of each variant (default 5; --quick 3)")
@@ -198,6 +229,7 @@ def main(argv=None) -> None:
                                               "relaunch,relaunch_openmpi")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--state", choices=STATES, default="replicated", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--commit", action="store_true", help=argparse.SUPPRESS)
@@ -207,35 +239,43 @@ def main(argv=None) -> None:
         args.size_mb = 20.0 if args.quick else 100.0
     if args.worker:
         raise SystemExit(worker(args))
+    states = args.states.split(",")
+    if not set(states) <= set(STATES):
+        parser.error(f"--states {args.states}: give replicated, blocks or both, comma-separated")
     repeats = args.repeats or (3 if args.quick else 5)
     variants = args.variants.split(",")
+    # No rank holds another's block: nothing to go on from in memory.
+    cases = [(state, variant) for state in states for variant in variants
+             if state == "replicated" or not variant.endswith("from_memory")]
     where = Path(tempfile.mkdtemp(prefix="bench_recovery_"))
     described = machine(directory=where)
     print_machine(described)
     samples = []
     with ForeignLoad() as load:
         for repeat in range(repeats):
-            for variant in variants if repeat % 2 == 0 else reversed(variants):
-                sample = one_repeat(variant, args, where / variant)
+            for state, variant in cases if repeat % 2 == 0 else reversed(cases):
+                args.state = state
+                sample = one_repeat(variant, args, where / state / variant)
                 sample["repeat"] = repeat
                 samples.append(sample)
                 print(json.dumps(sample), flush=True)
-    summary = {}
-    for variant in variants:
-        mine = [s for s in samples if s["variant"] == variant]
-        summary[variant] = {key: median([s[key] for s in mine if s.get(key) is not None])
-                            for key in ("recovery_s", "job_end_s", "shrink_s") if any(key in s for s in mine)}
-    print(f"\n{args.size_mb:g} MB replicated state, {args.ranks} ranks on {args.nodes} simulated nodes, "
-          f"rank {VICTIM} SIGKILLed in step {KILL_STEP}, version {EXPECTED_VERSION} restored (from memory: step "
-          f"{FROM_MEMORY_STEP}); medians of {repeats}:")
-    for variant, figures in summary.items():
-        parts = ", ".join(f"{key} {value:.3f} s" for key, value in figures.items() if value is not None)
-        print(f"  {variant:24s} {parts}")
-    for in_job in ("in_job_from_memory", "in_job", "in_job_spare_from_memory", "in_job_spare"):
-        for baseline in ("relaunch", "relaunch_openmpi"):
-            if in_job in summary and baseline in summary:
-                ratio = summary[in_job]["recovery_s"] / summary[baseline]["recovery_s"]
-                print(f"  {in_job} / {baseline}: {ratio:.3f}")
+    summary = {state: {} for state in states}
+    for state, variant in cases:
+        mine = [s for s in samples if (s["state"], s["variant"]) == (state, variant)]
+        summary[state][variant] = {key: median([s[key] for s in mine if s.get(key) is not None])
+                                   for key in ("recovery_s", "job_end_s", "shrink_s") if any(key in s for s in mine)}
+    for state, figures_of in summary.items():
+        print(f"\n{args.size_mb:g} MB {STATE_SAID[state]}, {args.ranks} ranks on {args.nodes} simulated nodes, "
+              f"rank {VICTIM} SIGKILLed in step {KILL_STEP}, version {EXPECTED_VERSION} restored (from memory: step "
+              f"{FROM_MEMORY_STEP}); medians of {repeats}:")
+        for variant, figures in figures_of.items():
+            parts = ", ".join(f"{key} {value:.3f} s" for key, value in figures.items() if value is not None)
+            print(f"  {variant:24s} {parts}")
+        for in_job in ("in_job_from_memory", "in_job", "in_job_spare_from_memory", "in_job_spare"):
+            for baseline in ("relaunch", "relaunch_openmpi"):
+                if in_job in figures_of and baseline in figures_of:
+                    ratio = figures_of[in_job]["recovery_s"] / figures_of[baseline]["recovery_s"]
+                    print(f"  {in_job} / {baseline}: {ratio:.3f}")
     print(f"  machine load: {json.dumps(load.summary())}")
     if args.json:
         write_json(args.json, {"size_mb": args.size_mb, "ranks": args.ranks, "nodes": args.nodes,
