@@ -53,7 +53,9 @@ def test_a_heat_dndarray_split_unevenly_is_protected_in_one_call_and_restored_on
         pytest.fail("Heat is not installed: pip install --no-deps heat==1.8.0 (the README's test command does)")
     # Heat's import wants torchvision's names (tests/shims/README.md).
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(SHIMS)])}
-    through = run(tmp_path, 4, "through", "heat", 10, env=env)
+    # Element-wise arithmetic gives the same values on any rank count (the restore onto 3
+    # below asserts as much): one rank runs the reference.
+    through = run(tmp_path, 1, "through", "heat", 10, env=env)
     assert_ok(through)
     [uninterrupted] = script_results(through)
     killed = run(tmp_path, 4, "run", "heat", 10, "--kill-at", "7", env=env)

@@ -1,4 +1,4 @@
-"""Host memory stays flat over 1,000 checkpoints: buffers are reused, nothing accumulates."""
+"""Host memory stays flat over hundreds of checkpoints: buffers are reused, nothing accumulates."""
 
 import json
 import shutil
@@ -8,18 +8,20 @@ from pathlib import Path
 from conftest import REPO, assert_ok, run_script
 
 
-def test_rss_flat_over_1000_checkpoints(tmp_path):
-    proc = run_script(2, REPO / "tests" / "scripts" / "rss_loop.py", [str(tmp_path / "run"), "1000"], cwd=tmp_path,
+def test_rss_flat_over_500_checkpoints(tmp_path):
+    """A leak of what one checkpoint holds (a 128 KiB array, a buffer, a record per version)
+    grows the resident memory by more than 5 % over 450 checkpoints."""
+    proc = run_script(2, REPO / "tests" / "scripts" / "rss_loop.py", [str(tmp_path / "run"), "500"], cwd=tmp_path,
                       timeout=400)
     assert_ok(proc)
     samples = json.loads(proc.stdout.split("RSS ", 1)[1])
     for per_rank in samples:
         values = {int(k): v for k, v in per_rank.items()}
-        early, late = values[100], values[1000]
-        assert late <= early * 1.05, f"RSS grew from {early} to {late} bytes over 900 checkpoints"
+        early, late = values[50], values[500]
+        assert late <= early * 1.05, f"RSS grew from {early} to {late} bytes over 450 checkpoints"
     # Retention kept the disk flat too: 2 local versions per rank.
     local_versions = {p.parent.name for p in (tmp_path / "run" / "local").rglob("commit-r*.json")}
-    assert local_versions == {"v000000000999", "v000000001000"}
+    assert local_versions == {"v000000000499", "v000000000500"}
 
 
 def test_a_node_short_of_memory_is_told_before_the_first_checkpoint(tmp_path):

@@ -1,4 +1,4 @@
-"""1,000 checkpoints of a small model; prints this rank's resident memory along the way."""
+"""COUNT checkpoints of a small model (argv[2]); prints this rank's resident memory along the way."""
 
 import json
 import sys
