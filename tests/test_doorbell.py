@@ -38,5 +38,28 @@ def test_a_rank_that_does_not_listen_has_nothing_to_wait_on_but_can_ring():
     assert bell._socket is None
 
 
+def test_a_listener_that_stopped_listening_sleeps_out_its_timeout_and_drains_nothing():
+    bell = Doorbell(MPI.COMM_SELF, listening=True, key=3)
+    bell.close()  # as a spare that took a place
+    bell.ring([3])  # its old address: the datagram goes nowhere
+    began = time.monotonic()
+    assert not bell.wait(0.1)
+    assert time.monotonic() - began >= 0.09
+    assert not bell.drain()
+
+
+def test_rings_queued_after_a_wake_up_are_drained_without_counting_as_a_new_one():
+    bell = Doorbell(MPI.COMM_SELF, listening=True, key=5)
+    try:
+        bell.ring([5])
+        assert bell.wait(30.0)
+        bell.ring([5])  # another worker's ring of the same recovery, arriving late
+        time.sleep(0.05)
+        assert bell.drain()  # taken: the next wait sleeps
+        assert not bell.wait(0.05)
+    finally:
+        bell.close()
+
+
 def test_the_addresses_given_to_other_hosts_leave_out_loopback():
     assert all(not address.startswith("127.") for address in this_hosts_addresses())

@@ -13,7 +13,8 @@ their shrink without making them wait out its polling interval. After the shrink
 survivor, worker or spare, calls `refill` with the same shrunk communicator and the same list
 of the lost: each lost place (the worker's rank in `work`) goes to a live spare, in order, and
 a new `work` is split off with each rank at its place; where places outnumber the spares the
-rest are given up and the workers renumbered as a shrink does. A spare that dies is not replaced: it is one of the lost.
+rest are given up and the workers renumbered as a shrink does. A spare that dies is not
+replaced: it is one of the lost.
 
 At the end the workers' rank 0 releases every idle spare (`release`), which returns from
 run_surviving with None.
@@ -34,8 +35,9 @@ from hpcckpt.cluster.mpi_gate import gated_call
 from hpcckpt.errors import ConfigError
 
 IDLE_POLL_S = 0.05
-# Rung, a spare tests every POLL_S for this long: the revoke that woke it reaches it through
-# MPI within that; a stray ring costs no more.
+# Rung, a spare tests every POLL_S until the revoke has reached it (the workers ring right
+# after revoking), for at most this long; a ring with no revoke behind it (a stray datagram)
+# costs no more quick testing than that.
 WOKEN_S = 2.0
 RELEASE_TAG = 32101  # nothing else sends on `whole`
 
@@ -113,7 +115,8 @@ class SparePool:
         revokes `whole` or the workers' rank 0 dies (True: it joins the recovery)."""
         released = np.zeros(1, dtype=np.int32)
         request = gated_call(self.whole.Irecv, released, source=self._leader(), tag=RELEASE_TAG)
-        woken_until = 0.0
+        self.doorbell.drain()  # rings of a recovery this spare has already joined
+        woken_until = None
         while True:
             try:
                 if test_all([request]):
@@ -122,10 +125,12 @@ class SparePool:
                 if is_process_failure(exc):
                     return True
                 raise
-            if time.monotonic() < woken_until:
+            if woken_until is not None and time.monotonic() < woken_until:
                 time.sleep(POLL_S)
-            elif self.doorbell.wait(IDLE_POLL_S):
-                woken_until = time.monotonic() + WOKEN_S
+                continue
+            if woken_until is not None:  # a stray ring, or the others' rings of this one
+                self.doorbell.drain()
+            woken_until = time.monotonic() + WOKEN_S if self.doorbell.wait(IDLE_POLL_S) else None
 
     def release(self) -> None:
         """(the workers' rank 0, at the end) Every idle spare returns from its wait. A spare
