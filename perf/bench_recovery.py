@@ -15,9 +15,10 @@ default, in the same run):
   ranks the blocks are cut again. No rank holds another's block, so no variant goes on from
   memory: a rank's block comes from its own L1, its node, its partner's copy or an erasure
   rebuild (the restart's record says which; reported per repeat as `sources`).
-Either is protected by a Checkpointer with the default job's levels (L1 local, L2 partner, L3 erasure, L4 pfs; --nodes simulated nodes) and
-a version every 4 steps; each step allreduces a checksum of the state (a training step's
-collective), then adds to the state, as an optimizer's update. In step 11 (versions 4 and 8
+Either is protected by a Checkpointer with the default job's levels (L1 local, L2 partner, L3
+erasure, L4 pfs; --nodes simulated nodes) and a version every 4 steps; each step allreduces a
+checksum of the state (a training step's collective), then adds to the state, as an
+optimizer's update. In step 11 (versions 4 and 8
 taken), before its allreduce, rank 1 writes the wall clock to death.json and SIGKILLs itself,
 as a crash does: its node and files stay. Version 8 is finished before (Checkpointer.wait() in
 step 10), so every variant that reads a version restores that one.

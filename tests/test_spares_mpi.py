@@ -161,7 +161,8 @@ def test_a_solver_s_block_goes_to_the_spare_from_its_partner_with_no_pfs_read(tm
     job's new placement are not the writer's, and the old shards' route finds the writer's."""
     # Steps of 0.1 s: version 20 is on L4 too before rank 2 dies at step 29.
     proc = run_ulfm_script(5, SURVIVING_APP, [str(tmp_path / "run"), *APP_ARGS, "--set", "storage.pfs_every=1",
-                                              "--step-seconds", "0.1", "--spares", "1", "--kill", "29:2"], tmp_path)
+                                              "--set", "checkpoint.keep_pfs=8", "--step-seconds", "0.1",
+                                              "--spares", "1", "--kill", "29:2"], tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     result = app_result(proc)
@@ -171,6 +172,8 @@ def test_a_solver_s_block_goes_to_the_spare_from_its_partner_with_no_pfs_read(tm
     assert {key: result[key] for key in DIGESTS} == {key: straight[key] for key in DIGESTS}
     [restart] = [r for r in events(tmp_path / "run", "restart") if r["attempt"] == 2]
     assert sorted(restart["sources"]) == ["local", "local", "local", "partner"], restart
+    # L4 holds the version restored (it keeps every version here), and was not read.
+    assert (tmp_path / "run" / "pfs" / f"v{restart['step']:012d}" / "manifest.json").is_file()
 
 
 def test_a_rank_killed_in_the_restore_the_job_runs_for_a_spare_gives_its_place_to_the_next_spare(

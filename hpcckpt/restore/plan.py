@@ -194,32 +194,36 @@ def _route(ctx, everyone: list[Holdings], step: int) -> str | None:
     redundancy, as the job that wrote it ran), "repartition" (over the old job's shards,
     wherever they survived), or None."""
     writing = _writing(everyone, step)
-    plan = None
     if writing is None or (writing.world_size == ctx.job.world_size and writing.layout_digest == ctx.job.layout.digest):
         sources = _sources_of_every_rank(ctx, everyone, step)
         if all(sources):
-            plan = _repartition_plan(ctx, everyone, step)
-            if plan is None or not plan.complete or _global_reads(plan) >= _global_only(ctx, sources):
+            from_pfs = _ranks_only_on_global_levels(ctx, sources)
+            if not from_pfs or writing is None:
                 return "same"
-            # A rank now on another node than the one that wrote its shard (a spare in a dead
-            # rank's place) has partners and an erasure group of this job's placement, not of
-            # the writer's: only the old shards' route finds its node-local copies by the
-            # writer's, where the same route would read the PFS.
-            return "repartition"
+            # The same route finds a rank's redundancy by this job's placement. A rank now on
+            # another node than the one that wrote its shard (a spare in a dead rank's place)
+            # has other partners and another erasure group than the writer had, so that
+            # route reads its shard from the PFS; the old shards' route finds its node-local
+            # copies by the writer's placement. Planned only then: it looks at every node's
+            # holdings for every old rank.
+            plan = _repartition_plan(ctx, everyone, step)
+            if plan is not None and plan.complete and _shards_read_from_global_levels(plan) < from_pfs:
+                return "repartition"
+            return "same"
     if _never_completed(ctx, everyone, step):
         return None
-    plan = plan or _repartition_plan(ctx, everyone, step)
+    plan = _repartition_plan(ctx, everyone, step)
     return "repartition" if plan is not None and plan.complete else None
 
 
-def _global_only(ctx, sources: list[list[str]]) -> int:
-    """How many ranks can get their own shard from no node-local level."""
+def _ranks_only_on_global_levels(ctx, sources: list[list[str]]) -> int:
+    """How many ranks can get their own shard from no node-local level (only from L4)."""
     node_local = {level.name for level in ctx.levels.node_local}
     return sum(1 for levels in sources if not node_local.intersection(levels))
 
 
-def _global_reads(plan: RepartitionPlan) -> int:
-    """How many old shards `plan` reads from a global level."""
+def _shards_read_from_global_levels(plan: RepartitionPlan) -> int:
+    """How many old shards `plan` reads from L4 (the sources no new rank provides)."""
     return sum(1 for source in plan.sources if source is not None and source.provider is None)
 
 
