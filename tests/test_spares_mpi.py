@@ -249,7 +249,7 @@ def test_a_spare_that_dies_idle_stops_no_work_and_is_not_replaced(tmp_path, stra
     """The spare SIGKILLs itself while the workers run: they go on undisturbed (no recovery for
     an idle spare's death) and end on 4 ranks; a worker dying after it finds no spare left, and
     the recovery counts the dead spare."""
-    slow = ["--spares", "1", "--spare-dies-after", "0.5", "--step-seconds", "0.03"]
+    slow = ["--spares", "1", "--spare-dies-after", "1.0", "--step-seconds", "0.05"]
     alone = tmp_path / "alone"
     alone.mkdir()
     proc = run_ulfm_script(5, SURVIVING_APP, [str(alone / "run"), *APP_ARGS, *slow], alone)

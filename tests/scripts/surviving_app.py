@@ -11,8 +11,8 @@ allreduce (repeatable); --fail-at STEP: every rank raises an error that is no pr
 --die-before-checkpointer RANK: that rank dies before main's first Checkpointer exists;
 --inject: the library's fault injection (a kill inside a checkpoint's
 phase); --spares K: the last K ranks are spares (run_surviving's spares); --spare-dies-after S:
-the last rank, a spare, SIGKILLs itself S seconds after the start; --step-seconds S: each step
-sleeps that long (a run long enough for that). Ranks in --kill and --inject are COMM_WORLD's,
+the last rank, a spare, SIGKILLs itself S seconds after every rank is through start-up;
+--step-seconds S: each step sleeps that long (a run long enough for that). Ranks in --kill and --inject are COMM_WORLD's,
 so a fault strikes once: its rank dies with it. Rank 0 prints one RESULT line: each entry of main's restored step and rank count, the last step, the
 exit code, and digests of the weights, the field and the residuals, which do not depend on the
 rank count: a run that lost ranks must end on the digests of one that did not.
@@ -99,11 +99,15 @@ def main(argv=None) -> int:
     args = parse(argv)
     entries: list = []
     world = MPI.COMM_WORLD
-    if args.spare_dies_after is not None and world.Get_rank() == world.Get_size() - 1:
-        # A daemon: a spare released before its time leaves without dying.
-        dying = threading.Timer(args.spare_dies_after, os.kill, (os.getpid(), signal.SIGKILL))
-        dying.daemon = True
-        dying.start()
+    if args.spare_dies_after is not None:
+        # Counted from when every rank is through its start-up, which on loaded cores is
+        # seconds apart: a spare dead before the spares are set up ends the job instead.
+        world.Barrier()
+        if world.Get_rank() == world.Get_size() - 1:
+            # A daemon: a spare released before its time leaves without dying.
+            dying = threading.Timer(args.spare_dies_after, os.kill, (os.getpid(), signal.SIGKILL))
+            dying.daemon = True
+            dying.start()
     code = run_surviving(lambda comm: solve(comm, args, entries), max_recoveries=args.max_recoveries,
                          spares=args.spares)
     return 0 if code is None else code  # None: an idle spare, released at the end
