@@ -165,10 +165,11 @@ def launch(variant: str, ranks: int, args, scratch: Path, attempt: int) -> tuple
 
 
 def run_records(scratch: Path, event: str) -> list[dict]:
-    metrics = scratch / "run" / "metrics.jsonl"
-    if not metrics.exists():
+    from hpcckpt.tools.report import read_records
+
+    if not (scratch / "run" / "metrics.jsonl").exists():
         return []
-    return [record for record in map(json.loads, metrics.read_text().splitlines()) if record.get("event") == event]
+    return [record for record in read_records(scratch / "run") if record.get("event") == event]
 
 
 def shrink_seconds(scratch: Path) -> float | None:
@@ -177,8 +178,8 @@ def shrink_seconds(scratch: Path) -> float | None:
 
 
 def restored_from(scratch: Path) -> list | None:
-    """The level each rank's shard came from in the restart after the death (None: read
-    nothing, from memory)."""
+    """The level each rank's shard came from in the restart after the death ("memory" where
+    it went on from memory; None: no restart recorded)."""
     restarts = [record for record in run_records(scratch, "restart") if record.get("step")]
     return restarts[-1].get("sources") if restarts else None
 

@@ -124,11 +124,11 @@ class RunLease:
                                      f"{min(expire_s, 2 * RENEW_S):.0f} s: taken over")
                 self._write(self.me)
                 return self._started()
-            if verdict == "refuse" and refused_since is None:
-                refused_since = time.monotonic()
-            if verdict == "refuse" and time.monotonic() - refused_since < exit_grace_s:
-                time.sleep(min(0.2, exit_grace_s / 10))
-                continue
+            if verdict == "refuse":
+                refused_since = time.monotonic() if refused_since is None else refused_since
+                if time.monotonic() - refused_since < exit_grace_s:
+                    time.sleep(min(0.2, exit_grace_s / 10))
+                    continue
             if verdict == "refuse" or (waited_since is not None and now - waited_since > expire_s + RENEW_S):
                 raise LeaseError(
                     f"run.dir {str(self.path.parent)!r} is in use by "
