@@ -166,6 +166,28 @@ def test_a_second_loss_right_after_a_shrink_is_survived(tmp_path, saved_40):
                          "2 from L1 local, 1 from L2 partner", saved_40)
 
 
+def test_the_version_written_again_behind_the_resumed_steps_is_the_restored_one(tmp_path, saved_40):
+    """The write under the new geometry runs behind the resumed run's steps (its partner
+    store slowed by 2 s so that steps 41-49 change the arrays meanwhile); the next snapshot
+    waits for it, and the job dies in that checkpoint's L1 write. What the new partner copies
+    hold is version 40 as restored, not the arrays the steps changed nor the next snapshot:
+    another loss then restores it byte for byte."""
+    config = job(tmp_path, ["local", "partner"])
+    lose_node_3_before_l4_has_40(tmp_path, config)
+    crashed = train(tmp_path, config, 3, 3, "--inject", "slow-level:level=partner:seconds=2:step=40:until=40",
+                    "--inject", "rank-kill:rank=1:step=50:phase=local")
+    assert crashed.returncode != 0
+    assert "injected rank-kill on rank 1 (node 1) at step 50 in phase local" in crashed.stderr
+    assert "version 40 protected again on local, partner" in crashed.stdout, crashed.stdout
+    # Steps 41-49 ran while the version was written: the snapshot of step 50 waited for it.
+    log = (tmp_path / "run" / "log" / "rank0.log").read_text()
+    assert re.search(r"rank0/3 INFO step 50's snapshot waited (1|2)\.\d+ s for writing restored version 40 again", log), \
+        log[-3000:]
+    shutil.rmtree(tmp_path / "run" / "local" / "node2")
+    restart_assembles_40(tmp_path, config, 2, 2, "restored version 40 (written by 3 ranks) onto 2 rank(s): old shards "
+                         "2 from L1 local, 1 from L2 partner", saved_40)
+
+
 def test_a_loss_beyond_the_levels_falls_back_to_l4_or_stops_naming_what_is_missing(tmp_path):
     config = job(tmp_path, ["local", "pfs"])
     lose_node_3_before_l4_has_40(tmp_path, config)

@@ -14,6 +14,7 @@ loaded failed in the restart ledger (run/ledger.py); confirm() clears that.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from hpcckpt.ckpt import registered_state
@@ -217,11 +218,23 @@ class Resuming:
         self.log.metrics(record)
 
     def _protect_again(self, result) -> None:
+        """Write the restored version again under this job's geometry, behind the resumed run's
+        first steps where MPI allows threads: the write copies nothing the application
+        changes (the snapshot buffers the restore filled, the state encoded here), and the
+        next checkpoint, wait(), restart and close() wait for it. The version stays watched
+        meanwhile: a crash during the write counts as any crash in the first steps (one
+        proves nothing, run/ledger.py); without threads the write is done before the first
+        step and a crash in it is not charged."""
         job = self.job
+        snapshot = job.arrays.restored_snapshot(result.step, job.schedule.ordinal, result.state, result.metrics, ())
+        ctx = self.context()
 
         def write(levels: tuple) -> None:
-            snapshot = job.arrays.restored_snapshot(result.step, job.schedule.ordinal, result.state, result.metrics,
-                                                    levels)
-            job.pipeline.persist(snapshot, PersistReport(result.step), time.perf_counter())
-        protect_again(result, write, lambda which: flow.clear_old_geometry(self.context(), which), self.unconfirmed,
-                      job.rank, self.log, f"{job.world_size} rank(s) on {job.topology.node_count} node(s)")
+            job.pipeline.persist(dataclasses.replace(snapshot, levels=tuple(levels)), PersistReport(result.step),
+                                 time.perf_counter())
+        ledger = None if job.pipeline.threaded else self.unconfirmed
+        where = f"{job.world_size} rank(s) on {job.topology.node_count} node(s)"
+        job.pipeline.run_behind(
+            lambda: protect_again(result, write, lambda which: flow.clear_old_geometry(ctx, which), ledger, job.rank,
+                                  self.log, where),
+            f"writing restored version {result.step} again under this job's levels")

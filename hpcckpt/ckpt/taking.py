@@ -40,6 +40,11 @@ class CheckpointTaking:
         """(all ranks) Open the snapshot of `step`; the previous checkpoint's report."""
         job = self.job
         job.capture.refuse_if_open(step)
+        # A restored version still being written again is the restart's cost, not this
+        # checkpoint's: its wait is kept out of the blocking time the schedule weighs.
+        behind = job.pipeline.finish_work_behind()
+        if behind is not None and behind[1] >= 0.001:
+            self.log.info(f"step {step}'s snapshot waited {behind[1]:.3f} s for {behind[0]} to finish")
         opened = time.perf_counter()
         previous = job.persist_over(self.settle)
         waited = time.perf_counter() - opened

@@ -100,6 +100,7 @@ class SavePipeline:
         self.pending_replaced = 0  # such versions replaced by a newer one before any level took them
         self.worker_error: BaseException | None = None
         self.in_flight: threading.Event | None = None
+        self.behind: str | None = None  # what run_behind()'s work in flight is; None: none is
         # Copies run at normal priority (training may wait for them in before_update()), the
         # persist at checkpoint.persist_nice; a done event per checkpoint marks it finished.
         threads = ThreadSetup(settings, self.log)
@@ -143,6 +144,37 @@ class SavePipeline:
         else:
             self._persist_guarded(snapshot, report, started)
 
+    def run_behind(self, work: Callable[[], None], what: str) -> None:
+        """(all ranks) `work`, collective over the pipeline's communicator and writing through
+        persist(), behind training as a checkpoint in flight is: the next snapshot, wait(),
+        a restart and close() wait for it, and its failure is raised at the next of those
+        calls. Here and now where MPI allows no threads. Nothing may be in flight."""
+        if not self.threaded:
+            work()
+            return
+        self.in_flight, self.behind = threading.Event(), what
+        self._persister.submit(self._run_guarded, work, what, self.in_flight)
+
+    def finish_work_behind(self) -> tuple[str, float] | None:
+        """Wait for run_behind()'s work if it is in flight (its failure raised here): what it
+        was and the seconds waited; None if it was not."""
+        what = self.behind
+        if what is None:
+            return None
+        started = time.perf_counter()
+        self.finish_in_flight()
+        return what, time.perf_counter() - started
+
+    def _run_guarded(self, work: Callable[[], None], what: str, done: threading.Event) -> None:
+        try:
+            work()
+        except BaseException as exc:
+            self.worker_error = exc
+            if self.log:
+                self.log.error(f"{what} failed: {exc}")
+        finally:
+            done.set()
+
     @property
     def persisting(self) -> bool:
         return self.in_flight is not None and not self.in_flight.is_set()
@@ -158,6 +190,7 @@ class SavePipeline:
         if self.in_flight is not None:
             self.in_flight.wait()
             self.in_flight = None
+        self.behind = None
         if self.worker_error is not None:
             error, self.worker_error = self.worker_error, None
             raise error
