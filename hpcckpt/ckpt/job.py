@@ -250,22 +250,11 @@ class CommJob:
         is not trusted by anyone: its commit records never completed. Returns what failed on
         the way for another reason than the revoke or the death (those are what abandoning
         means), for the log."""
-        from hpcckpt.cluster.fault_tolerance import is_process_failure
-
         failures = []
-        for what, step in (("stopping the save pipeline", self.pipeline.stop),
-                           ("ending the stop signals' exchange", self.schedule.stops.close),
-                           ("handing back the run's lease", self.claim.release)):
-            try:
-                step()
-            except Exception as exc:  # the survivors go on; what this left behind is logged
-                chain, seen = [], set()
-                while exc is not None and id(exc) not in seen:
-                    chain.append(exc)
-                    seen.add(id(exc))
-                    exc = exc.__cause__ or exc.__context__
-                if not any(is_process_failure(error) for error in chain):
-                    failures.append(f"{what}: {type(chain[0]).__name__}: {chain[0]}")
+        if _attempt_while_abandoning("stopping the save pipeline", self.pipeline.stop, failures):
+            self.arrays.leave_memory()  # no thread of the pipeline can touch the snapshot any more
+        _attempt_while_abandoning("ending the stop signals' exchange", self.schedule.stops.close, failures)
+        _attempt_while_abandoning("handing back the run's lease", self.claim.release, failures)
         self.comm = None
         return failures
 
@@ -281,3 +270,23 @@ class CommJob:
                 self.comm.Free()
                 self.comm = None
             self.claim.release()
+
+
+def _attempt_while_abandoning(what: str, step, failures: list[str]) -> bool:
+    """step(); whether it worked. A failure for another reason than the revoke or the death
+    (those are what abandoning means) goes to `failures`: the survivors go on, and what this
+    left behind is logged."""
+    from hpcckpt.cluster.fault_tolerance import is_process_failure
+
+    try:
+        step()
+    except Exception as exc:
+        chain, seen = [], set()
+        while exc is not None and id(exc) not in seen:
+            chain.append(exc)
+            seen.add(id(exc))
+            exc = exc.__cause__ or exc.__context__
+        if not any(is_process_failure(error) for error in chain):
+            failures.append(f"{what}: {type(chain[0]).__name__}: {chain[0]}")
+        return False
+    return True

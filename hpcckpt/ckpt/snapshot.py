@@ -41,7 +41,7 @@ from hpcckpt.format.layout import (
 from hpcckpt.format.keyed_rows import TableSpec, piece_names
 from hpcckpt.format.rank_state import PER_RANK_NAMES_KEY, RANK_STATE_PIECE, rank_state_piece, split_state
 from hpcckpt.format.shardfile import payload_layout
-from hpcckpt.io import direct_io
+from hpcckpt.io import direct_io, inherited_memory
 
 
 class ProtectedArrays:
@@ -101,6 +101,12 @@ class ProtectedArrays:
                               "out again", console=True)
             self.layout = self.buffers = self.shard_bytes = self.device_snapshot = self._file_buffer = None
             self._checked_alike = False
+
+    def leave_memory(self) -> None:
+        """(this checkpointer set aside, its threads stopped) The snapshot buffer goes to the
+        next checkpointer of this process (io/inherited_memory.py); this one keeps none."""
+        inherited_memory.leave(self.shard_bytes)
+        self.layout = self.buffers = self.shard_bytes = None
 
     def check_before_snapshot(self) -> None:
         """(all ranks) Before a snapshot is taken: the tensors still where they were and still
@@ -208,7 +214,9 @@ class ProtectedArrays:
         order = [tl.name for tl in self.layout.rank_pieces(self.rank)] + list(self.local_array_names)
         _, offsets, size = payload_layout([(name, shapes[name][1], shapes[name][0]) for name in order],
                                           self.shard_extra)
-        self.shard_bytes = direct_io.aligned_empty(size)  # so O_DIRECT writes take the pieces in place
+        inherited = inherited_memory.take(size)  # resident already, where a new mapping faults in every page
+        # Page-aligned, so O_DIRECT writes take the pieces in place.
+        self.shard_bytes = inherited if inherited is not None else direct_io.aligned_empty(size)
         return {name: np.ndarray(shapes[name][0], dtype=shapes[name][1], buffer=self.shard_bytes, offset=offset)
                 for name, offset in zip(order, offsets) if name not in on_gpu}
 
