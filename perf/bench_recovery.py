@@ -9,7 +9,8 @@
 The application (this script with --worker), with one of two states (--states, both by
 default, in the same run):
 - replicated: a float32 state of --size-mb in 4 arrays, the same on every rank as
-  data-parallel weights;
+  data-parallel weights, initialized when the process starts (a spare's too, as a reserve
+  rank that loaded its model);
 - blocks: 4 float32 arrays of --size-mb in all, each cut into one block per rank as a
   domain-decomposed solver cuts its grid (protected with global_shape and offset); on fewer
   ranks the blocks are cut again. No rank holds another's block, so no variant goes on from
@@ -85,7 +86,10 @@ def worker(args) -> int:
     world_rank = MPI.COMM_WORLD.Get_rank()
     scratch = Path(args.scratch)
     length = int(args.size_mb * 1e6 / 4 / ARRAYS)
-    replicated = [np.zeros(length, dtype=np.float32) for _ in range(ARRAYS)] if args.state == "replicated" else None
+    # Initialized, as a model's weights or a solver's grid are: resident before a failure, on
+    # a spare too (np.zeros would leave its pages to be faulted in by the restore's copies).
+    replicated = [np.full(length, 0.0, dtype=np.float32) for _ in range(ARRAYS)] \
+        if args.state == "replicated" else None
     loop = {"step": 0}
     entered = {"before": args.attempt > 1}
 
@@ -103,7 +107,7 @@ def worker(args) -> int:
             else:  # this rank's block of each array, cut for the ranks main has now
                 start = comm.Get_rank() * length // comm.Get_size()
                 stop = (comm.Get_rank() + 1) * length // comm.Get_size()
-                arrays = [np.zeros(stop - start, dtype=np.float32) for _ in range(ARRAYS)]
+                arrays = [np.full(stop - start, 0.0, dtype=np.float32) for _ in range(ARRAYS)]
                 for index, array in enumerate(arrays):
                     ckpt.protect(f"w{index}", array, global_shape=(length,), offset=(start,))
             ckpt.register_state("loop", lambda: dict(loop), loop.update)
