@@ -201,3 +201,27 @@ def test_only_running_out_of_space_makes_room(failure):
     with pytest.raises(CheckpointError):
         once_more_after_making_room(stage.attempt, lambda: rooms.append(1) or True)
     assert rooms == [] and stage.attempts == 1
+
+
+def test_a_worker_keeps_no_reference_to_a_finished_jobs_arguments():
+    # The application's arrays protected by value are judged let go by their references: a
+    # worker waiting for its next job must not hold the last one's arguments.
+    import threading
+    import weakref
+
+    class Held:
+        pass
+
+    worker, done = Worker("test-worker"), threading.Event()
+    held = Held()
+    gone = weakref.ref(held)
+    worker.submit(lambda item, event: event.set(), held, done)
+    assert done.wait(10)
+    del held
+    for _ in range(100):  # the worker drops them right after the job returns
+        if gone() is None:
+            break
+        threading.Event().wait(0.01)
+    released = gone() is None
+    worker.stop()
+    assert released

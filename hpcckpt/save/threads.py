@@ -77,6 +77,9 @@ class Worker:
                 return
             job, args = item
             job(*args)  # jobs keep their own errors (see SavePipeline.worker_error)
+            # Not kept while waiting for the next: a job's arguments may refer to the
+            # application's arrays, whose references tell whether it still holds them.
+            item = job = args = None
 
     def stop(self) -> None:
         if self.thread is not None:
