@@ -104,7 +104,8 @@ class Resuming:
             if said:
                 self.log.info(said, console=True)
             self.job.tally.restart_clock()
-            self.job.schedule.restart_clock(self.job.pipeline.persisting, self.job.pipeline.copying_at_own_pace)
+            self.job.schedule.restart_clock(self.job.pipeline.persisting, self.job.pipeline.copying_at_own_pace,
+                                            self.job.pipeline.working_behind)
         return restored
 
     def rewind(self, before: int, reason: str) -> int:
@@ -143,7 +144,9 @@ class Resuming:
         return rewound
 
     def mark_bad(self, step: int, reason: str) -> None:
-        """(all ranks) Checkpointer.mark_bad's work."""
+        """(all ranks) Checkpointer.mark_bad's work; its collective waits for what the pipeline
+        runs on the same communicator."""
+        self.finish()
         mark_versions_bad(self.job.comm, self.config.run_dir, [step], reason)
         self.table_chain.reset()  # no later version's tables may build on it
         self.log.warning(f"version {step} marked bad: {reason}")
@@ -227,7 +230,9 @@ class Resuming:
         step and a crash in it is not charged."""
         job = self.job
         snapshot = job.arrays.restored_snapshot(result.step, job.schedule.ordinal, result.state, result.metrics, ())
-        ctx = self.context()
+        # Without the restore's targets: the application's arrays are not the write's, and a
+        # reference to them behind training would hide an array the application let go.
+        ctx = dataclasses.replace(self.context(), targets=None)
 
         def write(levels: tuple) -> None:
             job.pipeline.persist(dataclasses.replace(snapshot, levels=tuple(levels)), PersistReport(result.step),
