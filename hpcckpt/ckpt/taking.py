@@ -98,7 +98,8 @@ class CheckpointTaking:
             self.log.info(said, console=True)
         elif said:
             self.log.warning(said)
-        job.schedule.restart_clock(job.pipeline.persisting, job.pipeline.copying_at_own_pace)
+        job.schedule.restart_clock(job.pipeline.persisting, job.pipeline.copying_at_own_pace,
+                                   job.pipeline.working_behind)
         return report
 
     def _refuse(self, step: int, refused: list) -> PersistReport:

@@ -135,6 +135,7 @@ class SavePipeline:
                copies: BackgroundCopies | None, copy_piece: Callable[[str], None]) -> None:
         """Persist `snapshot` behind training (after its background `copies`, if any), or
         here and now where MPI allows no threads."""
+        self.behind = None
         if copies is not None:
             self.in_flight = threading.Event()
             self._copier.submit(self._take_copies, copies, copy_piece, snapshot, started, self.in_flight)
@@ -148,7 +149,9 @@ class SavePipeline:
         """(all ranks) `work`, collective over the pipeline's communicator and writing through
         persist(), behind training as a checkpoint in flight is: the next snapshot, wait(),
         a restart and close() wait for it, and its failure is raised at the next of those
-        calls. Here and now where MPI allows no threads. Nothing may be in flight."""
+        calls. Here and now where MPI allows no threads."""
+        if self.in_flight is not None:
+            raise RuntimeError(f"{what}: another checkpoint or work is still in flight (finish_in_flight() first)")
         if not self.threaded:
             work()
             return
@@ -177,7 +180,13 @@ class SavePipeline:
 
     @property
     def persisting(self) -> bool:
-        return self.in_flight is not None and not self.in_flight.is_set()
+        """A checkpoint's persist is running (not run_behind()'s work)."""
+        return self.behind is None and self.in_flight is not None and not self.in_flight.is_set()
+
+    @property
+    def working_behind(self) -> bool:
+        """run_behind()'s work is running."""
+        return self.behind is not None and self.in_flight is not None and not self.in_flight.is_set()
 
     @property
     def copying_at_own_pace(self) -> int | None:

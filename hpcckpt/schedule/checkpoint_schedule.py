@@ -65,6 +65,7 @@ class CheckpointSchedule:
         self._clock_started: float | None = None
         self._persisting_at_start = False
         self._copying_at_start: int | None = None
+        self._unmeasured_at_start = False
         self._warmed_up = False
         # Steps since the last one beside a persist or a copy, and what that one was beside
         # (persisting, copying): the profile's steps count as settled.
@@ -76,13 +77,17 @@ class CheckpointSchedule:
         self._persisted_levels: tuple[str, ...] | None = None  # ... of the one before: its persist ran since
 
     # -- the step ---------------------------------------------------------------------------
-    def restart_clock(self, persisting: bool, copying_at_own_pace: int | None = None) -> None:
+    def restart_clock(self, persisting: bool, copying_at_own_pace: int | None = None,
+                      beside_other_work: bool = False) -> None:
         """The application's step begins now (after a checkpointer call that blocked), beside
         a persist (`persisting`) or a copy of version `copying_at_own_pace` to the levels at
-        their own pace, or neither."""
+        their own pace, or neither. `beside_other_work`: work that is no checkpoint's runs
+        beside it (a restored version written again): its time then says nothing of a step's
+        or a checkpoint's cost, and is not timed."""
         self._clock_started = time.perf_counter()
         self._persisting_at_start = persisting
         self._copying_at_start = copying_at_own_pace
+        self._unmeasured_at_start = beside_other_work
 
     def begin(self, restored_step: int | None) -> str | None:
         """(all ranks) After the restart: the interval counts from the version loaded, the
@@ -110,7 +115,7 @@ class CheckpointSchedule:
         now = time.perf_counter()
         if seconds is None and self._clock_started is not None:
             seconds = now - self._clock_started
-        if observe and seconds is not None and seconds > 0:
+        if observe and not self._unmeasured_at_start and seconds is not None and seconds > 0:
             if self._warmed_up:
                 self._time_step(seconds)
             # A process's first step pays once for what it sets up (imports finished, memory
