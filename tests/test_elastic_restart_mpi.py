@@ -181,7 +181,7 @@ def test_the_version_written_again_behind_the_resumed_steps_is_the_restored_one(
     assert "version 40 protected again on local, partner" in crashed.stdout, crashed.stdout
     # Steps 41-49 ran while the version was written: the snapshot of step 50 waited for it.
     log = (tmp_path / "run" / "log" / "rank0.log").read_text()
-    assert re.search(r"rank0/3 INFO step 50's snapshot waited (1|2)\.\d+ s for writing restored version 40 again", log), \
+    assert re.search(r"rank0/3 INFO step 50's snapshot waited \d+\.\d+ s for writing restored version 40 again", log), \
         log[-3000:]
     shutil.rmtree(tmp_path / "run" / "local" / "node2")
     restart_assembles_40(tmp_path, config, 2, 2, "restored version 40 (written by 3 ranks) onto 2 rank(s): old shards "

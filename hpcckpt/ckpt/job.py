@@ -249,7 +249,8 @@ class CommJob:
         with no collective and without freeing the revoked communicators. The version in flight
         is not trusted by anyone: its commit records never completed. Returns what failed on
         the way for another reason than the revoke or the death (those are what abandoning
-        means), for the log."""
+        means), for the log. Once the pipeline's threads stopped, the snapshot buffer is left
+        to the next checkpointer of this process (io/inherited_memory.py)."""
         failures = []
         if _attempt_while_abandoning("stopping the save pipeline", self.pipeline.stop, failures):
             self.arrays.leave_memory()  # no thread of the pipeline can touch the snapshot any more

@@ -62,7 +62,8 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
     """(['mpiexec', flags..., '-n', N], environment to add) for a job that survives dead ranks:
     Open MPI with fault tolerance on and without the `han` collectives, which are not fault
     tolerant; mpi4py pointed at Open MPI's library, forwarded to every rank. `hostfile`: the
-    nodes, one line per rank, ranks placed in its order (inside a batch allocation)."""
+    nodes, one line per rank, ranks placed in its order (inside a batch allocation). The BTL
+    list on the command line (no ofi, below) takes precedence over a site's OMPI_MCA_btl."""
     mpiexec = str(prefix / "bin" / "mpiexec")
     flags, _ = mpiexec_flags(mpiexec)
     env = {"MPI4PY_LIBMPI": str(prefix / "lib" / "libmpi.so.40"), "MPI4PY_MPIABI": "openmpi",

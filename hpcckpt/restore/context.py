@@ -80,8 +80,8 @@ class RestoreResult:
     sources: tuple  # the level each rank's shard came from (each OLD rank's, when repartitioned)
     state: dict  # the version's registered state, by name (already set through ctx.targets.apply_state)
     unconfirmed: object = None  # the restart ledger, until the resumed run proves itself
-    # A version loaded over another job's shards: the levels to write it to again at once,
-    # under this job's geometry (the engine does, after the old geometry's files are gone).
+    # A version loaded over another job's shards: the levels to write it to again under this
+    # job's geometry (the engine does, after the old geometry's files are gone).
     protect_again: tuple = ()
     protect_globally: tuple = ()  # those of protect_again that are global levels: written first
     geometry_changed: bool = False  # written by another rank count or placement: older node-local versions go too

@@ -1,6 +1,7 @@
 """After a version was loaded over another job's shards (another rank count or placement):
-write it again at once under this job's geometry, so a second node loss right after a
-shrink is survived, and clear the old job's node-local files."""
+write it again under this job's geometry (behind the resumed run's first steps where MPI
+allows threads: ckpt/resuming.py), so a second node loss right after a shrink is survived
+once it is written, and clear the old job's node-local files."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ def protect_again(result, write: Callable[[tuple], None], clear_old_geometry: Ca
     step = result.step
     global_first = result.protect_globally
     node_local = tuple(name for name in result.protect_again if name not in global_first)
-    # The version loaded and verified: a crash while writing it is the storage's or a node's,
-    # not the version's, and must not get it marked failed (run/ledger.py). The resumed
-    # run's first steps are watched again afterwards.
+    # Written before the first step (`ledger` given), a crash while writing the version
+    # loaded and verified is the storage's or a node's, not the version's, and must not get
+    # it marked failed (run/ledger.py); the first steps are watched again afterwards. Behind
+    # the steps no ledger is given: a crash then may be the steps', and counts as theirs.
     if ledger is not None and rank == 0:
         ledger.confirm()
     try:

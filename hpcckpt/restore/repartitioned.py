@@ -24,7 +24,8 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
     """(all ranks) Load a version over the old job's shards, wherever they survived: each from
     its cheapest surviving level, lost ones rebuilt from parity, the global level only for
     what no node-local level holds. A resuming job then writes the version again under this
-    job's geometry (RestoreResult.protect_again), so a second loss is survived at once."""
+    job's geometry (RestoreResult.protect_again), so a second loss is survived once that is
+    written."""
     step = manifest.step
     whole = ctx.levels.level(candidate.whole_on) if candidate.whole_on else None
     keep_what_gaps_leave(ctx, manifest.layout, ctx.job.layout)
