@@ -90,9 +90,8 @@ def ulfm_launch(ranks: int, prefix: Path, hostfile: str | None = None) -> tuple[
 
 
 # Open MPI's ULFM documentation lists the ofi BTL as untested with fault tolerance (ob1 over
-# self, sm, tcp, uct and ugni is what it supports), and probing libfabric's providers costs
-# every MPI_Init about a second here (1.1 s against 0.2 s without it): each relaunch and
-# every start of a job with spares.
+# self, sm, tcp, uct and ugni is what it supports), and probing libfabric's providers
+# lengthens every MPI_Init: each relaunch and every start of a job with spares.
 WITHOUT_OFI_BTL = ("--mca", "btl", "^ofi")
 
 

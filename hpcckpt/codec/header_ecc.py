@@ -52,7 +52,7 @@ def _parity_matrix(nsym: int) -> np.ndarray:
     if nsym not in _PARITY_MATRICES:
         # Row i is row i + 1 carried one division step further over a zero: one step per
         # row, where dividing the identity message takes a step per column for every row
-        # (tens of milliseconds on a process's first shard read, a spare's in its restore).
+        # (paid on a process's first shard read: a spare's, inside its restore).
         block = RS_CODEWORD_BYTES - nsym
         generator = _generator_poly(nsym)[1:]
         rows = np.empty((block, nsym), dtype=np.uint8)

@@ -1,8 +1,8 @@
 """Snapshot memory handed from a checkpointer set aside after ranks died to the survivors'
 next one, within one process.
 
-A fresh anonymous mapping faults in every page on its first touch: filling 25 MB of new
-memory costs several times the copy itself (the kernel zeroes and maps 4 KiB at a time),
+A fresh anonymous mapping faults in every page on its first touch: filling new memory
+costs several times the copy itself (the kernel zeroes and maps 4 KiB at a time),
 and the first thing a survivor's new checkpointer does with its snapshot buffer is fill it
 with the version it restores. The abandoned checkpointer's buffer is the same size whenever
 the job kept its size (a spare took the dead rank's place), and its pages are resident.

@@ -135,7 +135,6 @@ class SavePipeline:
                copies: BackgroundCopies | None, copy_piece: Callable[[str], None]) -> None:
         """Persist `snapshot` behind training (after its background `copies`, if any), or
         here and now where MPI allows no threads."""
-        self.behind = None
         if copies is not None:
             self.in_flight = threading.Event()
             self._copier.submit(self._take_copies, copies, copy_piece, snapshot, started, self.in_flight)
@@ -181,12 +180,14 @@ class SavePipeline:
     @property
     def persisting(self) -> bool:
         """A checkpoint's persist is running (not run_behind()'s work)."""
-        return self.behind is None and self.in_flight is not None and not self.in_flight.is_set()
+        return self.behind is None and self._running
 
     @property
     def working_behind(self) -> bool:
         """run_behind()'s work is running."""
-        return self.behind is not None and self.in_flight is not None and not self.in_flight.is_set()
+        return self.behind is not None and self._running
+
+    _running = property(lambda self: self.in_flight is not None and not self.in_flight.is_set())
 
     @property
     def copying_at_own_pace(self) -> int | None:
