@@ -76,15 +76,17 @@ def test_reprotected_version_survives_a_second_loss(tmp_path, reference):
 
 
 def test_three_nodes_lost_falls_back_to_pfs_or_fails_clearly(tmp_path, reference):
-    # L4 written by the persist, not at its own pace: the snapshot of step 16 waits for step
-    # 12's persist, L4 included (at its own pace, how far its copy got by step 17 is a race).
+    # L4 written by the persist, not at its own pace: a snapshot waits for the previous
+    # version's persist, L4 included (at its own pace, how far its copy got is a race).
     config = job(tmp_path, ["local", "erasure", "pfs"], storage={"pfs_async": False})
-    # Step 17: step 12 (every 3rd checkpoint goes to L4) is durable there for certain; step 16
-    # lives on L1/L3 only and 3 nodes are gone.
-    assert train(tmp_path, config, *lose((0, 1, 2), 17)).returncode != 0
+    # As step 20's snapshot opens: version 12 (every 3rd checkpoint goes to L4) is durable
+    # there, version 16 on L1/L3 only (lost earlier, while its own persist ran, its node-local
+    # write fails and the version goes to L4 instead), and 3 nodes are gone.
+    assert train(tmp_path, config, *lose((0, 1, 2), 20, "snapshot")).returncode != 0
     resumed = train(tmp_path, config)
     assert_ok(resumed)
-    assert "restored version 12: 2 rank(s) from L1 local, 6 rank(s) from L4 pfs" in resumed.stdout
+    assert "restored version 12: 2 rank(s) from L1 local, 6 rank(s) from L4 pfs" in resumed.stdout, \
+        resumed.stdout + resumed.stderr
     assert final_record(tmp_path / "run")["weights_digest"] == reference
 
     other = tmp_path / "no-pfs"
