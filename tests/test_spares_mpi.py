@@ -83,6 +83,30 @@ def test_the_trainer_with_a_spare_ends_at_its_size_on_the_failure_free_weights(t
            f"spare(s) left, shrunk in" in report.stdout, report.stdout + report.stderr
 
 
+def test_a_spare_taking_a_place_clears_what_an_earlier_attempt_left_on_its_node(tmp_path, failure_free_weights):
+    """An earlier attempt in which the spare held place 2 died while writing version 110 there
+    (every 50 steps from version 60): its shard of 110 stayed on the spare's node, uncommitted
+    (planted here). No restart tidies an idle spare's node, and the spare, taking place 2
+    again, goes on from memory, no version read: without its own tidy, its write of version
+    110 met the old file (files are never overwritten) and the job ended."""
+    job = ["train", "-c", JOB, "--set", f"run.dir={tmp_path / 'run'}", "--set", "resilience.spares=1"]
+    first = run_ulfm(5, [*job, "--set", "run.steps=60"], tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    [run_id] = {p.name for p in (tmp_path / "run" / "local" / "node0").glob("run-*")}
+    leftover = tmp_path / "run" / "local" / "node4" / run_id / "v000000000110" / "shard-r00002.hck"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"an earlier attempt's shard, cut short by its node's death")
+    proc = run_ulfm(5, [*job, "--inject", "rank-kill:rank=2:step=75:attempt=1"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "spare(s) took place(s) 2: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]
+    assert "handed to 1 spare(s) in dead ranks' places: no version read" in out, out[-3000:]
+    assert final_weights(out) == failure_free_weights
+    said = (tmp_path / "run" / "log" / "rank2.log").read_text()
+    assert "rank 2 took a dead rank's place on a node where an earlier attempt left its files of version(s) [110]" \
+        in said, said[-3000:]
+
+
 @pytest.mark.parametrize("victim", [0, 3], ids=["the-sender", "another-survivor"])
 def test_a_death_in_the_hand_over_to_a_spare_starts_the_recovery_again_and_the_step_still_comes_from_memory(
         tmp_path, failure_free_weights, victim):

@@ -165,7 +165,8 @@ class Resuming:
         """(all ranks) After ranks died in this job: the survivors' finished step from memory
         (restore/from_memory.py), or None to read a version."""
         from hpcckpt.restore.from_memory import go_on_from_memory
-        from hpcckpt.run.in_job_state import NOT_OFFERED, take_held
+        from hpcckpt.restore.tidy import clear_for_a_place_taken
+        from hpcckpt.run.in_job_state import FILLING, NOT_OFFERED, take_held
 
         held = take_held(self.config.run_dir)  # alike on every survivor: offered or not
         if held is NOT_OFFERED or not self.config.resilience.in_job_from_memory:
@@ -182,6 +183,8 @@ class Resuming:
         if memory is None:
             self.commits.restarting_from = None
         else:
+            if held is FILLING and not self.read_only:
+                clear_for_a_place_taken(job.levels, memory.step, self.log)
             spares = f" and handed to {memory.handed_to} spare(s) in dead ranks' places" if memory.handed_to else ""
             self.log.info(f"went on from step {memory.step}, held in memory by the {job.world_size - memory.handed_to} "
                           f"survivor(s){spares}: no version read ({memory.seconds:.3f} s)", console=True)

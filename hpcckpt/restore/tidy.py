@@ -90,6 +90,27 @@ def clear_unfinished(ctx, unfinished: list[int]) -> None:
     on_root(ctx.job.comm, f"removing unfinished versions under {ctx.run.pfs_dir!r}", globally)
 
 
+def clear_for_a_place_taken(levels, went_on_from: int, log=None) -> list[int]:
+    """(a spare that took a dead rank's place, going on from the survivors' memory: no version
+    read, so no restart tidied its node) This rank's node-local files that an earlier attempt
+    left where it now writes: of versions newer than the step the job goes on from (it writes
+    those steps again), and of versions never committed. An idle spare's node is no working
+    rank's at a restart, so nothing else removes them. Returns the steps cleared."""
+    landing = levels.landing
+    if landing is None:
+        return []
+    steps = sorted(set(s for s in landing.rank_steps() if s > went_on_from) | set(landing.stray_steps()))
+    for step in steps:
+        for level in levels.node_local:
+            level.remove(step)
+        landing.remove_strays(step)
+    if steps and log:
+        log.warning(f"rank {landing.rank} took a dead rank's place on a node where an earlier attempt left its "
+                    f"files of version(s) {steps} (never committed, or newer than step {went_on_from} the job goes "
+                    "on from); deleted, as the run writes those steps again")
+    return steps
+
+
 def remove_node_local(ctx, step: int) -> None:
     """This rank's files of a node-local version, each level its own (the commit record
     first), then what levels this job does not run left there."""
