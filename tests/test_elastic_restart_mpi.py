@@ -188,6 +188,31 @@ def test_the_version_written_again_behind_the_resumed_steps_is_the_restored_one(
                          "2 from L1 local, 1 from L2 partner", saved_40)
 
 
+def test_a_storage_failure_in_the_version_written_again_keeps_the_older_versions_as_the_fallback(tmp_path):
+    """The new partner copies of restored version 40 fail (no space) while the first steps
+    run, so its write under the new geometry fails on every rank (the node-local stage is
+    one), after the old job's copies of 40 gave way. The run is told, as for any checkpoint,
+    and that the version is not written again; the old job's older versions stay (they were
+    deleted as if the write had worked, and a crash before the next checkpoint then found no
+    version at all). The job dies in the next checkpoint's L1 write (step 50's snapshot waited
+    for the rewrite): the restart loads version 30 over the old job's shards."""
+    config = job(tmp_path, ["local", "partner"])
+    lose_node_3_before_l4_has_40(tmp_path, config)
+    crashed = train(tmp_path, config, 3, 3, "--inject", "storage-error:level=partner:step=40",
+                    "--inject", "rank-kill:rank=0:step=50:phase=local")
+    assert crashed.returncode != 0
+    out = crashed.stdout + crashed.stderr
+    assert "restored version 40 (written by 4 ranks) onto 3 rank(s)" in out, out
+    assert "No space left on device" in out, out
+    assert "version 40 is restored but could not be written again under this job's levels" in out, out
+    assert "version 40 protected again" not in out, out
+    events = [(r["event"], r["step"]) for r in read_metrics(tmp_path / "run") if r.get("event", "").startswith("level_")]
+    assert events == [("level_failing", 40)], events
+    resumed = train(tmp_path, config, 3, 3)
+    assert_ok(resumed)
+    assert "restored version 30 (written by 4 ranks) onto 3 rank(s)" in resumed.stdout, resumed.stdout
+
+
 def test_a_loss_beyond_the_levels_falls_back_to_l4_or_stops_naming_what_is_missing(tmp_path):
     config = job(tmp_path, ["local", "pfs"])
     lose_node_3_before_l4_has_40(tmp_path, config)

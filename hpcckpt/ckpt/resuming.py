@@ -19,7 +19,7 @@ import time
 
 from hpcckpt.ckpt import registered_state
 from hpcckpt.config import failures_per_second
-from hpcckpt.errors import DivergenceError
+from hpcckpt.errors import CheckpointError, DivergenceError
 from hpcckpt.faults import current_attempt
 from hpcckpt.restore import flow
 from hpcckpt.restore.context import JobGeometry, RestoreTargets, RunPlace
@@ -238,8 +238,14 @@ class Resuming:
         ctx = dataclasses.replace(self.context(), targets=None)
 
         def write(levels: tuple) -> None:
-            job.pipeline.persist(dataclasses.replace(snapshot, levels=tuple(levels)), PersistReport(result.step),
-                                 time.perf_counter())
+            report = PersistReport(result.step)
+            job.pipeline.persist(dataclasses.replace(snapshot, levels=tuple(levels)), report, time.perf_counter())
+            # A level that could not take it degrades there, as for any checkpoint; here that
+            # must not read as written again: the older versions stay the fallback. The
+            # report's outcomes are agreed, so every rank raises alike.
+            if report.failed or not report.held:
+                why = "; ".join(f"{level}: {error}" for level, error in report.failed.items()) or "no level took it"
+                raise CheckpointError(why, collective=True)
         ledger = None if job.pipeline.threaded else self.unconfirmed
         where = f"{job.world_size} rank(s) on {job.topology.node_count} node(s)"
         job.pipeline.run_behind(
