@@ -100,10 +100,6 @@ from harness import (REPO, compile_checkout, find_mpiexec, machine, print_machin
 from goodput_replay import print_replay, record_for_replay  # noqa: E402  (needs the path harness sets)
 
 APPROACHES = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_spare", "hpcckpt_l4", "dcp", "h5py")
-# The default leaves out the in-job run that shrinks: it finishes on fewer ranks, so its weights
-# cannot be the failure-free run's, the proof every other row gives that its restarts restored
-# what they should; the spare row keeps the job's size instead.
-DEFAULT_APPROACHES = tuple(name for name in APPROACHES if name != "hpcckpt_in_job")
 # The job scripts' START_TIMEOUT as a site sets it for its scale (a cold start-up plus a
 # margin; this small job starts in seconds): under ULFM a rank killed before the others are
 # through MPI_Init leaves them there, and the loop's default of 300 s would hold a job that met
@@ -113,6 +109,10 @@ MULTI_LEVEL = ("hpcckpt", "hpcckpt_disk", "hpcckpt_in_job", "hpcckpt_spare")
 IN_JOB = "hpcckpt_in_job"
 SPARE = "hpcckpt_spare"  # in the job with one spare rank on a node of its own
 IN_JOB_APPROACHES = (IN_JOB, SPARE)
+# The default leaves out the in-job run that shrinks: it finishes on fewer ranks, so its weights
+# cannot be the failure-free run's, the proof every other row gives that its restarts restored
+# what they should; the spare row keeps the job's size instead.
+DEFAULT_APPROACHES = tuple(name for name in APPROACHES if name != IN_JOB)
 SPARES = {SPARE: 1}
 CLASSES = ("crash", "node", "two_nodes")
 NODES_LOST = {"crash": 0, "node": 1, "two_nodes": 2}

@@ -186,8 +186,7 @@ class Checkpointer:
         self.log.heartbeat(step)
         if schedule.step_done(step, stop, last):
             self.confirm_restart()
-        schedule.restart_clock(self.job.pipeline.persisting, self.job.pipeline.copying_at_own_pace,
-                               self.job.pipeline.working_behind)
+        self.job.restart_step_clock()
         return planned or stop is not None
 
     def planned(self, step: int, last: bool = False) -> bool:

@@ -113,6 +113,12 @@ class CommJob:
             return (), ()
         return self.topology.domain_of_rank, self.topology.domain_names
 
+    def restart_step_clock(self) -> None:
+        """The application's step begins now, beside what the save pipeline runs (a persist,
+        a copy at the global levels' own pace, a restored version written again)."""
+        pipeline = self.pipeline
+        self.schedule.restart_clock(pipeline.persisting, pipeline.copying_at_own_pace, pipeline.working_behind)
+
     def ensure_layout(self) -> Layout:
         """(all ranks, the first time) The layout and the snapshot buffers; then whether the
         nodes have the host memory that checkpointing will take (ckpt/memory_forecast.py)."""

@@ -104,8 +104,7 @@ class Resuming:
             if said:
                 self.log.info(said, console=True)
             self.job.tally.restart_clock()
-            self.job.schedule.restart_clock(self.job.pipeline.persisting, self.job.pipeline.copying_at_own_pace,
-                                            self.job.pipeline.working_behind)
+            self.job.restart_step_clock()
         return restored
 
     def rewind(self, before: int, reason: str) -> int:

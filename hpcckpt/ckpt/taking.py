@@ -98,8 +98,7 @@ class CheckpointTaking:
             self.log.info(said, console=True)
         elif said:
             self.log.warning(said)
-        job.schedule.restart_clock(job.pipeline.persisting, job.pipeline.copying_at_own_pace,
-                                   job.pipeline.working_behind)
+        job.restart_step_clock()
         return report
 
     def _refuse(self, step: int, refused: list) -> PersistReport:

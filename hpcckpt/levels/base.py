@@ -158,6 +158,15 @@ class LevelStack(tuple):
     def global_levels(self) -> tuple:
         return tuple(level for level in self if not level.node_local)
 
+    def remove_node_local(self, step: int) -> None:
+        """This rank's files of a version on every node-local level, each level its own (the
+        commit record with L1's), then what levels this job does not run left there."""
+        node_local = self.node_local
+        for level in node_local:
+            level.remove(step)
+        if node_local:
+            node_local[0].remove_strays(step)  # the levels share the directory: any one scans it
+
     @property
     def landing(self):
         """The node-local level that keeps this rank's shard file (L1): what the other levels

@@ -27,7 +27,7 @@ def clear_newer(ctx, restored: int, failed: dict[int, str], ledger=None) -> None
                       f"(incomplete, unusable, or written by another rank count); deleted, as the resumed "
                       "run writes those steps again")
         for step in newer:
-            remove_node_local(ctx, step)
+            ctx.levels.remove_node_local(step)
 
     def set_aside_globally():
         for level in ctx.levels.global_levels:
@@ -80,7 +80,7 @@ def clear_unfinished(ctx, unfinished: list[int]) -> None:
     if landing is not None:
         leftovers = set(landing.stray_steps())  # every node-local level's, in one scan
         for step in sorted(set(unfinished) | leftovers):
-            remove_node_local(ctx, step)
+            ctx.levels.remove_node_local(step)
 
     def globally():
         for level in ctx.levels.global_levels:
@@ -99,21 +99,11 @@ def clear_for_a_place_taken(levels, went_on_from: int, log=None) -> list[int]:
     landing = levels.landing
     if landing is None:
         return []
-    steps = sorted(set(s for s in landing.rank_steps() if s > went_on_from) | set(landing.stray_steps()))
+    steps = sorted({s for s in landing.rank_steps() if s > went_on_from} | set(landing.stray_steps()))
     for step in steps:
-        for level in levels.node_local:
-            level.remove(step)
-        landing.remove_strays(step)
+        levels.remove_node_local(step)
     if steps and log:
         log.warning(f"rank {landing.rank} took a dead rank's place on a node where an earlier attempt left its "
                     f"files of version(s) {steps} (never committed, or newer than step {went_on_from} the job goes "
                     "on from); deleted, as the run writes those steps again")
     return steps
-
-
-def remove_node_local(ctx, step: int) -> None:
-    """This rank's files of a node-local version, each level its own (the commit record
-    first), then what levels this job does not run left there."""
-    for level in ctx.levels.node_local:
-        level.remove(step)
-    ctx.levels.landing.remove_strays(step)

@@ -19,6 +19,7 @@ class Pruner:
 
     def __init__(self, levels, settings, records, log, pinned: Callable[[], set] = set,
                  chains_matter: Callable[[], bool] = lambda: False):
+        self.levels = levels
         self.node_local = levels.node_local
         self.global_levels = levels.global_levels
         self.keep = settings.keep
@@ -57,11 +58,7 @@ class Pruner:
                     level, self.keep["global"], newest)])
 
     def remove_node_local(self, step: int) -> None:
-        """This rank's files of a version on every node-local level, and what other levels left
-        there of it."""
-        for level in self.node_local:
-            level.remove(step)
-        self.node_local[0].remove_strays(step)
+        self.levels.remove_node_local(step)
 
     def prune(self, where: str, prune: Callable[[], object]) -> None:
         """Retention on one rank's part of the storage. Its failure (a directory gone, an I/O
