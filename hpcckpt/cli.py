@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plan_parser(commands) -> None:
-    from hpcckpt.simulate.plan import PARAMS
+    from hpcckpt.simulate.plan_params import PARAMS
 
     plan = commands.add_parser(
         "plan", help="for a site's machine and failure rates: the levels and intervals the library would choose, "

@@ -12,11 +12,7 @@ simulation of one checkpointed run at scale (pure Python and NumPy, no MPI, no p
 docs/simulation.md says what is modelled and what is not, and where each parameter comes
 from; tests/test_simulate.py checks the simulator against Daly (2006) and the SCR model;
 perf/project_scale.py projects goodput from 64 to 16,384 nodes.
+
+Nothing is imported here: the command line names `hpcckpt plan`'s inputs (plan_params.py) on
+every rank of every job, and only `hpcckpt plan` and the benches simulate.
 """
-
-from hpcckpt.simulate.approaches import APPROACHES, Projection, project, scenario
-from hpcckpt.simulate.events import RunPlan, RunResult, SimFailure, SimLevel, simulate_run
-from hpcckpt.simulate.machine import FailureRates, Machine
-
-__all__ = ["APPROACHES", "FailureRates", "Machine", "Projection", "RunPlan", "RunResult", "SimFailure", "SimLevel",
-           "project", "scenario", "simulate_run"]
