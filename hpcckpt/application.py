@@ -13,7 +13,8 @@ launcher's exit code which rank failed first or why:
   rank's own error printed with its rank and ended with MPI_Abort, so no rank waits for ever
   in a collective the failed one never joins; a traceback for anything unexpected (exit 1);
 - before MPI starts (when mpi4py.MPI is not imported yet), the start-up settings the batch
-  system needs (cluster/slurm_pmi.py); an application that imports mpi4py.MPI at its top is
+  system needs (cluster/slurm_pmi.py) and those of a node with more ranks than cores
+  (cluster/oversubscription.py); an application that imports mpi4py.MPI at its top is
   started through `hpcckpt exec`, which makes them and then becomes the application.
 """
 
@@ -90,9 +91,13 @@ def _exit_code(value) -> int:
 def prepare_mpi_startup() -> None:
     """Settings MPI_Init reads, made before anything imports mpi4py.MPI; too late after,
     which is said once (rank 0) where a setting was needed."""
+    from hpcckpt.cluster.oversubscription import yield_when_oversubscribed
     from hpcckpt.cluster.slurm_pmi import prepare_mpi_startup as prepare
 
-    said = prepare(too_late="mpi4py.MPI" in sys.modules)
+    started = "mpi4py.MPI" in sys.modules
+    if not started:
+        yield_when_oversubscribed()
+    said = prepare(too_late=started)
     if said and rank_or_zero() == 0:
         print(f"hpcckpt: {said}", file=sys.stderr, flush=True)
 

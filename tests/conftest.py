@@ -77,6 +77,11 @@ def mpi_env(extra: dict | None = None) -> dict:
         del env[name]
     # A rank that hangs prints every thread's stack when run_job ends it with SIGABRT.
     env["PYTHONFAULTHANDLER"] = "1"
+    # Every job here shares this machine's few cores. The library sets this itself where the
+    # launcher says a node has more ranks than cores (cluster/oversubscription.py); jobs of the
+    # test Slurm (one rank per simulated host) and scripts that start MPI before run_main
+    # would spin in MPICH's waits, on cores the other ranks need.
+    env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     env.update(extra or {})
     return env
 
