@@ -2,7 +2,8 @@
 slurmctld, munge and one slurmd per node, each in its own UTS namespace so every node has its
 own host name). Jobs are submitted with sbatch and followed with scontrol, nodes are failed
 with tests/slurm/fail-node.sh as a crash fails them, and node-local directories are per host
-({host} in the template), so a lost node's files are gone with it as on a real cluster.
+({host} in the template), so a lost node's files are gone with it as on a real cluster. The
+failure-domain tests at the end start the cluster again as 8 nodes under two leaf switches.
 
 Needs root and Debian's slurm packages (installed by up.sh with apt-get); skips, saying why,
 where they cannot be had.
@@ -63,22 +64,46 @@ def _run(command, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, **kwargs)
 
 
-@contextlib.contextmanager
-def the_test_cluster(nodes: int, env: dict | None = None):
-    """The test cluster up (tests/slurm/up.sh) while the block runs, then down. There is one per
-    machine (its daemons, /run/hpcckpt-slurm): a module of another xdist worker that wants it
-    waits for this one's to be down."""
-    if os.geteuid() != 0:
-        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
-    with open(CLUSTER_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+class TestCluster:
+    """The one Slurm test cluster of this machine (its daemons, /run/hpcckpt-slurm), in the
+    shape the running test needs: NODES plain nodes for most, SWITCHED_NODES under leaf
+    switches for the failure-domain tests at the end of this module. The shape changes once,
+    and every Slurm test runs in this one module, on one xdist worker, beside the others'
+    tests (a module of its own would wait for this one's cluster and then run alone)."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    def __init__(self):
+        self.shape = None
+
+    def use(self, nodes: int, env: dict | None = None) -> None:
+        """Every node of the shape up, whatever the test before did to them; the cluster
+        started again in this shape if it had another."""
+        shape = (nodes, (env or {}).get("SWITCH_SIZE"))
+        if shape == self.shape:
+            ensure_all_nodes_up(nodes, lambda: _run(["bash", str(SLURM / "up.sh"), str(nodes)], timeout=300, env=env))
+            return
+        if self.shape is not None:
+            _run(["bash", str(SLURM / "down.sh")], timeout=120)
+        self.shape = None
         up = _run(["bash", str(SLURM / "up.sh"), str(nodes)], timeout=600, env=env)
         if up.returncode != 0:
             if shutil.which("slurmctld") is None:
                 pytest.skip(f"Slurm could not be installed here (apt-get): {up.stderr.strip()[-300:]}")
             pytest.fail(f"tests/slurm/up.sh failed:\n{up.stdout}\n{up.stderr}")
+        self.shape = shape
+
+
+@contextlib.contextmanager
+def the_test_cluster():
+    """This machine's test cluster, held while the block runs (a lock: another process's
+    tests that want it wait), then down."""
+    if os.geteuid() != 0:
+        pytest.skip("a Slurm test cluster needs root (slurmctld, slurmd and munge run as root)")
+    with open(CLUSTER_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield
+            yield TestCluster()
         finally:
             _run(["bash", str(SLURM / "down.sh")], timeout=120)
 
@@ -88,9 +113,9 @@ CLUSTER_LOCK = "/tmp/hpcckpt-test-slurm.lock"
 
 @pytest.fixture(scope="module")
 def slurm():
-    """The test cluster, up for this module; down at its end."""
-    with the_test_cluster(NODES):
-        yield
+    """The test cluster, held for this module; down at its end."""
+    with the_test_cluster() as held:
+        yield held
 
 
 def ensure_all_nodes_up(nodes: int, start_cluster) -> None:
@@ -110,8 +135,8 @@ def ensure_all_nodes_up(nodes: int, start_cluster) -> None:
 
 @pytest.fixture
 def cluster(slurm):
-    """Every test starts with all nodes up, whatever the test before did to them."""
-    ensure_all_nodes_up(NODES, lambda: _run(["bash", str(SLURM / "up.sh"), str(NODES)], timeout=300))
+    """Every test starts with all NODES nodes up, whatever the test before did to them."""
+    slurm.use(NODES)
 
 
 def workdir(tmp_path: Path, name: str = "submit") -> Path:
@@ -217,6 +242,7 @@ def fail_node(node: str, job: int, directory: Path) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(slurm, tmp_path_factory) -> str:
     """The weights digest of the job run on 4 nodes without any failure."""
+    slurm.use(NODES)
     directory = workdir(tmp_path_factory.mktemp("uninterrupted"))
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1")
     code, out = wait_for(job, directory)
@@ -267,27 +293,6 @@ def test_a_killed_rank_restarts_in_the_same_allocation(cluster, tmp_path, uninte
     assert "restored version 1000: 4 rank(s) from L1 local" in out
     assert "finished after 2 attempt(s)" in out
     assert final_record(directory / "run")["weights_digest"] == uninterrupted
-
-
-def test_a_failed_node_is_replaced_by_a_spare(cluster, tmp_path, uninterrupted):
-    directory = workdir(tmp_path)
-    job = submit(directory, "--nodes=5", "--ntasks-per-node=1", SPARE_NODES=1)
-    wait_for_step(directory, job, 600)
-    nodes = job_nodes(job)
-    fail_node(nodes[2], job, directory)
-    code, out = wait_for(job, directory)
-    assert code == 0, out
-    assert f"running on {' '.join(nodes[:4])}; spare node(s): {nodes[4]}" in out
-    assert f"node {nodes[2]} failed or left the allocation: spare node {nodes[4]} takes its place" in out
-    assert f"next attempt on 4 node(s): {nodes[0]} {nodes[1]} {nodes[4]} {nodes[3]}" in out
-    restored = re.search(r"restored version (\d+): 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
-                         out)
-    assert restored, out
-    assert finished_after_one_restart(out), out
-    assert final_record(directory / "run")["weights_digest"] == uninterrupted
-    # The spare took rank 2, whose node was lost; every other rank stayed with its files.
-    scratch = directory / "scratch" / "hpcckpt-root" / str(job)
-    assert sorted(p.name for p in scratch.iterdir()) == sorted(set(nodes) - {nodes[2]})
 
 
 def test_a_failed_node_without_a_spare_shrinks_the_job(cluster, tmp_path):
@@ -365,7 +370,8 @@ def test_under_the_ulfm_launcher_a_rank_dead_before_mpi_start_up_costs_a_few_sta
     directory = workdir(tmp_path)
     job = submit(directory, "--nodes=4", "--ntasks-per-node=1", LAUNCHER="ulfm",
                  ULFM_MPIEXEC=f"{sys.executable} -m hpcckpt.cluster.ulfm_mpiexec", START_TIMEOUT="200",
-                 START_TIMEOUT_MIN="2", APP=f"{sys.executable} {REPO / 'tests' / 'scripts' / 'start_up_death.py'} --nodes 0")
+                 START_TIMEOUT_MIN="2",
+                 APP=f"{sys.executable} {REPO / 'tests' / 'scripts' / 'start_up_death.py'} --nodes 0")
     code, out = wait_for(job, directory)
     assert code == 0, out
     stopped = re.search(r"attempt 2 did not get through MPI start-up in (\d+) s \(its longest so far took (\d+) s", out)
@@ -417,10 +423,11 @@ CLICKS_CONFIG = JOB_CONFIG.replace(f"steps = {STEPS}", f"steps = {CLICKS_STEPS}"
 
 
 def test_the_embedding_model_loses_a_node_and_ends_bit_identical_on_a_spare(cluster, tmp_path):
-    """Keyed tables under the real scheduler: the embedding model (rows placed by id hash,
-    saved whole and as deltas) loses a node mid-run; the spare takes its place, the newest version
-    and its tables' chain come back from the node-local levels, and the run ends on the weights
-    and table of a run without the failure."""
+    """A failed node replaced by a spare node, with keyed tables under the real scheduler:
+    the embedding model (rows placed by id hash, saved whole and as deltas) loses a node
+    mid-run; the spare node takes its place in rank order (every other rank stays with its
+    files), the newest version and its tables' chain come back from the node-local levels, and
+    the run ends on the weights and table of a run without the failure."""
     straight = workdir(tmp_path, "straight")
     (straight / "job.toml").write_text(CLICKS_CONFIG)
     code, out = wait_for(submit(straight, "--nodes=4", "--ntasks-per-node=1"), straight)
@@ -434,10 +441,14 @@ def test_the_embedding_model_loses_a_node_and_ends_bit_identical_on_a_spare(clus
     fail_node(nodes[2], job, directory)
     code, out = wait_for(job, directory)
     assert code == 0, out
+    assert f"running on {' '.join(nodes[:4])}; spare node(s): {nodes[4]}" in out
     assert f"node {nodes[2]} failed or left the allocation: spare node {nodes[4]} takes its place" in out
+    assert f"next attempt on 4 node(s): {nodes[0]} {nodes[1]} {nodes[4]} {nodes[3]}" in out
     assert re.search(r"restored version \d+: 3 rank\(s\) from L1 local, 1 rank\(s\) from (L2 partner|L3 erasure)",
                      out), out
     assert finished_after_one_restart(out), out
+    scratch = directory / "scratch" / "hpcckpt-root" / str(job)
+    assert sorted(p.name for p in scratch.iterdir()) == sorted(set(nodes) - {nodes[2]})
     logs = "".join(p.read_text() for p in (directory / "run" / "log").glob("rank*.log"))
     assert re.search(r"tables restored from \d version\(s\) of their chain", logs)
     final = final_record(directory / "run")
@@ -534,3 +545,114 @@ def test_real_nodes_hold_their_own_files_and_redundancy_spans_hosts(cluster, tmp
         source = (rank - 1) % 4
         assert names == sorted([f"commit-r{rank:05d}.json", f"parity-r{rank:05d}.hck", f"shard-r{rank:05d}.hck",
                                 f"replica-of-r{source:05d}-held-by-r{rank:05d}.hck"]), names
+
+
+# --- Failure domains: SWITCHED_NODES nodes under 2 leaf switches of SWITCH_SIZE (up.sh with
+# SWITCH_SIZE and topology/tree, so every task gets SLURM_TOPOLOGY_ADDR), jobs/slurm.sbatch
+# running examples/heat2d.py (its grid is bit-identical whatever the rank count, so a run that
+# ends on the uninterrupted grid restored exactly what was saved).
+# - A whole switch fails (its nodes, with their disks): with L2 partners placed in the other
+#   switch the job goes on on the nodes left from L1/L2 alone (placement by node only loses
+#   those copies with the switch: tests/test_failure_domains_mpi.py shows it on simulated nodes).
+# - The node running the batch script fails: a guard job on another node requeues the job,
+#   which restarts under the same job id from what the surviving nodes and L4 hold.
+
+SWITCHED_NODES, SWITCH_SIZE = 8, 4
+SWITCHED_HEAT2D_ARGS = ("--run-dir run --shape 160 160 --iterations 2000 --tol 0 --every 100 --dump grids "
+                        "--set resilience.group_size=4 --set resilience.parity=1")
+
+
+def _switches_env() -> dict:
+    return dict(os.environ, SWITCH_SIZE=str(SWITCH_SIZE), CRED_EXPIRE="10")
+
+
+@pytest.fixture
+def switched_cluster(slurm):
+    """SWITCHED_NODES nodes under two leaf switches, every one up."""
+    slurm.use(SWITCHED_NODES, _switches_env())
+
+
+@pytest.fixture(scope="module")
+def heat2d_straight_on_two(tmp_path_factory) -> Path:
+    """heat2d's final grid on the switched jobs' grid, run straight through (mpiexec here, 2 ranks)."""
+    directory = tmp_path_factory.mktemp("heat2d-straight")
+    command = [*mpiexec_prefix(), "-n", "2", sys.executable, str(HEAT2D), *SWITCHED_HEAT2D_ARGS.split(),
+               "--nodes", "2"]
+    proc = _run(command, cwd=directory, env=mpi_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return directory / "grids" / "final.npy"
+
+
+def heat2d_job(directory: Path, *sbatch_args: str, **settings) -> int:
+    return submit(directory, *sbatch_args, "--ntasks-per-node=1",
+                  APP=f"{sys.executable} {HEAT2D} {SWITCHED_HEAT2D_ARGS} --nodes 0", **settings)
+
+
+def lose_switch(job: int, directory: Path, nodes) -> None:
+    """All the switch's nodes at once, as its failure takes them, with their disks."""
+    failing = [subprocess.Popen(["bash", str(SLURM / "fail-node.sh"), node], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for node in nodes]
+    for proc in failing:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+    for node in nodes:
+        shutil.rmtree(directory / "scratch" / "hpcckpt-root" / str(job) / node, ignore_errors=True)
+
+
+def same_grid(directory: Path, straight: Path) -> bool:
+    import numpy as np
+
+    return np.load(directory / "grids" / "final.npy").tobytes() == np.load(straight).tobytes()
+
+
+def test_a_lost_switch_is_restored_from_partners_in_the_other_switch(switched_cluster, tmp_path,
+                                                                    heat2d_straight_on_two):
+    directory = workdir(tmp_path)
+    job = heat2d_job(directory, "--nodes=8")
+    wait_for_step(directory, job, 600)
+    lose_switch(job, directory, ["n5", "n6", "n7", "n8"])
+    code, out = wait_for(job, directory, timeout=300)
+    assert code == 0, out
+    assert "failure domains: 2 (top.s1 (4 node(s)), top.s2 (4 node(s))), L2 partner copies in another domain for " \
+           "8 of 8 rank(s)" in out, out
+    # Groups of 4 from two switches of 4 cannot keep a switch to parity 1: said, naming them.
+    assert "L3 erasure groups of 4+ ranks with parity 1 cannot keep each failure domain to 1 member(s)" in out
+    # Where an attempt is placed while slurmctld has marked only some of the switch's nodes
+    # down is Slurm's timing; an attempt placed on a failed node cannot start and the loop
+    # places the next one again. The attempt that finished ran on the other switch alone: on
+    # all of it, unless Slurm also drained some of its nodes (a loaded machine: "Kill task
+    # failed" when a step's ranks do not end in time), and then on what it left.
+    placements = re.findall(r"next attempt on \d+ node\(s\): ([^\n]*)", out)
+    last = placements[-1].split() if placements else []
+    assert last and set(last) <= {"n1", "n2", "n3", "n4"}, out
+    restored = re.findall(r"restored version \d+ \(written by 8 ranks\) onto (\d+) rank\(s\): old shards ([^\n]*)",
+                          out)
+    assert restored and int(restored[-1][0]) == len(last), out
+    assert "failure domain(s) lost whole: top.s2" in restored[-1][1], out
+    if len(last) == 4:  # the whole surviving switch: its partner copies hold the lost switch's shards
+        assert "L4" not in restored[-1][1] and "4 from L2 partner" in restored[-1][1], out
+    attempts = re.search(r"finished after (\d+) attempt\(s\)", out)
+    assert attempts and int(attempts.group(1)) >= 2, out
+    assert same_grid(directory, heat2d_straight_on_two)
+
+
+def test_a_failed_batch_node_requeues_the_job_which_restarts_from_what_survived(switched_cluster, tmp_path,
+                                                                               heat2d_straight_on_two):
+    directory = workdir(tmp_path)
+    job = heat2d_job(directory, "--nodes=4", GUARD_INTERVAL=1)
+    wait_for_step(directory, job, 600)
+    # Which of the 8 nodes Slurm gives a 4-node job is its choice: the one running the batch
+    # script is the one to fail.
+    batch_host = job_info(job)["BatchHost"]
+    fail_node(batch_host, job, directory)
+    code, out = wait_for(job, directory, timeout=300, completing_is_done=False)
+    assert code == 0, out
+    assert re.search(rf"guard job \d+ watches the batch node {batch_host} from another node: if it fails, this job is "
+                     "requeued", out), out
+    assert f"the node running the batch script ({batch_host}) failed: requeueing job {job}" in out
+    assert "requeued (1 time(s)): restarting from the surviving checkpoint levels" in out
+    # Where the requeued job runs is Slurm's choice (topology/tree prefers one whole switch):
+    # the surviving nodes' files, or L4 where it got other nodes.
+    assert re.search(r"restored version \d+", out), out
+    assert job_info(job)["BatchHost"] != batch_host
+    assert same_grid(directory, heat2d_straight_on_two)
