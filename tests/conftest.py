@@ -82,6 +82,9 @@ def mpi_env(extra: dict | None = None) -> dict:
     # test Slurm (one rank per simulated host) and scripts that start MPI before run_main
     # would spin in MPICH's waits, on cores the other ranks need.
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+    # Open MPI yields by itself where it launches more ranks than a host's slots; the test
+    # Slurm's hosts have a slot each, and all of them share these cores.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.update(extra or {})
     return env
 
