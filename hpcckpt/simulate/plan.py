@@ -47,8 +47,6 @@ TIME_UNITS = {"s": 1.0, "min": 60.0, "h": HOUR, "d": DAY, "w": 7 * DAY}
 _NUMBER = re.compile(r"^\s*([0-9][0-9_,]*\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+)\s*([A-Za-z/]*)\s*$")
 
 
-
-
 @dataclass(frozen=True)
 class Setting:
     value: Any
