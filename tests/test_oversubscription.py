@@ -34,3 +34,28 @@ def test_dedicated_cores_unknown_counts_and_the_users_own_setting_are_left_alone
     before = dict(environ)
     assert not yield_when_oversubscribed(environ, cores=2)
     assert environ == before
+
+
+def test_an_application_started_through_run_main_gets_the_setting_before_mpi_starts(tmp_path):
+    """On real ranks of the mpich wheel: run_main makes the setting before main imports MPI,
+    where this machine has fewer cores than the job's ranks (and only there)."""
+    import os
+    import sys
+
+    from conftest import mpi_env, mpiexec_prefix, run_job
+
+    ranks = 4
+    app = tmp_path / "app.py"
+    app.write_text("import os\n"
+                   "from hpcckpt import run_main\n\n"
+                   "def main():\n"
+                   "    from mpi4py import MPI\n"
+                   "    with open(f'rank{MPI.COMM_WORLD.Get_rank()}.txt', 'w') as f:\n"
+                   "        f.write(str(os.environ.get('MPIR_CVAR_ENABLE_HEAVY_YIELD')))\n\n"
+                   "raise SystemExit(run_main(main))\n")
+    env = mpi_env()
+    del env["MPIR_CVAR_ENABLE_HEAVY_YIELD"]  # the test jobs' own setting, left to the library here
+    proc = run_job([*mpiexec_prefix(), "-n", str(ranks), sys.executable, str(app)], tmp_path, env, 120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = "1" if ranks > (os.cpu_count() or 1) else "None"
+    assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(ranks)] == [expected] * ranks
