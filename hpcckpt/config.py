@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence, get_args, get_origin, get_type_hints
 
 from hpcckpt.cluster.topology import LOCAL_DIR_FIELDS, PFS_DIR_FIELDS
@@ -347,8 +349,11 @@ def _check_value(section: str, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{where}: must be >= {least}, got {value!r}")
 
 
-def _field_types(section_cls) -> dict[str, Any]:
-    return get_type_hints(section_cls)
+@functools.cache
+def _field_types(section_cls) -> Mapping[str, Any]:
+    # Cached: get_type_hints compiles every annotation string anew on each call, which made
+    # each load_config cost tens of milliseconds (a recovery in the job builds one again).
+    return MappingProxyType(get_type_hints(section_cls))
 
 
 @dataclass(frozen=True)
