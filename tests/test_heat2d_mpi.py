@@ -166,8 +166,9 @@ def test_a_spare_takes_the_dead_rank_s_block_from_its_partner_and_the_grid_ends_
     """5 ranks of the fault-tolerant MPI, the last a spare: the last worker dies at iteration 350
     (versions 100-300 durable), the spare takes its place in the job, so the grid keeps its 2 x 2
     cut; version 300 is restored onto the same ranks, the spare's block from the partner's copy
-    (its rank's node-local files are on another node), none from the PFS; the grid ends
-    bit-identical to the uninterrupted run's, from one launch."""
+    (its rank's node-local files are on another node), the survivors' blocks from their
+    snapshot buffers (they still hold version 300, checked against its checksums), none from
+    the PFS; the grid ends bit-identical to the uninterrupted run's, from one launch."""
     # The spare comes from the job's config, as the job scripts' SPARE_RANKS hands it over.
     proc = run_ulfm_script(5, HEAT2D, ["--run-dir", str(tmp_path / "run"), "--nodes", "4", "--tol", str(TOL),
                                        "--every", "100", "--crash-at", "350", "--dump", str(tmp_path / "grids")],
@@ -177,8 +178,8 @@ def test_a_spare_takes_the_dead_rank_s_block_from_its_partner_and_the_grid_ends_
     assert "spare(s) took place(s) 3: going on in the job on 4 rank(s), 0 spare(s) left" in out, out[-3000:]
     [result] = script_results(proc)
     assert result["ranks"] == 4 and result["restored"] == 300, result
-    assert sorted(result["sources"]) == ["local", "local", "local", "partner"], result
-    assert "old shards 3 from L1 local, 1 from L2 partner" in out, out[-3000:]
+    assert sorted(result["sources"]) == ["memory", "memory", "memory", "partner"], result
+    assert "old shards 3 from memory, 1 from L2 partner" in out, out[-3000:]
     final = np.load(tmp_path / "grids" / "final.npy")
     assert final.tobytes() == np.load(uninterrupted / "final.npy").tobytes()
 

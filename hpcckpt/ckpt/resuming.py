@@ -65,7 +65,8 @@ class Resuming:
                             arrays.local_array_names),
             levels=job.levels,
             targets=RestoreTargets(dict(arrays.buffers), {name: p.array for name, p in arrays.arrays.items()},
-                                   self.apply_state, dict(arrays.tables), self.state_problems),
+                                   self.apply_state, dict(arrays.tables), self.state_problems,
+                                   pieces_inherited=arrays.pieces_inherited),
             run=RunPlace(job.run.run_id, self.config.recorded, self.config.run_dir, job.storage.pfs_dir,
                          job.storage.local_dir, tuple(map(str, job.storage.places.roots))),
             log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
@@ -83,6 +84,7 @@ class Resuming:
             else None
         memory = self._from_memory() if resuming and not rewinding and mode != "never" else None
         result = flow.restore(self.context(), mode, step) if memory is None else None
+        self.job.arrays.pieces_inherited = False  # of use to the first restore only: it fills the buffers
         restored = memory.step if memory is not None else result.step if result is not None else None
         self.job.tally.last_checkpoint = None  # none taken since what was loaded
         if memory is not None:

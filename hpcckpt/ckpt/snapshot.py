@@ -67,6 +67,10 @@ class ProtectedArrays:
         self._checked_alike = False
         self._laid_out_from: tuple = ()  # the registry's geometry the layout was made from
         self._said_held = False
+        # The snapshot buffers came from a checkpointer set aside after ranks died with their
+        # pieces where they were: they may hold this rank's pieces of the version taken last
+        # (io/inherited_memory.py), until a snapshot or a restore fills them.
+        self.pieces_inherited = False
         # The arrays the checkpointer holds besides the registry (the step held in memory for
         # in-job recovery): counted out when telling whether the application still holds one.
         self.held_elsewhere = dict
@@ -101,12 +105,15 @@ class ProtectedArrays:
                               "out again", console=True)
             self.layout = self.buffers = self.shard_bytes = self.device_snapshot = self._file_buffer = None
             self._checked_alike = False
+            self.pieces_inherited = False
 
     def leave_memory(self) -> None:
         """(this checkpointer set aside, its threads stopped) The snapshot buffer goes to the
         next checkpointer of this process (io/inherited_memory.py); this one keeps none."""
-        inherited_memory.leave(self.shard_bytes)
+        offsets = {name: _offset_in(buffer, self.shard_bytes) for name, buffer in (self.buffers or {}).items()}
+        inherited_memory.leave(self.shard_bytes, offsets)
         self.layout = self.buffers = self.shard_bytes = None
+        self.pieces_inherited = False
 
     def check_before_snapshot(self) -> None:
         """(all ranks) Before a snapshot is taken: the tensors still where they were and still
@@ -114,6 +121,7 @@ class ProtectedArrays:
         alike alike (ckpt/replicas.py)."""
         self.check_memory()
         self.check_still_held()
+        self.pieces_inherited = False  # the snapshot overwrites them
         if not self._checked_alike:
             check_alike(self.comm, [(p.name, p.array) for p in self.arrays.values()
                                     if p.replicated and p.block is None])
@@ -214,11 +222,13 @@ class ProtectedArrays:
         order = [tl.name for tl in self.layout.rank_pieces(self.rank)] + list(self.local_array_names)
         _, offsets, size = payload_layout([(name, shapes[name][1], shapes[name][0]) for name in order],
                                           self.shard_extra)
-        inherited = inherited_memory.take(size)  # resident already, where a new mapping faults in every page
+        on_host = {name: offset for name, offset in zip(order, offsets) if name not in on_gpu}
+        # Resident already, where a new mapping faults in every page.
+        inherited, self.pieces_inherited = inherited_memory.take(size, on_host)
         # Page-aligned, so O_DIRECT writes take the pieces in place.
-        self.shard_bytes = inherited if inherited is not None else direct_io.aligned_empty(size)
+        self.shard_bytes = inherited if inherited is not None else direct_io.aligned_empty(size, populate=True)
         return {name: np.ndarray(shapes[name][0], dtype=shapes[name][1], buffer=self.shard_bytes, offset=offset)
-                for name, offset in zip(order, offsets) if name not in on_gpu}
+                for name, offset in on_host.items()}
 
     def take_or_queue(self, name: str, copies: BackgroundCopies | None) -> None:
         if self.on_gpu(name):
@@ -312,6 +322,10 @@ def _left_behind(protected, held_in_memory: bool) -> bool:
     if getattr(protected.array, "base", None) is not None or protected.copies is not None:
         return False
     return sys.getrefcount(protected.array) - 1 <= protected.held_refs + held_in_memory
+
+
+def _offset_in(view: np.ndarray, buffer: np.ndarray) -> int:
+    return view.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]
 
 
 def _described(array) -> str:

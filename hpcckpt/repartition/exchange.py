@@ -2,7 +2,10 @@
 
     read:     each provider maps the old shard files the plan gives it (L1 files, L2
               replicas) and verifies them whole against the commit record; parity pieces
-              are verified each against its own checksum
+              are verified each against its own checksum. A rank whose snapshot buffers may
+              still hold its own old shard's pieces (a survivor of ranks that died, on as many
+              ranks and the same layout) checks them there against the commit record instead
+              of reading its file: they are then its new pieces already, with nothing to place
     rebuild:  the blocks a group rebuild needs travel to its decoder in rounds of chunks
               (levels/rebuild_rounds.py); the decoder writes the lost members' shards into
               unnamed scratch files beside its node-local versions and verifies them
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from hpcckpt.cluster.collectives import (
     agree_before_exchange,
@@ -43,6 +47,7 @@ from hpcckpt.codec import ErasureCode
 from hpcckpt.errors import HpcckptError
 from hpcckpt.format.layout import Layout, destination, place_from_piece, place_read, read_requests, request_payload
 from hpcckpt.format.manifest import Manifest
+from hpcckpt.format.rank_state import RANK_STATE_PIECE
 from hpcckpt.format.shardfile import read_shard_table, shard_table_of_bytes, verified_piece
 from hpcckpt.io.direct_io import ReusedBuffers
 from hpcckpt.io.mapped import ScratchFile, map_readonly
@@ -65,6 +70,7 @@ class Repartitioned:
     plan: RepartitionPlan  # the plan that worked
     bytes_read: int  # shard bytes this rank read from files (node-local and L4)
     bytes_received: int  # bytes other ranks sent it (rebuild blocks and its pieces' ranges)
+    in_buffers: bool = False  # its own old shard was checked in its snapshot buffers, not read
 
 
 @dataclass
@@ -79,14 +85,27 @@ class _Held:
         return self.data[entry.offset:entry.offset + entry.nbytes]
 
 
+@dataclass
+class _InBuffers:
+    """This rank's own old shard, checked where it lies: in its snapshot buffers, which are
+    its new pieces too (the same rank count and layout)."""
+
+    buffers: dict
+
+    def piece(self, name: str) -> np.ndarray:
+        return self.buffers[name].reshape(-1).view(np.uint8)
+
+
 class RepartitionJob:
     """(all ranks) One attempt to load `manifest`'s version onto this job's ranks and layout."""
 
     def __init__(self, comm, manifest: Manifest, layout: Layout, buffers: dict, local_array_names: tuple,
                  views: list, pfs_shard_path, warn, scratch_dir: str | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, verify=None):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, verify=None, pieces_inherited: bool = False):
         """`verify(name)`: which pieces of an old shard are checked (and so read) when it is
-        loaded whole; all by default. A shard rebuilt from parity is checked whole."""
+        loaded whole; all by default. A shard rebuilt from parity is checked whole.
+        `pieces_inherited`: `buffers` may still hold this rank's pieces of the version
+        (restore/context.py's RestoreTargets), which are checked before the file is read."""
         self.comm = comm
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
@@ -104,6 +123,8 @@ class RepartitionJob:
         self._rebuild_buffers = ReusedBuffers()
         self.bytes_read = 0
         self.bytes_received = 0
+        self.pieces_inherited = pieces_inherited
+        self.in_buffers = False
 
     def run(self, writing, pfs_holds: bool, move=None) -> Repartitioned | RepartitionPlan:
         """The pieces, or the last plan (incomplete: its `missing` old ranks have no good source).
@@ -125,7 +146,7 @@ class RepartitionJob:
             pieces, bad = self._stage("moving", plan, lambda: move(plan, held))
             if self._agree_bad(bad, excluded):
                 continue
-            return Repartitioned(pieces, plan, self.bytes_read, self.bytes_received)
+            return Repartitioned(pieces, plan, self.bytes_read, self.bytes_received, self.in_buffers)
         return plan
 
     def _stage(self, label: str, plan: RepartitionPlan, fn):
@@ -150,6 +171,12 @@ class RepartitionJob:
     def _read(self, plan: RepartitionPlan):
         held, parity, bad = {}, {}, set()
         for source in plan.reads_of(self.rank):
+            if source.old_rank == self.rank and self._own_shard_may_be_in_buffers(plan):
+                in_buffers = self._checked_in_buffers()
+                self.in_buffers = in_buffers is not None
+                if in_buffers is not None:
+                    held[source.old_rank] = in_buffers
+                    continue
             try:
                 held[source.old_rank] = self._load_shard(Path(source.path), source.old_rank)
             except (HpcckptError, OSError) as exc:
@@ -166,6 +193,33 @@ class RepartitionJob:
                     self.warn(f"version {plan.step}: the L3 parity of old rank {block.member} is unusable: {exc}")
                     bad.add(("parity", block.member))
         return (held, parity), bad
+
+    def _own_shard_may_be_in_buffers(self, plan: RepartitionPlan) -> bool:
+        """Whether this rank's snapshot buffers may hold its own old shard's pieces where its
+        new pieces go: inherited as they were, the same rank count and layout (each new
+        piece is the same rank's old one), and no rebuild that reads the old shard as a file."""
+        if not (self.pieces_inherited and self.manifest.world_size == self.world_size
+                and self.manifest.layout == self.layout):
+            return False
+        if any(block.provider == self.rank and block.member == self.rank
+               for rebuild in plan.rebuilds for block in rebuild.blocks):
+            return False
+        return all(request.old_rank == self.rank for request in read_requests(self.manifest.layout, self.layout,
+                                                                                self.rank))
+
+    def _checked_in_buffers(self) -> _InBuffers | None:
+        """This rank's old shard in its snapshot buffers, if every piece there has the
+        checksum the commit record lists (else the file is read; nothing is placed twice)."""
+        expected = dict(self.manifest.shard(self.rank).checksums)
+        expected.pop(RANK_STATE_PIECE, None)  # read on its own (restore/rank_states.py)
+        names = [tl.name for tl in self.layout.rank_pieces(self.rank)] + list(self.local_array_names)
+        if set(expected) != set(names) or any(name not in self.buffers for name in names):
+            return None
+        held = _InBuffers(self.buffers)
+        for name in names:
+            if xxhash.xxh3_64_hexdigest(held.piece(name)) != expected[name]:
+                return None
+        return held
 
     def _load_shard(self, path: Path, old_rank: int) -> _Held:
         data = map_readonly(path)
@@ -332,6 +386,8 @@ class RepartitionJob:
                 provider = plan.sources[request.old_rank].provider
                 if provider is None:
                     piece = from_l4.piece(request.old_rank, request.name)
+                elif provider == self.rank and isinstance(held[request.old_rank], _InBuffers):
+                    continue  # in place already
                 elif provider == self.rank:
                     piece = held[request.old_rank].piece(request.name)
                 else:
@@ -343,7 +399,7 @@ class RepartitionJob:
                     target = self.buffers[name].reshape(-1).view(np.uint8)
                     if provider is None:
                         target[:] = from_l4.piece(self.rank, name)
-                    elif provider == self.rank:
+                    elif provider == self.rank and not isinstance(held[self.rank], _InBuffers):
                         target[:] = held[self.rank].piece(name)
                     pieces[name] = self.buffers[name]
         except (HpcckptError, OSError) as exc:

@@ -36,6 +36,10 @@ class RestoreTargets:
     # state_problems(shared state, ranks that wrote it) -> why the version's registered state
     # cannot go to this job's (a kind changed, per-rank state onto another rank count unasked)
     state_problems: object = None
+    # The buffers came from a checkpointer set aside after ranks died, its pieces where they
+    # were: they may hold this rank's pieces of the last version taken (unchecked; a restore
+    # checks them against the version's checksums before loading them in place).
+    pieces_inherited: bool = False
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from hpcckpt.run.settings_record import changed_settings
 from hpcckpt.cluster.collectives import agree, allgather_compact, decide_at_root, on_root
 from hpcckpt.errors import CheckpointError, ConfigError, HpcckptError, IncompatibleCheckpointError, UnrecoverableError
 from hpcckpt.format.manifest import Manifest
-from hpcckpt.levels.naming import LEVEL_LABELS
 from hpcckpt.restore.context import RestoreContext, RestoreResult, warn
 from hpcckpt.restore.discover import Holdings, discover
 from hpcckpt.restore.fetch import LazyShard, fetch_as_written, shared_manifest
+from hpcckpt.restore.from_memory import SOURCE_LABELS
 from hpcckpt.restore.init_from import init_from
 from hpcckpt.restore.load import load
 from hpcckpt.restore.plan import Candidate, plan_restore
@@ -184,9 +184,9 @@ def _described(tables: dict) -> str:
 
 def _log_restored(ctx, step: int, source: str, outcomes) -> None:
     if ctx.log:
-        ctx.log.info(f"restored version {step} from {LEVEL_LABELS[source]} (rank {ctx.job.rank}, node {ctx.job.node})")
+        ctx.log.info(f"restored version {step} from {SOURCE_LABELS[source]} (rank {ctx.job.rank}, node {ctx.job.node})")
         counts = Counter(outcomes)
-        summary = ", ".join(f"{counts[s]} rank(s) from {label}" for s, label in LEVEL_LABELS.items() if s in counts)
+        summary = ", ".join(f"{counts[s]} rank(s) from {label}" for s, label in SOURCE_LABELS.items() if s in counts)
         ctx.log.info(f"restored version {step}: {summary}", console=True)
 
 

@@ -29,9 +29,11 @@ from hpcckpt.ckpt.replicas import differing, digest
 from hpcckpt.cluster.backend import array_module
 from hpcckpt.cluster.collectives import exchange, quiet_allgather, quiet_bcast
 from hpcckpt.format.rank_state import split_state
+from hpcckpt.levels.naming import LEVEL_LABELS
 
 
 MEMORY = "memory"  # where each rank's state came from, in the restart record
+SOURCE_LABELS = {MEMORY: "memory", **LEVEL_LABELS}  # where a restored shard came from, in the log
 
 
 @dataclass(frozen=True)

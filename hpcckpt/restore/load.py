@@ -103,10 +103,11 @@ def write_in_place(target, host: np.ndarray) -> None:
         target[...] = array_module(target).asarray(host.reshape(target.shape))
 
 
-def keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> None:
+def keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> bool:
     """Where the old blocks of an array left gaps (allowed when they were protected), the
     restored array keeps what the protected array holds there: its current values go into
-    this rank's new piece first, and the old blocks are placed over them."""
+    this rank's new piece first, and the old blocks are placed over them. Whether any went."""
+    wrote = False
     for tl in new.rank_pieces(ctx.job.rank):
         before = old.get(tl.name)
         if not (isinstance(before, BlockLayout) and before.gaps):
@@ -115,3 +116,5 @@ def keep_what_gaps_leave(ctx, old: Layout, new: Layout) -> None:
         host = target if isinstance(target, np.ndarray) else target.get()
         current = host if isinstance(tl, BlockLayout) else extract_piece(host, tl, ctx.job.rank)
         np.copyto(ctx.targets.buffers[tl.name], current.reshape(ctx.targets.buffers[tl.name].shape))
+        wrote = True
+    return wrote

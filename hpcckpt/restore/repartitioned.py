@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcckpt.cluster.collectives import failing_ranks, fold_at_root
+from collections import Counter
+
+from hpcckpt.cluster.collectives import allgather_compact, failing_ranks, fold_at_root
 from hpcckpt.errors import ChecksumError
 from hpcckpt.format.layout import Layout, place_from_piece, read_requests
 from hpcckpt.format.manifest import Manifest
@@ -15,6 +17,7 @@ from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan
 from hpcckpt.restore.context import RestoreResult, warn
 from hpcckpt.restore.fetch import log_reads, refuse_non_finite
+from hpcckpt.restore.from_memory import MEMORY, SOURCE_LABELS
 from hpcckpt.restore.load import keep_what_gaps_leave, load
 from hpcckpt.restore.rank_states import gather_rank_states, holds_rank_states
 from hpcckpt.runlog import bytes_text
@@ -28,10 +31,11 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
     written."""
     step = manifest.step
     whole = ctx.levels.level(candidate.whole_on) if candidate.whole_on else None
-    keep_what_gaps_leave(ctx, manifest.layout, ctx.job.layout)
+    gaps_kept = keep_what_gaps_leave(ctx, manifest.layout, ctx.job.layout)
     job = RepartitionJob(ctx.job.comm, manifest, ctx.job.layout, ctx.targets.buffers, ctx.job.local_array_names, candidate.views,
                          (lambda old_rank: whole.shard_path(step, old_rank)) if whole is not None else None,
-                         lambda message: warn(ctx, message), scratch_dir=ctx.run.node_dir, chunk_bytes=ctx.chunk_bytes)
+                         lambda message: warn(ctx, message), scratch_dir=ctx.run.node_dir, chunk_bytes=ctx.chunk_bytes,
+                         pieces_inherited=ctx.targets.pieces_inherited and not gaps_kept)
     outcome = job.run(candidate.writing, whole is not None)
     if isinstance(outcome, RepartitionPlan):
         if ctx.job.rank == 0:
@@ -51,10 +55,11 @@ def try_repartition(ctx, manifest: Manifest, candidate, repair: bool) -> Restore
         if rank_states is None:
             return None
     load(ctx, manifest, outcome.pieces, rank_states)
-    _log_moved(ctx, manifest, outcome)
+    sources = _sources(ctx, manifest, outcome)
+    _log_moved(ctx, manifest, outcome, sources)
     again = tuple(level for level in ctx.levels if level.node_local or whole is None) if repair else ()
     changed = manifest.world_size != ctx.job.world_size or tuple(manifest.node_of_rank) != ctx.job.topology.node_of_rank
-    return RestoreResult(step, tuple(s.level for s in outcome.plan.sources), manifest.state,
+    return RestoreResult(step, sources, manifest.state,
                            protect_again=tuple(level.name for level in again),
                            protect_globally=tuple(level.name for level in again if not level.node_local),
                            metrics=manifest.metrics, geometry_changed=changed,
@@ -71,17 +76,34 @@ def _non_finite(ctx, manifest: Manifest, pieces: dict) -> bool:
     return False
 
 
-def _log_moved(ctx, manifest: Manifest, outcome) -> None:
+def _sources(ctx, manifest: Manifest, outcome) -> tuple:
+    """(all ranks) Where each old rank's shard came from: the plan's level, or memory where
+    the rank found its own old shard in its snapshot buffers (on as many ranks, old rank r is
+    new rank r)."""
+    planned = tuple(s.level for s in outcome.plan.sources)
+    if manifest.world_size != ctx.job.world_size:
+        return planned
+    in_buffers = allgather_compact(ctx.job.comm, outcome.in_buffers)
+    return tuple(MEMORY if held else level for level, held in zip(planned, in_buffers))
+
+
+def _summary(sources: tuple) -> str:
+    counts = Counter(sources)
+    return ", ".join(f"{counts[source]} from {label}" for source, label in SOURCE_LABELS.items() if counts[source])
+
+
+def _log_moved(ctx, manifest: Manifest, outcome, sources: tuple) -> None:
     step, plan = manifest.step, outcome.plan
     most_read, most_received = fold_at_root(ctx.job.comm, (outcome.bytes_read, outcome.bytes_received),
                                             lambda moved: tuple(map(max, zip(*moved))))
     if ctx.log:
+        own = "; its own old shard checked in its snapshot buffers, not read" if outcome.in_buffers else ""
         ctx.log.info(f"restored version {step}, written by {manifest.world_size} rank(s), onto {ctx.job.world_size}: "
-                     f"old shards {plan.summary()}; this rank read {outcome.bytes_read} and received "
-                     f"{outcome.bytes_received} bytes", console=False)
+                     f"old shards {_summary(sources)}; this rank read {outcome.bytes_read} and received "
+                     f"{outcome.bytes_received} bytes{own}", console=False)
         if ctx.job.rank == 0:
             ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.job.world_size} "
-                         f"rank(s): old shards {plan.summary()}; at most {bytes_text(most_read)} read and "
+                         f"rank(s): old shards {_summary(sources)}; at most {bytes_text(most_read)} read and "
                          f"{bytes_text(most_received)} received by one rank{_domains_lost(manifest, plan)}",
                          console=True)
 
