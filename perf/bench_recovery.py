@@ -13,7 +13,9 @@ default, in the same run):
   rank that loaded its model);
 - blocks: 4 float32 arrays of --size-mb in all, each cut into one block per rank as a
   domain-decomposed solver cuts its grid (protected with global_shape and offset); on fewer
-  ranks the blocks are cut again. No rank holds another's block, so no variant goes on from
+  ranks the blocks are cut again; where a rank's block stays the same (a spare in a dead
+  rank's place) it keeps its arrays, and a spare reserves a block of the largest size when it
+  starts (as a reserve rank readies itself), whose start it uses on taking a place. No rank holds another's block, so no variant goes on from
   memory: a rank's block comes from its own L1, its node, its partner's copy or an erasure
   rebuild (the restart's record says which; reported per repeat as `sources`).
 Either is protected by a Checkpointer with the default job's levels (L1 local, L2 partner, L3
@@ -91,6 +93,11 @@ def worker(args) -> int:
     replicated = [np.full(length, 0.0, dtype=np.float32) for _ in range(ARRAYS)] \
         if args.state == "replicated" else None
     loop = {"step": 0}
+    blocks = {}  # this rank's blocks and their bounds, while main keeps them
+    if args.state == "blocks" and world_rank >= MPI.COMM_WORLD.Get_size() - args.spares:
+        # A spare reserves the largest block at start, as a reserve rank readies itself.
+        largest = -(-length // (MPI.COMM_WORLD.Get_size() - args.spares))
+        blocks["reserve"] = [np.full(largest, 0.0, dtype=np.float32) for _ in range(ARRAYS)]
     entered = {"before": args.attempt > 1}
 
     def main(comm) -> int:
@@ -107,7 +114,14 @@ def worker(args) -> int:
             else:  # this rank's block of each array, cut for the ranks main has now
                 start = comm.Get_rank() * length // comm.Get_size()
                 stop = (comm.Get_rank() + 1) * length // comm.Get_size()
-                arrays = [np.full(stop - start, 0.0, dtype=np.float32) for _ in range(ARRAYS)]
+                # A solver keeps its grid where its block is the same (a spare took a dead
+                # rank's place), and cuts it again where it is not (fewer ranks).
+                if blocks.get("bounds") != (start, stop):
+                    reserve = blocks.pop("reserve", None)
+                    fresh = [np.full(stop - start, 0.0, dtype=np.float32) for _ in range(ARRAYS)] \
+                        if reserve is None else [array[:stop - start] for array in reserve]
+                    blocks.update(bounds=(start, stop), arrays=fresh)
+                arrays = blocks["arrays"]
                 for index, array in enumerate(arrays):
                     ckpt.protect(f"w{index}", array, global_shape=(length,), offset=(start,))
             ckpt.register_state("loop", lambda: dict(loop), loop.update)
