@@ -194,6 +194,13 @@ class ResilienceConfig:
     # or "relaunch" (it ends for the job script's relaunch at its size from its newest version:
     # the run stays the failure-free run's, whatever the number of ranks means to it).
     out_of_spares: str = "shrink"
+    # What a restart does when versions were stored but none of them can be recovered any
+    # more (more nodes lost at once than the redundancy covers, before L4 held one): "stop"
+    # (exit 4, for the operator to look) or "start_over" (said on the console and in the run's
+    # records, what the lost versions left is cleared, the run starts again from its
+    # beginning; after a recovery in the job, whose processes hold the lost run's state, the
+    # job ends for the job script's relaunch, which starts over in new processes).
+    unrecoverable: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -258,6 +265,7 @@ ENV_NOT_CONFIG = NOT_CONFIG
 _CHOICES = {
     ("run", "device"): ("auto", "gpu", "cpu"),
     ("resilience", "out_of_spares"): ("shrink", "relaunch"),
+    ("resilience", "unrecoverable"): ("stop", "start_over"),
     ("model", "kind"): ("mlp", "conv1d", "embedding"),
     ("model", "activation"): ("relu", "tanh"),
     ("model", "dtype"): ("float32", "float64"),

@@ -80,6 +80,15 @@ class UnrecoverableError(CheckpointError):
     """No version can be rebuilt from the pieces that survive."""
 
 
+class StartOverInNewProcesses(HpcckptError):
+    """No stored version can be recovered and the run may start over, but this job's processes
+    went on in the job after ranks died and hold the lost run's state: every rank ends for
+    the job script's relaunch, which starts the run over in new processes."""
+
+    exit_code = 1
+    collective = True
+
+
 class DivergenceError(DataError):
     """The run diverged (non-finite gradients or loss, a loss spike) and may not rewind, kept
     diverging after the rewinds allowed, or has no older version left: every rank raises it

@@ -53,6 +53,9 @@ Approaches:
 - dcp: torch.distributed.checkpoint.async_save, and
 - h5py: rank 0 writes one HDF5 file; both at their Young/Daly interval from their measured cost
   (perf/goodput_app.py), restarting from their own files.
+Where failures leave no version to restore (more nodes lost at once than the levels cover,
+before L4 held one), every approach starts over from step 0: DCP's and h5py's apps find no
+file, and hpcckpt's rows run with resilience.unrecoverable = "start_over".
 
 Before the seeds, hpcckpt runs without failures, --prediction-steps long (--prediction-repeats
 times, each between two runs without checkpoints, shared with its neighbours: the machine
@@ -314,20 +317,22 @@ def approach_setup(name: str, root: Path, steps: int, hidden: tuple, rates_h: di
         # One version kept on the PFS, as h5py's file and DCP's newest directory: the end-of-run
         # drain then copies no older version there (keep_pfs would keep three).
         extra["checkpoint"] = {"keep_pfs": 1}
+        # As DCP's and h5py's apps do when they find no file: no version left, start over.
+        extra["resilience"] = {"unrecoverable": "start_over"}
         if name in MULTI_LEVEL:
             extra["checkpoint"]["every_steps"] = "auto"
             memory = memory_dir_of(memory_root, name)
             if memory is not None:
                 extra["storage"]["memory_dir"] = str(memory / "node{node}")
-            extra["resilience"] = {"levels": ["local", "partner", "erasure", "pfs"], "group_size": 4, "parity": 2,
-                                   "mtbf_crash_hours": rates_h["crash"], "mtbf_node_hours": rates_h["node"],
-                                   "mtbf_two_nodes_hours": rates_h["two_nodes"]}
+            extra["resilience"].update(levels=["local", "partner", "erasure", "pfs"], group_size=4, parity=2,
+                                       mtbf_crash_hours=rates_h["crash"], mtbf_node_hours=rates_h["node"],
+                                       mtbf_two_nodes_hours=rates_h["two_nodes"])
             if SPARES.get(name):
                 # never smaller: a death no spare is left for relaunches the job at its size
                 extra["resilience"].update(spares=SPARES[name], out_of_spares="relaunch")
         elif name == "hpcckpt_l4":
             extra["checkpoint"].update(every_steps="auto", mtbf_hours=mtbf_s / 3600)
-            extra["resilience"] = {"levels": ["pfs"]}
+            extra["resilience"]["levels"] = ["pfs"]
         else:
             extra["checkpoint"]["every_steps"] = 0
         config = job_toml(root / f"{name}.toml", run_dir, steps, hidden, extra)

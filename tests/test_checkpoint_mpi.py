@@ -137,6 +137,31 @@ def test_damage_on_a_live_node_is_not_taken_for_an_unfinished_version(tmp_path):
     assert sorted(p.relative_to(tmp_path) for p in (node_local(tmp_path / "run", 0)).rglob("*")) == before
 
 
+def test_every_version_lost_stops_by_default_and_starts_over_where_allowed(tmp_path, reference):
+    """A node lost with the only copies of its ranks' shards (L1 alone, no L4): by default the
+    restart stops (exit 4) and names the setting that would start over; with
+    resilience.unrecoverable = "start_over" it says the versions are lost, clears what they
+    left on the surviving node, records it, and runs from step 0 to the failure-free weights."""
+    job = ckpt_job(tmp_path, resilience={"levels": ["local"]})
+    assert_ok(train(tmp_path, job, 4, "--set", "run.steps=15"))
+    shutil.rmtree(node_local(tmp_path / "run", 1))
+    stopped = train(tmp_path, job)
+    assert stopped.returncode == 4, stopped.stdout + stopped.stderr
+    assert "checkpoint version 15 cannot be recovered" in stopped.stderr
+    assert 'resilience.unrecoverable = "start_over" starts the run again' in stopped.stderr
+    assert sorted(p.name for p in node_local(tmp_path / "run", 0).glob("v*")) == \
+        ["v000000000010", "v000000000015"]  # the stop deleted nothing
+    resumed = train(tmp_path, job, 4, "--set", "resilience.unrecoverable=start_over")
+    assert_ok(resumed)
+    assert "every stored version is lost, and the run starts again from its beginning" in resumed.stdout + \
+        resumed.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lost_up_to"] for r in records if r.get("event") == "started_over"] == [15]
+    restart = [r for r in records if r.get("event") == "restart"][-1]
+    assert (restart["step"], restart["lost_steps"]) == (0, 15), restart
+    assert final_record(tmp_path / "run")["weights_digest"] == reference[0]
+
+
 def test_all_node_local_storage_lost_restarts_from_pfs(tmp_path, reference):
     digest = reference[0]
     job = ckpt_job(tmp_path)

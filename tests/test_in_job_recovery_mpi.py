@@ -467,6 +467,22 @@ def test_the_trainer_goes_on_in_the_job_and_ends_as_a_relaunch_onto_the_survivor
     assert final_weights(out_read) == relaunch_reference(from_read, int(restored.group(1)))
 
 
+def test_every_version_lost_in_the_job_ends_it_for_a_relaunch_to_start_over(tmp_path):
+    """resilience.unrecoverable = "start_over", L1 alone: a whole simulated node lost under the
+    ULFM MPI takes the only copy of its rank's shards. The survivors hold the lost run's state,
+    so they must not start over in place: every rank ends with exit code 1 (the job script's
+    relaunch tier, not 4), saying why, and nothing is recorded as a restart in the job."""
+    train_job(tmp_path, cluster={"simulated_nodes": 4},
+              resilience={"levels": ["local"], "in_job_from_memory": False, "unrecoverable": "start_over"})
+    proc = run_ulfm(4, ["train", "-c", "job.toml", "--inject", "node-loss:node=2:step=70:attempt=1"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "this job's processes went on after ranks died and hold the lost run's state, so the job ends for a " \
+           "relaunch, which starts the run over" in out, out[-3000:]
+    assert not restarts_in_the_job(tmp_path / "run"), out[-3000:]
+    assert not [r for r in read_metrics(tmp_path / "run") if r.get("event") == "started_over"]
+
+
 def test_a_rank_dead_before_the_first_version_leaves_the_survivors_starting_from_scratch(tmp_path):
     """The trainer reading versions (no memory path), rank 2 killed in step 5, before the first
     version (step 20): the survivors have nothing to restore and start the run again on 3 ranks

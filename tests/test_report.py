@@ -61,3 +61,25 @@ def test_report_tells_an_attempt_that_went_on_from_the_survivors_memory():
     assert ("attempt 2: in the job after rank(s) 2 died (3 rank(s) left, shrunk in 0.004 s): went on from step 70, "
             "held in memory by the 3 survivor(s) (no version read, 0.012 s)") in text, text
     assert "work lost to failures: 0 step(s)" in text
+
+
+def test_report_tells_shards_checked_in_memory_and_a_start_over():
+    """A spare's restart where the survivors found their own shards in their snapshot
+    buffers: counted as from memory, not as rebuilt; a start over after every version was
+    lost is said as one, with the newest version lost."""
+    from hpcckpt.tools.report import summarise
+
+    records = [
+        {"event": "restart", "attempt": 1, "step": 0, "sources": []},
+        {"event": "process_failure", "lost_ranks": [1], "ranks_left": 4, "shrink_s": 0.001},
+        {"event": "restart", "attempt": 2, "step": 8, "ranks": 4, "sources": ["memory", "partner", "memory", "memory"],
+         "reached_before": 10, "lost_steps": 2},
+        {"event": "started_over", "lost_up_to": 12},
+        {"event": "restart", "attempt": 3, "step": 0, "ranks": 4, "sources": [], "reached_before": 14,
+         "lost_steps": 14},
+    ]
+    lines = summarise(records)
+    assert lines[2].endswith("resumed from step 8 (3 rank(s) from memory, 1 rank(s) from L2 partner); rebuilt: "
+                             "rank 1: L2 partner; the previous attempt had reached step 10: 2 step(s) of work lost"), lines
+    assert lines[3] == ("  attempt 3: started over from scratch: no stored version (up to step 12) could be recovered "
+                        "(resilience.unrecoverable); the previous attempt had reached step 14: 14 step(s) of work lost")

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpcckpt.cluster.topology import Topology
-from hpcckpt.errors import CheckpointError, ConfigError, UnrecoverableError
+from hpcckpt.errors import CheckpointError, ConfigError, StartOverInNewProcesses, UnrecoverableError
 from hpcckpt.levels.base import LevelStack
 from hpcckpt.levels.erasure import ErasureLevel
 from hpcckpt.levels.local import LocalLevel
@@ -40,11 +40,11 @@ def stack(names=ALL, tmp="/nonexistent"):
     return LevelStack(make[name]() for name in ALL if name in names)
 
 
-def job(levels=ALL, world_size=RANKS):
+def job(levels=ALL, world_size=RANKS, unrecoverable="stop"):
     geometry = SimpleNamespace(rank=0, world_size=world_size, layout=SimpleNamespace(digest="layout"),
                                topology=Topology(NODE_OF[:world_size]))
     return SimpleNamespace(job=geometry, levels=stack(levels), run=SimpleNamespace(pfs_dir="/pfs"), log=None,
-                           failures_per_second=0.0)
+                           failures_per_second=0.0, unrecoverable=unrecoverable)
 
 
 def writing(world_size=RANKS, identity="run-a", created=1.0):
@@ -95,8 +95,8 @@ def lose_node(ranks: list[Rank], rank: int, steps=(10, 20), keep_global=True) ->
     ranks[rank] = lost
 
 
-def plan(ranks, levels=ALL, mode="auto", wanted=None, ledger=None, world_size=RANKS):
-    return plan_restore(job(levels, world_size), [r.holdings() for r in ranks], mode, wanted, ledger)
+def plan(ranks, levels=ALL, mode="auto", wanted=None, ledger=None, world_size=RANKS, unrecoverable="stop"):
+    return plan_restore(job(levels, world_size, unrecoverable), [r.holdings() for r in ranks], mode, wanted, ledger)
 
 
 def sources_of(answers, step):
@@ -142,6 +142,24 @@ def test_a_lost_node_without_redundancy_or_l4_leaves_nothing_to_load():
     lose_node(ranks, 1)
     with pytest.raises(UnrecoverableError, match=r"rank\(s\) \[1\] on node\(s\) \[1\] are on no surviving level"):
         plan(ranks, ("local",))
+
+
+def test_every_version_lost_starts_over_only_where_allowed_and_only_in_new_processes_after_in_job_recovery():
+    ranks = intact(levels=("local",))
+    lose_node(ranks, 1)
+    with pytest.raises(UnrecoverableError, match='resilience.unrecoverable = "start_over" starts the run again'):
+        plan(ranks, ("local",))
+    outlook, answers = plan(ranks, ("local",), unrecoverable="start_over")
+    assert (outlook.candidates, outlook.lost_everything_up_to) == ((), 20)
+    with pytest.raises(StartOverInNewProcesses, match="hold the lost run's state"):
+        plan(ranks, ("local",), unrecoverable="relaunch")
+    # Only a resuming restart starts over: an explicit version or --restart require still stops.
+    for asked in (dict(wanted=20), dict(mode="require")):
+        with pytest.raises(UnrecoverableError):
+            plan(ranks, ("local",), unrecoverable="start_over", **asked)
+    # A version still loadable is loaded, whatever the setting.
+    outlook, _ = plan(intact(levels=("local",)), ("local",), unrecoverable="start_over")
+    assert outlook.candidates[0].step == 20 and outlook.lost_everything_up_to is None
 
 
 def test_two_lost_nodes_beat_one_parity_and_the_replica_held_next_to_them():

@@ -71,7 +71,16 @@ class Resuming:
                          job.storage.local_dir, tuple(map(str, job.storage.places.roots))),
             log=self.log, faults=self.faults, chunk_bytes=self.config.checkpoint.chunk_bytes,
             verify_finite=self.config.checkpoint.verify_finite,
-            failures_per_second=failures_per_second(self.config.checkpoint, self.config.resilience))
+            failures_per_second=failures_per_second(self.config.checkpoint, self.config.resilience),
+            unrecoverable=self._when_unrecoverable())
+
+    def _when_unrecoverable(self) -> str:
+        """restore/context.py's `unrecoverable`: a start over happens in new processes where
+        this one went on in the job after ranks died (its arrays hold the lost run's state)."""
+        from hpcckpt.run.in_job_state import recoveries_in_job
+
+        chosen = self.config.resilience.unrecoverable
+        return "relaunch" if chosen == "start_over" and recoveries_in_job() else chosen
 
     def load(self, mode: str, step: int | None, rewinding: bool = False) -> int | None:
         """(all ranks) restart()'s work; a rewind (in process) reports no restart: nothing

@@ -74,6 +74,10 @@ class RestoreContext:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # what a rebuild moves and decodes at a time (checkpoint.chunk_mib)
     verify_finite: bool = True  # checkpoint.verify_finite (run/health.py)
     failures_per_second: float = 0.0  # how often the configuration says failures come (run/ledger.py)
+    # Where versions were stored and none can be recovered: "stop" (UnrecoverableError),
+    # "start_over" (a fresh start, the lost versions' leftovers cleared) or "relaunch" (start
+    # over, but in new processes: StartOverInNewProcesses). resilience.unrecoverable.
+    unrecoverable: str = "stop"
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
                                          lambda everyone: plan_restore(ctx, everyone, mode, wanted, ledger))
     if not outlook.candidates:
         clear_unfinished(ctx, list(outlook.unfinished))
+        if outlook.lost_everything_up_to is not None:
+            _clear_what_the_lost_left(ctx, outlook, ledger)
         return None
     for candidate in outlook.candidates:
         step = candidate.step
@@ -87,6 +89,17 @@ def restore(ctx: RestoreContext, mode: str = "auto", wanted: int | None = None) 
     raise UnrecoverableError(
         f"no checkpoint version could be loaded: every candidate ({[c.step for c in outlook.candidates]}) failed "
         "verification; see the rank logs for the pieces that were bad", collective=True)
+
+
+def _clear_what_the_lost_left(ctx, outlook, ledger) -> None:
+    """(all ranks) A start over (resilience.unrecoverable): the run writes every step again,
+    and files are never overwritten, so the pieces the lost versions left on the nodes that
+    survived go, every old rank's (a global level's unusable copies are kept aside), with
+    their ledger entries; the run's records say so."""
+    clear_old_geometry(ctx, lambda step: True)
+    clear_newer(ctx, -1, outlook.failed, ledger)
+    if ctx.log:
+        ctx.log.metrics({"event": "started_over", "lost_up_to": outlook.lost_everything_up_to})
 
 
 def _try_restore(ctx, candidate: Candidate, mine: Holdings, my_sources: tuple, repair: bool = True

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hpcckpt.errors import CheckpointError, ConfigError, UnrecoverableError
+from hpcckpt.errors import CheckpointError, ConfigError, StartOverInNewProcesses, UnrecoverableError
 from hpcckpt.levels.survey import Writing
 from hpcckpt.repartition.plan import RepartitionPlan, plan_repartition
 from hpcckpt.restore.context import warn
@@ -228,18 +228,30 @@ def _shards_read_from_global_levels(plan: RepartitionPlan) -> int:
 
 
 def _raise_if_nothing_loadable(ctx, everyone: list[Holdings], mode: str, wanted: int | None,
-                               newest_anywhere: int | None, failed: dict, ledger) -> None:
+                               newest_anywhere: int | None, failed: dict, ledger) -> int | None:
     """(rank 0) No candidate version: why, unless this is a fresh start (mode auto and
-    nothing stored)."""
+    nothing stored), or a start over where the configuration allows one after every stored
+    version was lost (returns the newest of them)."""
     loadable_but_failed = [s for s in _candidates(ctx, everyone, wanted) if s in failed]
     if loadable_but_failed:
         raise UnrecoverableError(
             f"every recoverable version ({loadable_but_failed}) is marked failed after crashed restarts "
             f"(see {ledger.path}); fix the cause (rank logs), then delete a step's entry under \"failed\" "
             "there to try it again")
-    if wanted is not None or newest_anywhere is not None:
-        step = wanted if wanted is not None else newest_anywhere
-        raise UnrecoverableError(_missing_message(ctx, everyone, step))
+    if wanted is None and mode == "auto" and newest_anywhere is not None and ctx.unrecoverable != "stop":
+        lost = _missing_message(ctx, everyone, newest_anywhere)
+        if ctx.unrecoverable == "relaunch":
+            raise StartOverInNewProcesses(
+                f"{lost}; resilience.unrecoverable = \"start_over\": this job's processes went on after ranks died "
+                "and hold the lost run's state, so the job ends for a relaunch, which starts the run over")
+        warn(ctx, f"{lost}; resilience.unrecoverable = \"start_over\": every stored version is lost, and the run "
+                  "starts again from its beginning (what the lost versions left is cleared)")
+        return newest_anywhere
+    if wanted is not None:
+        raise UnrecoverableError(_missing_message(ctx, everyone, wanted))
+    if newest_anywhere is not None:
+        raise UnrecoverableError(f"{_missing_message(ctx, everyone, newest_anywhere)} (resilience.unrecoverable = "
+                                 "\"start_over\" starts the run again from its beginning instead)")
     if mode == "require":
         raise CheckpointError(
             "--restart require, but no checkpoint version exists under "
@@ -311,6 +323,9 @@ class Outlook:
     failed: dict  # versions marked failed by crashed restarts (the ledger), step -> why
     candidates: tuple  # Candidate, newest first; () for a fresh start
     nodes_with_files: int = 0  # node-local directories holding the run's files (the ledger's evidence)
+    # Starting over (resilience.unrecoverable): the newest of the stored versions none of
+    # which can be recovered; the restore clears what they left. None otherwise.
+    lost_everything_up_to: int | None = None
 
 
 def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, ledger) -> tuple[Outlook, list]:
@@ -335,8 +350,8 @@ def plan_restore(ctx, everyone: list[Holdings], mode: str, wanted: int | None, l
     failed = _failed_versions(ctx, ledger, nodes_with_files) if ledger is not None else {}
     steps = _candidates(ctx, everyone, wanted, excluded=failed)
     if not steps:
-        _raise_if_nothing_loadable(ctx, everyone, mode, wanted, newest_anywhere, failed, ledger)
-        return replace(nothing, failed=failed), [{}] * ctx.job.world_size
+        lost = _raise_if_nothing_loadable(ctx, everyone, mode, wanted, newest_anywhere, failed, ledger)
+        return replace(nothing, failed=failed, lost_everything_up_to=lost), [{}] * ctx.job.world_size
     candidates, sources = [], [{} for _ in range(ctx.job.world_size)]
     shared_views: dict = {}
     for step in steps:

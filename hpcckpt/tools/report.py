@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
-from hpcckpt.levels.naming import LEVEL_LABELS, LOCAL
-from hpcckpt.restore.from_memory import MEMORY
+from hpcckpt.levels.naming import LOCAL
+from hpcckpt.restore.from_memory import MEMORY, SOURCE_LABELS
 
 
 def read_records(run_dir, damaged: list | None = None) -> list[dict]:
@@ -42,15 +42,17 @@ def _attempts(records: list[dict]) -> list[tuple[dict, dict | None]]:
     """Each restart record with the process_failure record just before it: an attempt that the
     survivors of dead ranks began in the job (the record is written by their new Checkpointer,
     before its restart), not a relaunch."""
-    attempts, failure = [], None
+    attempts, failure, started_over = [], None, None
     for record in records:
         if record.get("event") == "process_failure":
             failure = dict(record)
         elif record.get("event") == "spares" and failure is not None:
             failure["spares"] = record  # what the job's spare ranks did in that recovery
+        elif record.get("event") == "started_over":
+            started_over = record  # written by the restore, before its restart record
         elif record.get("event") == "restart":
-            attempts.append((record, failure))
-            failure = None
+            attempts.append((dict(record, started_over=started_over) if started_over else record, failure))
+            failure = started_over = None
     return attempts
 
 
@@ -81,16 +83,20 @@ def summarise(records: list[dict]) -> list[str]:
                      f"version read, {attempt.get('from_memory_s', 0.0):.3f} s)")
         elif sources:
             counts = Counter(sources)
-            where = ", ".join(f"{counts[level]} rank(s) from {LEVEL_LABELS[level]}"
-                              for level in LEVEL_LABELS if level in counts)
+            where = ", ".join(f"{counts[source]} rank(s) from {label}"
+                              for source, label in SOURCE_LABELS.items() if source in counts)
             old = "old " if attempt.get("ranks") not in (None, len(sources)) else ""
-            moved = [f"{old}rank {rank}: {LEVEL_LABELS[level]}" for rank, level in enumerate(sources)
-                     if level != LOCAL]  # read elsewhere than from the rank's own L1 file
+            # Got elsewhere than from the rank's own L1 file or its own memory.
+            moved = [f"{old}rank {rank}: {SOURCE_LABELS[level]}" for rank, level in enumerate(sources)
+                     if level not in (LOCAL, MEMORY)]
             start = f"resumed from step {attempt['step']} ({where})"
             if old:
                 start += f" written by {len(sources)} ranks, onto {attempt['ranks']}"
             if moved:
                 start += "; rebuilt: " + ", ".join(moved)
+        elif attempt.get("started_over"):
+            start = (f"started over from scratch: no stored version (up to step "
+                     f"{attempt['started_over']['lost_up_to']}) could be recovered (resilience.unrecoverable)")
         else:
             start = "started from scratch"
         lost = attempt.get("lost_steps")
