@@ -4,9 +4,9 @@ survived (repartition/: planned over the node-local survey, exchanged between ra
 
 from __future__ import annotations
 
-import numpy as np
-
 from collections import Counter
+
+import numpy as np
 
 from hpcckpt.cluster.collectives import allgather_compact, failing_ranks, fold_at_root
 from hpcckpt.errors import ChecksumError
