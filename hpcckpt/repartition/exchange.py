@@ -222,7 +222,7 @@ class RepartitionJob:
         return held
 
     def _load_shard(self, path: Path, old_rank: int) -> _Held:
-        data = map_readonly(path)
+        data = map_readonly(path, whole=self._verify_all)
         held = self._verified(data, old_rank, str(path), self.verify)
         self.bytes_read += int(data.size) if self._verify_all else \
             sum(e.nbytes for e in held.table.entries if self.verify(e.name))
