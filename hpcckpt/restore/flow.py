@@ -25,7 +25,6 @@ named here: what a level holds, delivers and protects again is asked of the leve
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 from hpcckpt.run.ledger import RestartLedger, ledger_path
@@ -36,7 +35,7 @@ from hpcckpt.format.manifest import Manifest
 from hpcckpt.restore.context import RestoreContext, RestoreResult, warn
 from hpcckpt.restore.discover import Holdings, discover
 from hpcckpt.restore.fetch import LazyShard, fetch_as_written, shared_manifest
-from hpcckpt.restore.from_memory import SOURCE_LABELS
+from hpcckpt.restore.from_memory import SOURCE_LABELS, counted_by_source
 from hpcckpt.restore.init_from import init_from
 from hpcckpt.restore.load import load
 from hpcckpt.restore.plan import Candidate, plan_restore
@@ -198,9 +197,7 @@ def _described(tables: dict) -> str:
 def _log_restored(ctx, step: int, source: str, outcomes) -> None:
     if ctx.log:
         ctx.log.info(f"restored version {step} from {SOURCE_LABELS[source]} (rank {ctx.job.rank}, node {ctx.job.node})")
-        counts = Counter(outcomes)
-        summary = ", ".join(f"{counts[s]} rank(s) from {label}" for s, label in SOURCE_LABELS.items() if s in counts)
-        ctx.log.info(f"restored version {step}: {summary}", console=True)
+        ctx.log.info(f"restored version {step}: {counted_by_source(outcomes, 'rank(s)')}", console=True)
 
 
 def _log_changed_settings(ctx, manifest: Manifest) -> None:

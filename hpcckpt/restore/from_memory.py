@@ -21,6 +21,7 @@ in silence.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,15 @@ from hpcckpt.levels.naming import LEVEL_LABELS
 
 MEMORY = "memory"  # where each rank's state came from, in the restart record
 SOURCE_LABELS = {MEMORY: "memory", **LEVEL_LABELS}  # where a restored shard came from, in the log
+
+
+def counted_by_source(sources, unit: str = "") -> str:
+    """How many shards came from each source, nearest first: "3 rank(s) from memory, 1 rank(s)
+    from L2 partner" (`unit` "rank(s)")."""
+    counts = Counter(sources)
+    each = f" {unit}" if unit else ""
+    return ", ".join(f"{counts[source]}{each} from {label}" for source, label in SOURCE_LABELS.items()
+                     if counts[source])
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,6 @@ survived (repartition/: planned over the node-local survey, exchanged between ra
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from hpcckpt.cluster.collectives import allgather_compact, failing_ranks, fold_at_root
@@ -17,7 +15,7 @@ from hpcckpt.repartition.exchange import OldPieceReader, RepartitionJob
 from hpcckpt.repartition.plan import RepartitionPlan
 from hpcckpt.restore.context import RestoreResult, warn
 from hpcckpt.restore.fetch import log_reads, refuse_non_finite
-from hpcckpt.restore.from_memory import MEMORY, SOURCE_LABELS
+from hpcckpt.restore.from_memory import MEMORY, counted_by_source
 from hpcckpt.restore.load import keep_what_gaps_leave, load
 from hpcckpt.restore.rank_states import gather_rank_states, holds_rank_states
 from hpcckpt.runlog import bytes_text
@@ -87,11 +85,6 @@ def _sources(ctx, manifest: Manifest, outcome) -> tuple:
     return tuple(MEMORY if held else level for level, held in zip(planned, in_buffers))
 
 
-def _summary(sources: tuple) -> str:
-    counts = Counter(sources)
-    return ", ".join(f"{counts[source]} from {label}" for source, label in SOURCE_LABELS.items() if counts[source])
-
-
 def _log_moved(ctx, manifest: Manifest, outcome, sources: tuple) -> None:
     step, plan = manifest.step, outcome.plan
     most_read, most_received = fold_at_root(ctx.job.comm, (outcome.bytes_read, outcome.bytes_received),
@@ -99,11 +92,11 @@ def _log_moved(ctx, manifest: Manifest, outcome, sources: tuple) -> None:
     if ctx.log:
         own = "; its own old shard checked in its snapshot buffers, not read" if outcome.in_buffers else ""
         ctx.log.info(f"restored version {step}, written by {manifest.world_size} rank(s), onto {ctx.job.world_size}: "
-                     f"old shards {_summary(sources)}; this rank read {outcome.bytes_read} and received "
+                     f"old shards {counted_by_source(sources)}; this rank read {outcome.bytes_read} and received "
                      f"{outcome.bytes_received} bytes{own}", console=False)
         if ctx.job.rank == 0:
             ctx.log.info(f"restored version {step} (written by {manifest.world_size} ranks) onto {ctx.job.world_size} "
-                         f"rank(s): old shards {_summary(sources)}; at most {bytes_text(most_read)} read and "
+                         f"rank(s): old shards {counted_by_source(sources)}; at most {bytes_text(most_read)} read and "
                          f"{bytes_text(most_received)} received by one rank{_domains_lost(manifest, plan)}",
                          console=True)
 

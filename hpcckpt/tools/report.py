@@ -10,12 +10,11 @@ holds spare ranks, a spares record (the places they took). This module only read
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 from hpcckpt.errors import ConfigError
 from hpcckpt.levels.naming import LOCAL
-from hpcckpt.restore.from_memory import MEMORY, SOURCE_LABELS
+from hpcckpt.restore.from_memory import MEMORY, SOURCE_LABELS, counted_by_source
 
 
 def read_records(run_dir, damaged: list | None = None) -> list[dict]:
@@ -82,9 +81,7 @@ def summarise(records: list[dict]) -> list[str]:
             start = (f"went on from step {attempt['step']}, held in memory by the {len(sources)} survivor(s) (no "
                      f"version read, {attempt.get('from_memory_s', 0.0):.3f} s)")
         elif sources:
-            counts = Counter(sources)
-            where = ", ".join(f"{counts[source]} rank(s) from {label}"
-                              for source, label in SOURCE_LABELS.items() if source in counts)
+            where = counted_by_source(sources, "rank(s)")
             old = "old " if attempt.get("ranks") not in (None, len(sources)) else ""
             # Got elsewhere than from the rank's own L1 file or its own memory.
             moved = [f"{old}rank {rank}: {SOURCE_LABELS[level]}" for rank, level in enumerate(sources)
