@@ -3,6 +3,7 @@ alignment of the caller's buffers, and a buffered write where O_DIRECT is refuse
 
 import errno
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,6 +76,34 @@ def test_large_aligned_buffers_are_their_own_mappings():
     assert isinstance(base, mmap.mmap) and array.flags.writeable
     array[:] = 5
     assert int(array.sum()) == 5 * MIN_DIRECT_BYTES
+
+
+def _resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="no /proc (not Linux)")
+@pytest.mark.parametrize("kernel", ["populate-write", "no-populate-write", "remembered"])
+def test_a_populated_buffer_is_resident_and_zero_before_its_first_write(monkeypatch, kernel):
+    """populate=True maps every page at once, by MADV_POPULATE_WRITE after the huge-page
+    advice, or by MAP_POPULATE where the kernel refuses that advice (EINVAL, remembered)."""
+    from hpcckpt.io import direct_io
+
+    monkeypatch.setattr(direct_io, "_populate_write_works", [kernel != "remembered"])
+    if kernel == "no-populate-write":
+        monkeypatch.setattr(direct_io, "_MADV_POPULATE_WRITE", 1 << 20)  # no such advice: EINVAL
+    nbytes = 24 << 20
+    before = _resident_bytes()
+    array = aligned_empty(nbytes, populate=True)
+    assert _resident_bytes() - before >= nbytes * 0.9
+    assert array.ctypes.data % ALIGNMENT == 0 and array.size == nbytes and array.flags.writeable
+    assert not array.any()
+    assert direct_io._populate_write_works[0] == (kernel == "populate-write")
+    lazy_before = _resident_bytes()
+    lazy = aligned_empty(nbytes)  # not populated: its pages come as they are written
+    assert _resident_bytes() - lazy_before < nbytes / 2
+    lazy[:] = 7
+    assert int(lazy[::4096].sum()) == 7 * (nbytes // 4096)
 
 
 def test_reused_buffers_keep_one_aligned_buffer_per_role():

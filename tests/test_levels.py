@@ -193,3 +193,26 @@ def test_redundancy_levels_say_which_missing_ranks_they_still_supply(tmp_path):
     assert erasure.supplies(frozenset({1, 2, 5})) == {1, 2, 5}
     assert erasure.supplies(frozenset({1, 2, 3, 5})) == {5}  # three of a group lost, parity 2
     assert LocalLevel(tmp_path, 0).supplies(frozenset({0})) == frozenset()
+
+
+def test_a_survivor_names_the_replicas_it_will_deliver_for_the_lost_ranks_newest_version(tmp_path):
+    """What a survivor reads ahead after ranks died: its replicas of the lost ranks' shards in
+    the newest committed version, none of a rank that is alive, nothing where no version
+    is committed; L1 delivers no other rank's shard."""
+    from hpcckpt.levels.naming import replica_file_name
+    from hpcckpt.levels.partner import PartnerLevel
+
+    partner = PartnerLevel(tmp_path, 1, (1, 2, 1, 0), comm=None)  # rank 1 holds ranks 0's and 2's replicas
+    local = LocalLevel(tmp_path, 1)
+    assert partner.delivering_files(frozenset({0})) == []  # nothing committed yet
+    for step in (4, 8, 12):
+        info = local.write_shard(step, 4, [("w", np.zeros(3, np.float32))], {})
+        for source in (0, 2):
+            (local.version_dir(step) / replica_file_name(source, 1)).write_bytes(b"replica")
+        if step != 12:  # 12 is in flight: no commit record
+            local.commit(manifest_for(step, [info] * 4, 4))
+    replica = lambda source: local.version_dir(8) / replica_file_name(source, 1)  # noqa: E731
+    assert partner.delivering_files(frozenset({0, 3})) == [replica(0)]
+    assert partner.delivering_files(frozenset({0, 2})) == [replica(0), replica(2)]
+    assert partner.delivering_files(frozenset({3})) == []  # rank 3's replica is held elsewhere
+    assert local.delivering_files(frozenset({0})) == []

@@ -265,6 +265,21 @@ class CommJob:
         self.comm = None
         return failures
 
+    def read_ahead_for(self, lost: frozenset[int]) -> None:
+        """(a survivor, after abandon(), this rank alone) Ranks `lost` (this job's numbering)
+        died: the files from which this rank will deliver their shards to the survivors' restore
+        (a partner's replica, written past the page cache) are read into the page cache now,
+        behind the shrink and the new checkpointer's set-up, instead of from the disk while
+        the restore waits on them. Advice: what it cannot read, the restore reads itself."""
+        from hpcckpt.io.mapped import read_into_page_cache_behind
+
+        try:
+            paths = [path for level in self.levels.node_local for path in level.delivering_files(lost)]
+        except OSError:  # a directory the restore will find unreadable too, and say so
+            return
+        if paths:
+            read_into_page_cache_behind(paths)
+
     def close(self) -> None:
         """Stop the threads, release the storage, the schedule, the communicators and the run."""
         try:

@@ -36,6 +36,9 @@ _per_thread = threading.local()
 
 
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages are faulted in as written
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+ (mmap has no name for it before Python 3.13)
+_populate_write_works = [True]  # until a kernel without it says EINVAL once
 
 
 def aligned_empty(nbytes: int, populate: bool = False) -> np.ndarray:
@@ -45,18 +48,49 @@ def aligned_empty(nbytes: int, populate: bool = False) -> np.ndarray:
 
     Large ones are private anonymous mappings of their own, returned to the system when the
     array goes (private: mmap's default for anonymous memory, shared, is backed by shmem,
-    whose pages cost more to fault in and to populate). From malloc they could land inside a thread's heap (glibc raises its mmap threshold
-    after the first large free), and a long-lived buffer such as the bounce buffer then kept
-    the freed receive buffers of every later checkpoint resident: RSS rose by ~27 MiB per rank
-    over the first checkpoints (perf/log/2026-11-23.md).
+    whose pages cost more to fault in and to populate). From malloc they could land inside a
+    thread's heap (glibc raises its mmap threshold after the first large free), and a
+    long-lived buffer such as the bounce buffer then kept the freed receive buffers of every
+    later checkpoint resident: RSS rose by ~27 MiB per rank over the first checkpoints
+    (perf/log/2026-11-23.md).
+
+    They ask for transparent huge pages (the kernel's default policy, `madvise`, gives them
+    only to memory that asks): these buffers are written whole, so a 2 MiB page wastes
+    nothing, and mapping one costs what mapping a 4 KiB page does, so a buffer is populated
+    several times faster (a spare readying its snapshot buffer while the survivors wait on
+    it), and copies through it miss the TLB less. The advice is only advice: where the
+    kernel has no huge pages the buffer is the same, in small pages.
     """
     nbytes = int(nbytes)
     if nbytes >= MIN_DIRECT_BYTES:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_POPULATE if populate else 0)
-        return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=np.uint8)  # page-aligned, zero-filled
+        return np.frombuffer(_private_mapping(nbytes, populate), dtype=np.uint8)  # page-aligned, zero-filled
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start:start + nbytes]
+
+
+def _private_mapping(nbytes: int, populate: bool) -> mmap.mmap:
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    if _MADV_HUGEPAGE is None:
+        return mmap.mmap(-1, nbytes, flags=flags | (_MAP_POPULATE if populate else 0))
+    mapping = mmap.mmap(-1, nbytes, flags=flags)
+    try:
+        mapping.madvise(_MADV_HUGEPAGE)
+    except OSError:  # a kernel built without transparent huge pages: small pages it is
+        pass
+    if populate and _populate_write_works[0]:
+        try:
+            mapping.madvise(_MADV_POPULATE_WRITE)  # after the advice, so that it maps huge pages
+            return mapping
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                # Best effort, as MAP_POPULATE is: the pages left are faulted in as written.
+                return mapping
+            _populate_write_works[0] = False
+    if populate:  # no MADV_POPULATE_WRITE: populated at mapping time, as before the advice
+        mapping.close()
+        return mmap.mmap(-1, nbytes, flags=flags | _MAP_POPULATE)
+    return mapping
 
 
 def aligned_zeros(nbytes: int) -> np.ndarray:

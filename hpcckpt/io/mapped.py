@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 import numpy as np
 
@@ -53,6 +54,17 @@ def read_into_page_cache(path: str | os.PathLike) -> None:
         return
     finally:
         os.close(source)
+
+
+def read_into_page_cache_behind(paths) -> threading.Thread:
+    """read_into_page_cache for each of `paths`, one after the other, on a thread of its own
+    (a daemon: advice never holds a process up at its end), while the caller goes on."""
+    def read_all() -> None:
+        for path in paths:
+            read_into_page_cache(path)
+    reader = threading.Thread(target=read_all, name="hpcckpt-read-ahead", daemon=True)
+    reader.start()
+    return reader
 
 
 class ScratchFile:

@@ -294,6 +294,11 @@ class NodeLocalFiles:
     def has_own_files(self, step: int) -> bool:
         return any(p.is_file() for p in self.own_files(step))
 
+    def delivering_files(self, lost: frozenset[int]) -> list[Path]:
+        """This rank's files of this level's newest version from which it would deliver the
+        shards of the `lost` ranks (a partner's replica); L1 delivers only its own shard."""
+        return []
+
     def commit(self, manifest: Manifest) -> None:
         """Write this rank's commit record, unless the node-local level that commits first
         (L1, which refuses to overwrite one) already has: one record per rank and version

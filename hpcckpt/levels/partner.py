@@ -61,6 +61,10 @@ class PartnerLevel(NodeLocalFiles):
         return {step: frozenset(s for s in self.held(step) if ranks is None or s in ranks)
                 for step in self.committed_steps()}
 
+    def delivering_files(self, lost: frozenset[int]) -> list[Path]:
+        steps = self.committed_steps()
+        return [self.replica_path(max(steps), source) for source in self.sources if source in lost] if steps else []
+
     def protect_again(self, step: int, shard, shard_sizes, world_size: int) -> None:
         """(all ranks) The replicas that lost holders held, sent again from the shards."""
         self.protect(step, shard, only_missing=True)

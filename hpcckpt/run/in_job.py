@@ -316,7 +316,7 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
     if _pool is not None:  # they join the shrink below, which waits for them
         _pool.wake_idle()
     _application_comms.clear()
-    holders = {}
+    holders, groups = {}, {}
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):
         for ckpt in abandoned:
             # Survivors waiting in commit_step's agreement (which a revoke does not end) would
@@ -328,6 +328,8 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
                 # The lease's holder is rank 0 of that checkpointer's communicator.
                 holder_rank = MPI.Group.Translate_ranks(ckpt.job.comm.Get_group(), [0], comm.Get_group())[0]
                 holders[holder_rank] = ckpt.job.claim.holder
+            if ckpt.job.comm is not None:
+                groups[id(ckpt)] = ckpt.job.comm.Get_group()
             ckpt.abandon()
     if _pool is None:
         survivors = shrink(comm, timeout=timeout)
@@ -348,10 +350,27 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
         lost, working = set(refilled.lost_places), _pool.work
     for rank in lost & set(holders):
         mark_holder_lost(*holders[rank])
+    _read_ahead_for_the_restore(abandoned, groups, comm, lost)
     for ckpt in abandoned:
         ckpt.abandoned()
     _record_and_say(comm.Get_size(), lost, working, survivors, refilled, _described(noticed))
     return working
+
+
+def _read_ahead_for_the_restore(abandoned, groups: dict, comm, lost: set) -> None:
+    """(a survivor) Each abandoned checkpointer's files that will deliver the `lost` ranks'
+    shards (`comm`'s numbering, translated to each checkpointer's own) read into the page
+    cache behind the rest of the recovery."""
+    from mpi4py import MPI
+
+    if not lost:
+        return
+    for ckpt in abandoned:
+        group = groups.get(id(ckpt))
+        if group is None:
+            continue
+        theirs = MPI.Group.Translate_ranks(comm.Get_group(), sorted(lost), group)
+        ckpt.job.read_ahead_for(frozenset(rank for rank in theirs if rank != MPI.UNDEFINED))
 
 
 def _record_and_say(size: int, lost: set, working, survivors, refilled, noticed: str | None) -> None:
