@@ -316,7 +316,7 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
     if _pool is not None:  # they join the shrink below, which waits for them
         _pool.wake_idle()
     _application_comms.clear()
-    holders, groups = {}, {}
+    holders, groups, comm_group = {}, {}, comm.Get_group()
     with RecoveryWatchdog("abandoning the checkpointers after a process failure", timeout, comm.Get_rank()):
         for ckpt in abandoned:
             # Survivors waiting in commit_step's agreement (which a revoke does not end) would
@@ -324,12 +324,12 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
             if ckpt.job.schedule is not None and ckpt.job.schedule.comm is not None:
                 ckpt.commits.join_recovery(partial(fault_tolerant_agree, ckpt.job.schedule.comm))
         for ckpt in abandoned:
-            if ckpt.job.claim.holder is not None and ckpt.job.comm is not None:
-                # The lease's holder is rank 0 of that checkpointer's communicator.
-                holder_rank = MPI.Group.Translate_ranks(ckpt.job.comm.Get_group(), [0], comm.Get_group())[0]
-                holders[holder_rank] = ckpt.job.claim.holder
-            if ckpt.job.comm is not None:
+            if ckpt.job.comm is not None:  # its ranks, for the lease's holder and the read ahead below
                 groups[id(ckpt)] = ckpt.job.comm.Get_group()
+                if ckpt.job.claim.holder is not None:
+                    # The lease's holder is rank 0 of that checkpointer's communicator.
+                    holder_rank = MPI.Group.Translate_ranks(groups[id(ckpt)], [0], comm_group)[0]
+                    holders[holder_rank] = ckpt.job.claim.holder
             ckpt.abandon()
     if _pool is None:
         survivors = shrink(comm, timeout=timeout)
@@ -350,17 +350,17 @@ def recover(comm, timeout: float, noticed: BaseException | None = None):
         lost, working = set(refilled.lost_places), _pool.work
     for rank in lost & set(holders):
         mark_holder_lost(*holders[rank])
-    _read_ahead_for_the_restore(abandoned, groups, comm, lost)
+    _read_ahead_for_the_restore(abandoned, groups, comm_group, lost)
     for ckpt in abandoned:
         ckpt.abandoned()
     _record_and_say(comm.Get_size(), lost, working, survivors, refilled, _described(noticed))
     return working
 
 
-def _read_ahead_for_the_restore(abandoned, groups: dict, comm, lost: set) -> None:
+def _read_ahead_for_the_restore(abandoned, groups: dict, comm_group, lost: set) -> None:
     """(a survivor) Each abandoned checkpointer's files that will deliver the `lost` ranks'
-    shards (`comm`'s numbering, translated to each checkpointer's own) read into the page
-    cache behind the rest of the recovery."""
+    shards (numbered in `comm_group`, translated to each checkpointer's own) read into the
+    page cache behind the rest of the recovery."""
     from mpi4py import MPI
 
     if not lost:
@@ -369,7 +369,7 @@ def _read_ahead_for_the_restore(abandoned, groups: dict, comm, lost: set) -> Non
         group = groups.get(id(ckpt))
         if group is None:
             continue
-        theirs = MPI.Group.Translate_ranks(comm.Get_group(), sorted(lost), group)
+        theirs = MPI.Group.Translate_ranks(comm_group, sorted(lost), group)
         ckpt.job.read_ahead_for(frozenset(rank for rank in theirs if rank != MPI.UNDEFINED))
 
 
